@@ -1,0 +1,51 @@
+#pragma once
+// Linear on the Host: y = Epi(x W^T + b) over the batch with W (out, in) as PyTorch, GEMMs split over
+// threads, bias and activation in the GEMM epilogue.
+#include "fusedp/core/config.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/gemm.hpp"
+
+#include <cstddef>
+
+namespace fusedp::kernels::host {
+
+/// y (batch, out) = Epi(x (batch, in) W^T + b); z receives x W^T + b when the epilogue needs it.
+template <class Epi, class T>
+void linear_forward(const Host& host, std::size_t batch, std::size_t in, std::size_t out, const T* w, const T* b,
+                    const T* x, T* y, T* z) {
+  gemm(host, batch, out, in, row_major(x, in), MatrixRef<T>{w, 1, in}, y, out, false,
+       [&](std::size_t i, std::size_t j0, T* p, std::size_t cnt) {
+         if constexpr (Epi::saves_input) {
+           T* zp = z + i * out + j0;
+           for (std::size_t j = 0; j < cnt; ++j) {
+             zp[j] = p[j] + b[j0 + j];
+             p[j] = Epi::apply(zp[j]);
+           }
+         } else {
+           for (std::size_t j = 0; j < cnt; ++j) p[j] = Epi::apply(p[j] + b[j0 + j]);
+         }
+       });
+}
+
+/// Backward of linear_forward: dy is overwritten with dz = dy * Epi'; dw, db are set; dx is skipped
+/// when null.
+template <class Epi, class T>
+void linear_backward(const Host& host, std::size_t batch, std::size_t in, std::size_t out, const T* w, const T* x,
+                     const T* y, const T* z, T* dy, T* dx, T* dw, T* db) {
+  if constexpr (!Epi::empty) {
+    host.parallel_for(batch * out, [&](std::size_t i0, std::size_t i1, int) {
+      for (std::size_t i = i0; i < i1; ++i) dy[i] *= Epi::derivative(z ? z[i] : y[i], y[i]);
+    });
+  }
+  host.parallel_for(out, [&](std::size_t j0, std::size_t j1, int) {
+    for (std::size_t j = j0; j < j1; ++j) db[j] = T(0);
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t j = j0; j < j1; ++j) db[j] += dy[n * out + j];
+  });
+  // dW (out, in) = dz^T (out, batch) x (batch, in)
+  gemm(host, out, in, batch, MatrixRef<T>{dy, 1, out}, row_major(x, in), dw, in, false);
+  // dx (batch, in) = dz (batch, out) W (out, in)
+  if (dx) gemm(host, batch, in, out, row_major<T>(dy, out), row_major(w, in), dx, in, false);
+}
+
+}  // namespace fusedp::kernels::host

@@ -1,0 +1,49 @@
+#pragma once
+// Loss math shared by both spaces: one pass per row computes the loss and its gradient.
+#include "fusedp/core/config.hpp"
+
+#include <cmath>
+#include <cstddef>
+
+namespace fusedp::kernels {
+
+/// Softmax cross-entropy of one row: returns -log softmax(logits)[label]; when dlogits is not null,
+/// writes scale * (softmax(logits) - onehot(label)) to it.
+template <class T>
+FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T* dlogits, T scale) {
+  using std::exp;
+  using std::log;
+  T m = logits[0];
+  for (int c = 1; c < classes; ++c) m = logits[c] > m ? logits[c] : m;
+  T s = T(0);
+  for (int c = 0; c < classes; ++c) s += exp(logits[c] - m);
+  const T lse = log(s) + m;
+  if (dlogits) {
+    for (int c = 0; c < classes; ++c) dlogits[c] = exp(logits[c] - lse) * scale;
+    dlogits[label] -= scale;
+  }
+  return lse - logits[label];
+}
+
+/// Squared error of one row: returns sum (y - t)^2; when dy is not null writes scale * 2 (y - t).
+template <class T>
+FUSEDP_HD T squared_error_row(const T* y, const T* target, int n, T* dy, T scale) {
+  T s = T(0);
+  for (int i = 0; i < n; ++i) {
+    const T d = y[i] - target[i];
+    s += d * d;
+    if (dy) dy[i] = scale * T(2) * d;
+  }
+  return s;
+}
+
+/// Index of the largest value of a row (the first one on ties).
+template <class T>
+FUSEDP_HD int argmax_row(const T* row, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (row[i] > row[best]) best = i;
+  return best;
+}
+
+}  // namespace fusedp::kernels

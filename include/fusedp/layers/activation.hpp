@@ -1,0 +1,58 @@
+#pragma once
+// Activation layers. Each names the shared functor it applies; the fusion plan puts it in the epilogue
+// of the anchor op before it (Conv2d, Linear, pooling), or in a pointwise stage of its own.
+#include "fusedp/kernels/activation.hpp"
+#include "fusedp/layers/layer.hpp"
+
+namespace fusedp {
+
+namespace detail {
+template <class Op, const char* Name>
+struct Activation {
+  static constexpr LayerKind kind = LayerKind::pointwise;
+  static constexpr const char* name = Name;
+  using op = Op;
+  template <class In>
+  static constexpr bool accepts = true;
+  template <class In>
+  using expected = In;
+  template <class In>
+  using output = In;
+};
+inline constexpr char relu_name[] = "ReLU";
+inline constexpr char leaky_relu_name[] = "LeakyReLU";
+inline constexpr char tanh_name[] = "Tanh";
+inline constexpr char sigmoid_name[] = "Sigmoid";
+inline constexpr char gelu_name[] = "GELU";
+}  // namespace detail
+
+struct ReLU : detail::Activation<kernels::Relu, detail::relu_name> {};
+/// @tparam Slope the slope for negative inputs (PyTorch's negative_slope, default 0.01)
+template <float Slope = 0.01f>
+struct LeakyReLU : detail::Activation<kernels::LeakyRelu<Slope>, detail::leaky_relu_name> {};
+struct Tanh : detail::Activation<kernels::Tanh, detail::tanh_name> {};
+struct Sigmoid : detail::Activation<kernels::Sigmoid, detail::sigmoid_name> {};
+/// GELU, exact (erf) form.
+struct GELU : detail::Activation<kernels::Gelu, detail::gelu_name> {};
+
+}  // namespace fusedp
+
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
+
+namespace fusedp {
+
+/// Runs a stage made only of activations (a run that no anchor op absorbed, e.g. at the very start
+/// or after Flatten). The input is kept, so backward needs no saved tensor.
+struct PointwiseStage {
+  template <class In, class Epi, class T>
+  static void forward(const StageArgs<Host, T>& a) {
+    kernels::host::pointwise_forward<Epi>(a.space, a.batch * In::size, a.x, a.y);
+  }
+  template <class In, class Epi, class T>
+  static void backward(const StageArgs<Host, T>& a) {
+    kernels::host::pointwise_backward<Epi>(a.space, a.batch * In::size, a.x, a.y, a.dy, a.dx);
+  }
+};
+
+}  // namespace fusedp

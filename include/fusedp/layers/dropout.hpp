@@ -1,0 +1,40 @@
+#pragma once
+// Dropout<P>: zeroes each element with probability P in training and scales the rest by 1/(1-P);
+// the identity in evaluation. The mask is drawn from the counter-based RNG and recomputed in backward.
+#include "fusedp/core/rng.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/dropout.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
+#include "fusedp/layers/layer.hpp"
+
+namespace fusedp {
+
+/// @tparam P probability of zeroing an element, in [0, 1)
+template <float P = 0.5f>
+struct Dropout {
+  static_assert(P >= 0.0f && P < 1.0f, "Dropout<P>: P must be in [0, 1)");
+  static constexpr LayerKind kind = LayerKind::anchor;
+  static constexpr bool absorbs_epilogue = false;
+  static constexpr const char* name = "Dropout";
+  template <class In>
+  static constexpr bool accepts = true;
+  template <class In>
+  using expected = In;
+  template <class In>
+  using output = In;
+
+  template <class T>
+  static kernels::DropoutMask mask(const StageArgs<Host, T>& a) {
+    return {P, a.seed, rng::stream(rng::Purpose::dropout, (std::uint64_t(a.index) << 40) ^ a.step)};
+  }
+  template <class In, class Epi, class T>
+  static void forward(const StageArgs<Host, T>& a) {
+    kernels::host::dropout_forward(a.space, a.batch * In::size, mask(a), a.training, a.x, a.y);
+  }
+  template <class In, class Epi, class T>
+  static void backward(const StageArgs<Host, T>& a) {
+    kernels::host::dropout_backward(a.space, a.batch * In::size, mask(a), a.dy, a.dx);
+  }
+};
+
+}  // namespace fusedp

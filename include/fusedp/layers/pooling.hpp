@@ -1,0 +1,53 @@
+#pragma once
+// MaxPool2d<K, Stride> and AvgPool2d<K, Stride>: square windows, no padding, floor mode (as PyTorch).
+#include "fusedp/core/shape.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/pool.hpp"
+#include "fusedp/layers/layer.hpp"
+
+#include <algorithm>
+
+namespace fusedp {
+
+namespace detail {
+template <kernels::host::PoolOp Op, int K, int Stride>
+struct Pool2d {
+  static_assert(K > 0 && Stride > 0, "pooling: K and Stride must be positive");
+  static constexpr LayerKind kind = LayerKind::anchor;
+  static constexpr bool absorbs_epilogue = true;
+  static constexpr const char* name = Op == kernels::host::PoolOp::max ? "MaxPool2d" : "AvgPool2d";
+
+  template <class In>
+  static constexpr bool accepts = In::height >= K && In::width >= K;
+  template <class In>
+  using expected = Shape<In::channels, std::max(In::height, K), std::max(In::width, K)>;
+  template <class In>
+  using output = Shape<In::channels, window_out(In::height, K, Stride, 0), window_out(In::width, K, Stride, 0)>;
+  template <class In>
+  static constexpr kernels::host::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, 0,
+                                                        In::channels, output<In>::height, output<In>::width};
+
+  template <class In, class Epi, class T>
+  static void forward(const StageArgs<Host, T>& a) {
+    kernels::host::pool_forward<Op, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z);
+  }
+  template <class In, class Epi, class T>
+  static void backward(const StageArgs<Host, T>& a) {
+    kernels::host::pool_backward<Op, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z, a.dy, a.dx);
+  }
+};
+}  // namespace detail
+
+/// Max over K x K windows.
+/// @tparam K window size
+/// @tparam Stride step between windows (defaults to K)
+template <int K, int Stride = K>
+struct MaxPool2d : detail::Pool2d<kernels::host::PoolOp::max, K, Stride> {};
+
+/// Mean over K x K windows.
+/// @tparam K window size
+/// @tparam Stride step between windows (defaults to K)
+template <int K, int Stride = K>
+struct AvgPool2d : detail::Pool2d<kernels::host::PoolOp::average, K, Stride> {};
+
+}  // namespace fusedp

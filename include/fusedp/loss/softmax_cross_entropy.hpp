@@ -1,0 +1,53 @@
+#pragma once
+// SoftmaxCrossEntropy: softmax, the mean cross-entropy over the batch and dlogits in one pass
+// (torch.nn.CrossEntropyLoss with reduction='mean').
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/loss.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace fusedp {
+
+struct SoftmaxCrossEntropy {
+  /// Targets are class indices.
+  template <class T>
+  using target = std::int32_t;
+  static constexpr const char* name = "SoftmaxCrossEntropy";
+
+  /// Checks every label before any work is done, so a bad batch changes nothing.
+  static void validate(std::span<const std::int32_t> labels, std::size_t batch, std::size_t classes) {
+    require(labels.size() == batch, "SoftmaxCrossEntropy: ", labels.size(), " labels for a batch of ", batch);
+    for (std::size_t i = 0; i < labels.size(); ++i)
+      require(labels[i] >= 0 && std::size_t(labels[i]) < classes, "SoftmaxCrossEntropy: label ", labels[i],
+              " at index ", i, " is outside [0, ", classes, ")");
+  }
+
+  /// Mean loss over the batch; when dlogits is not null, the gradient of that mean.
+  template <class T>
+  T operator()(const Host&, std::size_t batch, std::size_t classes, const T* logits, const std::int32_t* labels,
+               T* dlogits) const {
+    const T scale = T(1) / T(batch);
+    T sum = T(0);
+    for (std::size_t n = 0; n < batch; ++n)
+      sum += kernels::softmax_cross_entropy_row(logits + n * classes, int(classes), labels[n],
+                                                dlogits ? dlogits + n * classes : nullptr, scale);
+    return sum * scale;
+  }
+};
+
+/// Number of rows whose largest logit is at the label.
+template <class T>
+std::size_t count_correct(std::span<const T> logits, std::span<const std::int32_t> labels) {
+  require(!labels.empty() && logits.size() % labels.size() == 0, "count_correct: ", logits.size(),
+          " logits do not split into ", labels.size(), " rows");
+  const std::size_t classes = logits.size() / labels.size();
+  std::size_t correct = 0;
+  for (std::size_t n = 0; n < labels.size(); ++n)
+    correct += kernels::argmax_row(logits.data() + n * classes, int(classes)) == labels[n];
+  return correct;
+}
+
+}  // namespace fusedp

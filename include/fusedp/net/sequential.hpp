@@ -1,0 +1,294 @@
+#pragma once
+// Sequential<Input<C,H,W>, L...>: a network as a flat list of layer types. From it the compiler derives
+// every shape (a mismatch is a static_assert naming the layer index and both shapes), the flat
+// parameter layout with constexpr offsets, the fusion plan (stages: an anchor op and the pointwise ops
+// in its epilogue) and the per-sample workspace plan.
+#include "fusedp/core/shape.hpp"
+#include "fusedp/kernels/activation.hpp"
+#include "fusedp/layers/layer.hpp"
+
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+namespace fusedp {
+
+/// Instantiated only when layer `Index` (Input is layer 0) of a Sequential cannot take its input: the
+/// compiler prints shape_mismatch<index, layer, expected input shape, actual input shape>.
+template <std::size_t Index, class Layer, class Expected, class Got>
+struct shape_mismatch {
+  static_assert(sizeof(Got) == 0,
+                "fusedp::Sequential: a layer cannot take the shape it receives; see "
+                "shape_mismatch<layer index, layer, expected input shape, actual input shape> in this message");
+  static constexpr bool value = true;
+};
+
+namespace detail {
+
+template <class... Ts>
+struct type_list {
+  static constexpr std::size_t size = sizeof...(Ts);
+};
+
+template <std::size_t I, class List>
+struct type_at;
+template <std::size_t I, class T, class... Ts>
+struct type_at<I, type_list<T, Ts...>> : type_at<I - 1, type_list<Ts...>> {};
+template <class T, class... Ts>
+struct type_at<0, type_list<T, Ts...>> {
+  using type = T;
+};
+
+/// A layer placed in a network: its index, its input and output shapes, its parameter tensors.
+template <std::size_t Index, class L, class In, class Out>
+struct Bound {
+  static constexpr std::size_t index = Index;
+  using layer = L;
+  using in = In;
+  using out = Out;
+  static constexpr auto params = params_of<L, In>();
+};
+
+template <class L, class In, bool Ok>
+struct output_if {
+  using type = In;  // keeps inference going after a reported error, so only one error shows
+};
+template <class L, class In>
+struct output_if<L, In, true> {
+  using type = typename L::template output<In>;
+};
+
+template <std::size_t I, class L, class In>
+struct bind_checked {
+  static_assert(Layer<L>, "fusedp::Sequential: every element after Input must be a layer (see the Layer concept)");
+  static_assert(L::kind != LayerKind::input, "fusedp::Sequential: Input<C,H,W> may only be the first layer");
+  static constexpr bool ok = L::template accepts<In>;
+  static_assert(std::conditional_t<ok, std::true_type,
+                                   shape_mismatch<I, L, typename L::template expected<In>, In>>::value);
+  using type = Bound<I, L, In, typename output_if<L, In, ok>::type>;
+};
+
+template <std::size_t I, class In, class Done, class... Ls>
+struct infer {
+  using type = Done;
+  using out = In;
+};
+template <std::size_t I, class In, class... Done, class L, class... Ls>
+struct infer<I, In, type_list<Done...>, L, Ls...> {
+  using bound = typename bind_checked<I, L, In>::type;
+  using next = infer<I + 1, typename bound::out, type_list<Done..., bound>, Ls...>;
+  using type = typename next::type;
+  using out = typename next::out;
+};
+
+/// One stage of the fusion plan: an anchor layer (or a run of activations) and its epilogue, covering
+/// layers [first, last].
+template <class Anchor, class Epi, std::size_t Last>
+struct Stage {
+  using bound = Anchor;
+  using layer = typename Anchor::layer;
+  using in = typename Anchor::in;
+  using out = typename Anchor::out;
+  using epilogue = Epi;
+  static constexpr LayerKind kind = layer::kind;
+  static constexpr std::size_t first = Anchor::index;
+  static constexpr std::size_t last = Last;
+  static constexpr bool has_params = Anchor::params.size() > 0;
+};
+
+// Takes the activations at the front of Rest (when Enabled) into an epilogue.
+template <bool Enabled, class Ops, class Rest>
+struct take_pointwise {
+  using ops = Ops;
+  using rest = Rest;
+};
+template <class... Ops, class B, class... Bs>
+  requires(B::layer::kind == LayerKind::pointwise)
+struct take_pointwise<true, type_list<Ops...>, type_list<B, Bs...>>
+    : take_pointwise<true, type_list<Ops..., typename B::layer::op>, type_list<Bs...>> {};
+
+template <class Ops>
+struct epilogue_of;
+template <class... Ops>
+struct epilogue_of<type_list<Ops...>> {
+  using type = kernels::Epilogue<Ops...>;
+};
+
+template <class L>
+constexpr bool absorbs_epilogue() {
+  if constexpr (L::kind == LayerKind::pointwise) return true;
+  else if constexpr (L::kind == LayerKind::anchor) return L::absorbs_epilogue;
+  else return false;
+}
+
+template <class L>
+struct first_ops {
+  using type = type_list<>;
+};
+template <class L>
+  requires(L::kind == LayerKind::pointwise)
+struct first_ops<L> {
+  using type = type_list<typename L::op>;
+};
+
+template <class Stages, class Rest>
+struct make_plan {
+  using type = Stages;
+};
+template <class... S, class B, class... Bs>
+struct make_plan<type_list<S...>, type_list<B, Bs...>> {
+  using own = typename first_ops<typename B::layer>::type;
+  using taken = take_pointwise<absorbs_epilogue<typename B::layer>(), own, type_list<Bs...>>;
+  using stage = Stage<B, typename epilogue_of<typename taken::ops>::type, B::index + taken::ops::size - own::size>;
+  using type = typename make_plan<type_list<S..., stage>, typename taken::rest>::type;
+};
+
+}  // namespace detail
+
+/// One parameter tensor in the flat buffer of a network.
+struct ParamTensor {
+  std::size_t layer;   // index in the Sequential (Input is 0); PyTorch's nn.Sequential index is layer - 1
+  ParamRole role;
+  std::size_t offset;  // in elements, aligned to align_elements_count
+  std::size_t size;
+  std::size_t fan_in;
+  int rank;
+  std::array<int, 4> dims;
+};
+
+/// Where a stage's tensors live: offsets in elements per sample (multiply by the batch size).
+struct StagePlan {
+  bool aliases_input;       // Flatten: the output is the input's memory
+  std::size_t out_offset;   // y
+  bool saves_z;             // the epilogue needs its input in backward
+  std::size_t z_offset;
+  std::size_t weight = 0;   // offsets in the flat parameter buffer (when the stage has parameters)
+  std::size_t bias = 0;
+};
+
+/// A network: Input<C,H,W> followed by layers, flat. Everything below is a compile-time fact.
+/// @tparam In the Input<C,H,W> layer
+/// @tparam Layers the layers, in order
+template <class In, class... Layers>
+struct Sequential {
+  static_assert(In::kind == LayerKind::input, "fusedp::Sequential: the first layer must be Input<C, H, W>");
+  static_assert(sizeof...(Layers) > 0, "fusedp::Sequential: a network needs at least one layer after Input");
+
+  using input_shape = typename In::shape;
+  using bound_layers = typename detail::infer<1, input_shape, detail::type_list<>, Layers...>::type;
+  using output_shape = typename detail::infer<1, input_shape, detail::type_list<>, Layers...>::out;
+  using stages = typename detail::make_plan<detail::type_list<>, bound_layers>::type;
+  template <std::size_t I>
+  using stage = typename detail::type_at<I, stages>::type;
+
+  static constexpr std::size_t layer_count = sizeof...(Layers) + 1;
+  static constexpr std::size_t stage_count = stages::size;
+
+ private:
+  template <class F, std::size_t... I>
+  static constexpr void for_layers(F&& f, std::index_sequence<I...>) {
+    (f(typename detail::type_at<I, bound_layers>::type{}), ...);
+  }
+  template <class F>
+  static constexpr void for_each_layer(F&& f) {
+    for_layers(f, std::make_index_sequence<bound_layers::size>{});
+  }
+
+  static constexpr std::size_t count_tensors() {
+    std::size_t n = 0;
+    for_each_layer([&](auto b) { n += decltype(b)::params.size(); });
+    return n;
+  }
+
+ public:
+  static constexpr std::size_t param_tensor_count = count_tensors();
+
+  /// Every parameter tensor in layer order, weight before bias, each at an aligned offset.
+  static constexpr std::array<ParamTensor, param_tensor_count> param_layout = [] {
+    std::array<ParamTensor, param_tensor_count> t{};
+    std::size_t i = 0, offset = 0;
+    for_each_layer([&](auto b) {
+      for (const ParamSpec& p : decltype(b)::params) {
+        t[i++] = ParamTensor{decltype(b)::index, p.role, offset, p.size, p.fan_in, p.rank, p.dims};
+        offset += align_elements(p.size);
+      }
+    });
+    return t;
+  }();
+
+  /// Number of trainable scalars (as PyTorch counts them).
+  static constexpr std::size_t param_count = [] {
+    std::size_t n = 0;
+    for (const auto& t : param_layout) n += t.size;
+    return n;
+  }();
+
+  /// Elements of the flat parameter buffer, padding included.
+  static constexpr std::size_t param_storage = [] {
+    std::size_t n = 0;
+    for (const auto& t : param_layout) n = t.offset + align_elements(t.size);
+    return n;
+  }();
+
+ private:
+  template <std::size_t... I>
+  static constexpr auto make_stage_plan(std::index_sequence<I...>) {
+    std::array<StagePlan, stage_count> plan{};
+    std::size_t offset = 0;
+    auto place = [&](auto stage_tag, StagePlan& p) {
+      using S = decltype(stage_tag);
+      p.aliases_input = S::kind == LayerKind::reshape;
+      if (!p.aliases_input) {
+        p.out_offset = offset;
+        offset += align_elements(S::out::size);
+      }
+      p.saves_z = S::epilogue::saves_input && S::kind != LayerKind::pointwise;
+      if (p.saves_z) {
+        p.z_offset = offset;
+        offset += align_elements(S::out::size);
+      }
+      for (const auto& t : param_layout)
+        if (t.layer == S::first) (t.role == ParamRole::weight ? p.weight : p.bias) = t.offset;
+    };
+    (place(stage<I>{}, plan[I]), ...);
+    return std::pair{plan, offset};
+  }
+  static constexpr auto plan_and_size_ = make_stage_plan(std::make_index_sequence<stage_count>{});
+
+  template <std::size_t... I>
+  static constexpr std::size_t max_activation(std::index_sequence<I...>) {
+    std::size_t m = align_elements(input_shape::size);
+    ((m = std::max(m, align_elements(stage<I>::out::size))), ...);
+    return m;
+  }
+  template <std::size_t... I>
+  static constexpr std::size_t max_scratch(std::index_sequence<I...>) {
+    std::size_t m = 0;
+    ((m = std::max(m, host_scratch_of<typename stage<I>::layer, typename stage<I>::in>())), ...);
+    return m;
+  }
+
+ public:
+  /// Where each stage's output (and saved pre-epilogue values) live, per sample.
+  static constexpr std::array<StagePlan, stage_count> stage_plan = plan_and_size_.first;
+  /// Elements per sample for all stage outputs and saved tensors.
+  static constexpr std::size_t activation_elements = plan_and_size_.second;
+  /// Elements per sample of each of the two gradient buffers that backward alternates between.
+  static constexpr std::size_t gradient_elements = max_activation(std::make_index_sequence<stage_count>{});
+  /// Elements of Host scratch per thread (im2col matrices and private weight gradients).
+  static constexpr std::size_t host_scratch_elements = max_scratch(std::make_index_sequence<stage_count>{});
+  /// Workspace elements per sample in all.
+  static constexpr std::size_t workspace_elements_per_sample = activation_elements + 2 * gradient_elements;
+};
+
+template <class T>
+struct is_sequential : std::false_type {};
+template <class... L>
+struct is_sequential<Sequential<L...>> : std::true_type {};
+
+/// A type that is some Sequential<...>.
+template <class N>
+concept Network = is_sequential<N>::value;
+
+}  // namespace fusedp

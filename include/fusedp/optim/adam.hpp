@@ -1,0 +1,57 @@
+#pragma once
+// Adam and AdamW (torch.optim.Adam and AdamW, without amsgrad) in one pass over the flat buffer.
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/optimizer.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedp {
+
+namespace detail {
+template <bool Decoupled>
+struct AdamFamily {
+  struct Options {
+    float lr = 0.001f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = Decoupled ? 0.01f : 0.0f;
+  };
+  Options options;
+
+  static constexpr const char* name = Decoupled ? "AdamW" : "Adam";
+  /// First and second moment per parameter.
+  static constexpr std::size_t state_slots = 2;
+
+  void validate() const {
+    require(std::isfinite(options.lr) && options.lr >= 0, name, ": lr must be finite and >= 0, got ", options.lr);
+    require(options.beta1 >= 0 && options.beta1 < 1, name, ": beta1 must be in [0, 1), got ", options.beta1);
+    require(options.beta2 >= 0 && options.beta2 < 1, name, ": beta2 must be in [0, 1), got ", options.beta2);
+    require(options.eps > 0, name, ": eps must be > 0, got ", options.eps);
+    require(options.weight_decay >= 0, name, ": weight_decay must be >= 0, got ", options.weight_decay);
+  }
+
+  template <class T>
+  void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
+    using std::pow;
+    const kernels::AdamStep<T> op{T(options.lr), T(options.beta1), T(options.beta2), T(options.eps),
+                                  T(options.weight_decay), Decoupled,
+                                  T(1) - pow(T(options.beta1), T(t)), T(1) - pow(T(options.beta2), T(t))};
+    T* m = state;
+    T* v = state + n;
+    host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
+      for (std::size_t i = i0; i < i1; ++i) op(params[i], grads[i], m[i], v[i]);
+    });
+  }
+};
+}  // namespace detail
+
+/// Adam with L2 weight decay added to the gradient.
+struct Adam : detail::AdamFamily<false> {};
+/// AdamW: weight decay applied to the weights, decoupled from the gradient.
+struct AdamW : detail::AdamFamily<true> {};
+
+}  // namespace fusedp
