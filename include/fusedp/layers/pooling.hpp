@@ -29,11 +29,11 @@ struct Pool2d {
 
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
-    kernels::host::pool_forward<Op, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z);
+    kernels::host::pool_forward<Op, K, Stride, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
-    kernels::host::pool_backward<Op, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z, a.dy, a.dx);
+    kernels::host::pool_backward<Op, K, Stride, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z, a.dy, a.dx);
   }
 };
 }  // namespace detail

@@ -17,6 +17,13 @@
 
 namespace fusedp {
 
+/// What Model::evaluate returns: the mean loss of the batch and the network's outputs.
+template <class T>
+struct Evaluation {
+  T loss;
+  std::span<const T> outputs;  // (batch, output_size)
+};
+
 /// A network with its parameters, gradients, optimizer state and workspace on one space.
 /// @tparam Net a Sequential<...>
 /// @tparam Space the execution space (Host; Cuda where compiled with nvcc)
@@ -92,14 +99,15 @@ class Model {
     return {output_of<Net::stage_count - 1>(inputs.data(), batch), batch * output_size};
   }
 
-  /// The loss of a batch in evaluation mode, without gradients.
+  /// The loss of a batch in evaluation mode, without gradients, and the outputs it came from (valid
+  /// until the next call on this model).
   template <class Loss>
-  T evaluate(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
-             const Loss& loss) {
+  Evaluation<T> evaluate(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
+                         const Loss& loss) {
     const std::size_t batch = batch_of(inputs);
     Loss::validate(targets, batch, output_size);
     const std::span<const T> out = predict(inputs);
-    return loss(space_, batch, output_size, out.data(), targets.data(), static_cast<T*>(nullptr));
+    return {loss(space_, batch, output_size, out.data(), targets.data(), static_cast<T*>(nullptr)), out};
   }
 
   /// Allocates the workspace for batches up to `batch`, so that no later step allocates.

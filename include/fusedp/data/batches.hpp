@@ -1,0 +1,49 @@
+#pragma once
+// Epoch order and batch assembly for in-memory datasets: a permutation drawn from (seed, epoch) with the
+// counter-based RNG, and gathering the samples of one batch into contiguous buffers.
+#include "fusedp/core/error.hpp"
+#include "fusedp/core/rng.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace fusedp::data {
+
+/// The order of `n` samples in `epoch`: a Fisher-Yates shuffle driven by (seed, epoch), the same on
+/// every machine and every run.
+[[nodiscard]] inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  const std::uint64_t stream = rng::stream(rng::Purpose::sampler, epoch);
+  for (std::size_t i = n; i > 1; --i) {
+    const rng::Block b = rng::bits(seed, stream, i);
+    const std::uint64_t r = (std::uint64_t(b.v[0]) << 32) | b.v[1];
+    // Multiply-shift maps 64 random bits onto [0, i); the bias is below i / 2^64.
+    const auto j = std::size_t((static_cast<unsigned __int128>(r) * i) >> 64);
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+/// Copies the samples `indices` (each `sample_size` values) and their labels into `images` and
+/// `labels`, which must hold exactly indices.size() samples.
+template <class T>
+void gather(std::span<const T> all_images, std::span<const std::int32_t> all_labels, std::size_t sample_size,
+            std::span<const std::size_t> indices, std::span<T> images, std::span<std::int32_t> labels) {
+  require(images.size() == indices.size() * sample_size && labels.size() == indices.size(),
+          "gather: output buffers hold ", images.size(), " values and ", labels.size(), " labels for ",
+          indices.size(), " samples of ", sample_size);
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    const std::size_t s = indices[i];
+    require(s < all_labels.size() && (s + 1) * sample_size <= all_images.size(), "gather: sample ", s,
+            " is out of range (", all_labels.size(), " samples)");
+    std::memcpy(images.data() + i * sample_size, all_images.data() + s * sample_size, sample_size * sizeof(T));
+    labels[i] = all_labels[s];
+  }
+}
+
+}  // namespace fusedp::data
