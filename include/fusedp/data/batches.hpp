@@ -13,6 +13,16 @@
 
 namespace fusedp::data {
 
+namespace detail {
+// High 64 bits of a 64 x 64-bit product, from 32-bit halves (portable; no __int128).
+constexpr std::uint64_t mul_high(std::uint64_t a, std::uint64_t b) {
+  const std::uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32, b_lo = b & 0xffffffffu, b_hi = b >> 32;
+  const std::uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
+  const std::uint64_t cross = (lo_lo >> 32) + (hi_lo & 0xffffffffu) + lo_hi;
+  return hi_hi + (hi_lo >> 32) + (cross >> 32);
+}
+}  // namespace detail
+
 /// The order of `n` samples in `epoch`: a Fisher-Yates shuffle driven by (seed, epoch), the same on
 /// every machine and every run.
 [[nodiscard]] inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
@@ -23,7 +33,7 @@ namespace fusedp::data {
     const rng::Block b = rng::bits(seed, stream, i);
     const std::uint64_t r = (std::uint64_t(b.v[0]) << 32) | b.v[1];
     // Multiply-shift maps 64 random bits onto [0, i); the bias is below i / 2^64.
-    const auto j = std::size_t((static_cast<unsigned __int128>(r) * i) >> 64);
+    const auto j = std::size_t(detail::mul_high(r, i));
     std::swap(order[i - 1], order[j]);
   }
   return order;
