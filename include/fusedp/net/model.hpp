@@ -65,15 +65,31 @@ class Model {
                const Loss& loss, Opt& opt) {
     opt.validate();
     const T l = compute_gradients(inputs, targets, loss);
-    if (state_owner_ != Opt::name) {
+    step(opt);
+    return l;
+  }
+
+  /// Applies the optimizer to the current gradients (after compute_gradients, or after a data-parallel
+  /// reduction has replaced them) and counts the step.
+  template <class Opt>
+  void step(const Opt& opt) {
+    opt.validate();
+    std::span<T> state = optimizer_state<Opt>();
+    ++optimizer_steps_;
+    opt.step(space_, params_.data(), grads_.data(), state.data(), Net::param_storage, optimizer_steps_);
+    ++steps_;
+  }
+
+  /// The state of optimizer Opt (Opt::state_slots x param_storage values). Allocated, zeroed, the first
+  /// time an optimizer of this type is used; a different optimizer type starts from fresh state.
+  template <class Opt>
+  std::span<T> optimizer_state() {
+    if (state_owner_ == nullptr || std::strcmp(state_owner_, Opt::name) != 0) {
       state_ = buffer<T>(Opt::state_slots * Net::param_storage);
       state_owner_ = Opt::name;
       optimizer_steps_ = 0;
     }
-    ++optimizer_steps_;
-    opt.step(space_, params_.data(), grads_.data(), state_.data(), Net::param_storage, optimizer_steps_);
-    ++steps_;
-    return l;
+    return state_.span();
   }
 
   /// Forward in training mode, the loss and backward: grads() then holds the gradient of the mean
@@ -122,6 +138,7 @@ class Model {
   [[nodiscard]] std::span<T> params() noexcept { return params_.span(); }
   [[nodiscard]] std::span<const T> params() const noexcept { return params_.span(); }
   /// The gradient twin of params(), set by the last compute_gradients or train_step.
+  [[nodiscard]] std::span<T> grads() noexcept { return grads_.span(); }
   [[nodiscard]] std::span<const T> grads() const noexcept { return grads_.span(); }
   /// Parameter tensor `i` of Net::param_layout.
   [[nodiscard]] std::span<T> param(std::size_t i) {
@@ -134,10 +151,19 @@ class Model {
   }
   /// Optimizer state (state_slots x param_storage values), empty before the first train_step.
   [[nodiscard]] std::span<const T> optimizer_state() const noexcept { return state_.span(); }
+  /// Name of the optimizer that owns the state (nullptr before the first step).
+  [[nodiscard]] const char* optimizer_name() const noexcept { return state_owner_; }
 
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
-  /// Train steps taken so far.
+  /// Train steps taken so far (the step number also selects the dropout masks).
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+  /// Steps the current optimizer state has taken (Adam's bias correction counts them).
+  [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+  /// Restores the counters of a saved run (checkpoints): the next step is number `steps` + 1.
+  void set_step_counters(std::uint64_t steps, std::uint64_t optimizer_steps) noexcept {
+    steps_ = steps;
+    optimizer_steps_ = optimizer_steps;
+  }
   [[nodiscard]] const Space& space() const noexcept { return space_; }
 
  private:
