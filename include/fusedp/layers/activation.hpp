@@ -4,6 +4,10 @@
 #include "fusedp/kernels/activation.hpp"
 #include "fusedp/layers/layer.hpp"
 
+#include <array>
+#include <bit>
+#include <cstdint>
+
 namespace fusedp {
 
 namespace detail {
@@ -29,7 +33,9 @@ inline constexpr char gelu_name[] = "GELU";
 struct ReLU : detail::Activation<kernels::Relu, detail::relu_name> {};
 /// @tparam Slope the slope for negative inputs (PyTorch's negative_slope, default 0.01)
 template <float Slope = 0.01f>
-struct LeakyReLU : detail::Activation<kernels::LeakyRelu<Slope>, detail::leaky_relu_name> {};
+struct LeakyReLU : detail::Activation<kernels::LeakyRelu<Slope>, detail::leaky_relu_name> {
+  static constexpr std::array<std::uint32_t, 1> attributes{std::bit_cast<std::uint32_t>(Slope)};
+};
 struct Tanh : detail::Activation<kernels::Tanh, detail::tanh_name> {};
 struct Sigmoid : detail::Activation<kernels::Sigmoid, detail::sigmoid_name> {};
 /// GELU, exact (erf) form.

@@ -21,6 +21,7 @@ struct Conv2d {
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
   static constexpr const char* name = "Conv2d";
+  static constexpr std::array<int, 4> attributes{Out, K, Stride, Pad};
 
   template <class In>
   static constexpr bool accepts = window_out(In::height, K, Stride, Pad) > 0 && window_out(In::width, K, Stride, Pad) > 0;

@@ -7,6 +7,10 @@
 #include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/layers/layer.hpp"
 
+#include <array>
+#include <bit>
+#include <cstdint>
+
 namespace fusedp {
 
 /// @tparam P probability of zeroing an element, in [0, 1)
@@ -16,6 +20,7 @@ struct Dropout {
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = false;
   static constexpr const char* name = "Dropout";
+  static constexpr std::array<std::uint32_t, 1> attributes{std::bit_cast<std::uint32_t>(P)};
   template <class In>
   static constexpr bool accepts = true;
   template <class In>

@@ -17,6 +17,7 @@ struct Linear {
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
   static constexpr const char* name = "Linear";
+  static constexpr std::array<int, 1> attributes{Out};
 
   template <class In>
   static constexpr bool accepts = In::is_flat;

@@ -16,6 +16,7 @@ struct Pool2d {
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
   static constexpr const char* name = Op == kernels::host::PoolOp::max ? "MaxPool2d" : "AvgPool2d";
+  static constexpr std::array<int, 2> attributes{K, Stride};
 
   template <class In>
   static constexpr bool accepts = In::height >= K && In::width >= K;

@@ -8,7 +8,9 @@
 #include "fusedp/layers/layer.hpp"
 
 #include <array>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -146,6 +148,30 @@ struct make_plan<type_list<S...>, type_list<B, Bs...>> {
 
 }  // namespace detail
 
+namespace detail {
+// FNV-1a, 64-bit: a stable hash that needs nothing but constexpr arithmetic.
+struct Fnv1a {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  constexpr void byte(std::uint8_t b) {
+    h ^= b;
+    h *= 0x100000001b3ull;
+  }
+  constexpr void word(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) byte(std::uint8_t(v >> (8 * i)));
+  }
+  constexpr void text(const char* s) {
+    for (; *s; ++s) byte(std::uint8_t(*s));
+    byte(0);
+  }
+};
+
+template <class L>
+constexpr void hash_attributes(Fnv1a& f) {
+  if constexpr (requires { L::attributes; })
+    for (auto a : L::attributes) f.word(std::uint64_t(a));
+}
+}  // namespace detail
+
 /// One parameter tensor in the flat buffer of a network.
 struct ParamTensor {
   std::size_t layer;   // index in the Sequential (Input is 0); PyTorch's nn.Sequential index is layer - 1
@@ -278,6 +304,33 @@ struct Sequential {
   static constexpr std::size_t gradient_elements = max_activation(std::make_index_sequence<stage_count>{});
   /// Elements of Host scratch per thread (im2col matrices and private weight gradients).
   static constexpr std::size_t host_scratch_elements = max_scratch(std::make_index_sequence<stage_count>{});
+  /// A hash of everything that defines the network: each layer's name, numeric attributes (kernel,
+  /// stride, padding, slopes, probabilities), input and output shapes, and the parameter layout. The
+  /// same on every compiler and machine; checkpoints and data-parallel ranks compare it.
+  static constexpr std::uint64_t fingerprint = [] {
+    detail::Fnv1a f;
+    f.text("fusedp::Sequential");
+    f.word(input_shape::channels);
+    f.word(input_shape::height);
+    f.word(input_shape::width);
+    for_each_layer([&](auto b) {
+      using B = decltype(b);
+      f.word(B::index);
+      f.text(B::layer::name);
+      detail::hash_attributes<typename B::layer>(f);
+      f.word(B::out::channels);
+      f.word(B::out::height);
+      f.word(B::out::width);
+    });
+    for (const auto& t : param_layout) {
+      f.word(t.layer);
+      f.word(std::uint64_t(t.role));
+      f.word(t.offset);
+      f.word(t.size);
+    }
+    return f.h;
+  }();
+
   /// Workspace elements per sample in all.
   static constexpr std::size_t workspace_elements_per_sample = activation_elements + 2 * gradient_elements;
 };
