@@ -75,9 +75,11 @@ class ThreadPool {
     }
     while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
     task_.reset();
-    if (!error) {
+    {
+      // Always take the worker's error, so it cannot resurface in a later region.
       std::lock_guard lock(mutex_);
-      error = std::exchange(worker_error_, nullptr);
+      std::exception_ptr worker = std::exchange(worker_error_, nullptr);
+      if (!error) error = std::move(worker);
     }
     if (error) std::rethrow_exception(error);
   }

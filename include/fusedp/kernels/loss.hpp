@@ -17,12 +17,14 @@ FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T
   for (int c = 1; c < classes; ++c) m = logits[c] > m ? logits[c] : m;
   T s = T(0);
   for (int c = 0; c < classes; ++c) s += exp(logits[c] - m);
-  const T lse = log(s) + m;
+  // (x - max) - log(s) rather than log(s) + max - x: exact for large logits, as PyTorch does it.
+  const T log_s = log(s);
   if (dlogits) {
-    for (int c = 0; c < classes; ++c) dlogits[c] = exp(logits[c] - lse) * scale;
+    const T inv = T(1) / s;
+    for (int c = 0; c < classes; ++c) dlogits[c] = exp(logits[c] - m) * inv * scale;
     dlogits[label] -= scale;
   }
-  return lse - logits[label];
+  return log_s - (logits[label] - m);
 }
 
 /// Squared error of one row: returns sum (y - t)^2; when dy is not null writes scale * 2 (y - t).

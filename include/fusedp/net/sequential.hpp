@@ -61,14 +61,53 @@ struct output_if<L, In, true> {
   using type = typename L::template output<In>;
 };
 
+// Stands in for an element that is not a layer, after its error, so no further errors follow.
+struct Placeholder {
+  static constexpr LayerKind kind = LayerKind::reshape;
+  static constexpr const char* name = "(not a layer)";
+};
+
+template <class In>
+struct input_shape_of {
+  using type = Shape<1, 1, 1>;  // not an Input: reported by Sequential's static_assert
+};
+template <class In>
+  requires requires { typename In::shape; }
+struct input_shape_of<In> {
+  using type = typename In::shape;
+};
+
+template <class In>
+constexpr bool is_input_layer() {
+  if constexpr (Layer<In>) return In::kind == LayerKind::input;
+  else return false;
+}
+
+// Whether L is a layer that may follow Input; anything else is reported once, by bind_checked.
+template <class L>
+constexpr bool placeable() {
+  if constexpr (Layer<L>) return L::kind != LayerKind::input;
+  else return false;
+}
+
+template <class L, class In, bool Placeable = placeable<L>()>
+struct accepts_input : std::true_type {};  // not a layer: already reported, keep the errors to one
+template <class L, class In>
+struct accepts_input<L, In, true> : std::bool_constant<L::template accepts<In>> {};
+
+template <std::size_t I, class L, class In, bool Ok>
+struct report_mismatch : std::true_type {};
+template <std::size_t I, class L, class In>
+struct report_mismatch<I, L, In, false> : shape_mismatch<I, L, typename L::template expected<In>, In> {};
+
 template <std::size_t I, class L, class In>
 struct bind_checked {
   static_assert(Layer<L>, "fusedp::Sequential: every element after Input must be a layer (see the Layer concept)");
-  static_assert(L::kind != LayerKind::input, "fusedp::Sequential: Input<C,H,W> may only be the first layer");
-  static constexpr bool ok = L::template accepts<In>;
-  static_assert(std::conditional_t<ok, std::true_type,
-                                   shape_mismatch<I, L, typename L::template expected<In>, In>>::value);
-  using type = Bound<I, L, In, typename output_if<L, In, ok>::type>;
+  static_assert(!Layer<L> || placeable<L>(), "fusedp::Sequential: Input<C,H,W> may only be the first layer");
+  static constexpr bool ok = accepts_input<L, In>::value;
+  static_assert(report_mismatch<I, L, In, ok>::value);
+  using type = Bound<I, std::conditional_t<placeable<L>(), L, Placeholder>, In,
+                     typename output_if<L, In, ok && placeable<L>()>::type>;
 };
 
 template <std::size_t I, class In, class Done, class... Ls>
@@ -198,10 +237,10 @@ struct StagePlan {
 /// @tparam Layers the layers, in order
 template <class In, class... Layers>
 struct Sequential {
-  static_assert(In::kind == LayerKind::input, "fusedp::Sequential: the first layer must be Input<C, H, W>");
+  static_assert(detail::is_input_layer<In>(), "fusedp::Sequential: the first layer must be Input<C, H, W>");
   static_assert(sizeof...(Layers) > 0, "fusedp::Sequential: a network needs at least one layer after Input");
 
-  using input_shape = typename In::shape;
+  using input_shape = typename detail::input_shape_of<In>::type;
   using bound_layers = typename detail::infer<1, input_shape, detail::type_list<>, Layers...>::type;
   using output_shape = typename detail::infer<1, input_shape, detail::type_list<>, Layers...>::out;
   using stages = typename detail::make_plan<detail::type_list<>, bound_layers>::type;

@@ -49,9 +49,9 @@ struct AdamFamily {
 };
 }  // namespace detail
 
-/// Adam with L2 weight decay added to the gradient.
-struct Adam : detail::AdamFamily<false> {};
+/// Adam with L2 weight decay added to the gradient: `fp::Adam opt{{.lr = 1e-3f}}`.
+using Adam = detail::AdamFamily<false>;
 /// AdamW: weight decay applied to the weights, decoupled from the gradient.
-struct AdamW : detail::AdamFamily<true> {};
+using AdamW = detail::AdamFamily<true>;
 
 }  // namespace fusedp

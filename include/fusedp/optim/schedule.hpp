@@ -19,8 +19,8 @@ struct StepLR {
   }
 };
 
-/// Linear warm-up from 0 to base_lr over `warmup` steps, then a cosine decay to min_lr at `total`
-/// steps; min_lr after that.
+/// Linear warm-up over `warmup` steps (step s < warmup gets base_lr * (s + 1) / warmup, so step 0 is
+/// never zero), then a cosine decay from base_lr at step `warmup` to min_lr at `total`; min_lr after.
 struct CosineWarmup {
   float base_lr;
   std::uint64_t warmup;
