@@ -1,7 +1,9 @@
 #pragma once
-// Reader for IDX files (MNIST, Fashion-MNIST), plain or gzip-compressed, and the image/label dataset they form.
+// Reader for IDX files (MNIST, Fashion-MNIST), plain or gzip-compressed, and the image/label dataset they form
+// (Dataset, mean_std and normalize live in dataset.hpp, included here).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
+#include "fusedp/data/dataset.hpp"
 
 #include <zlib.h>
 
@@ -30,20 +32,6 @@ struct IdxArray {
   std::vector<std::size_t> dims;
   std::vector<std::uint8_t> data;
 };
-
-/// Images and labels of one split. `images` is (count, channels, height, width), values as loaded
-/// (in [0,1] after `load_idx_pair`, shifted and scaled after `normalize`).
-struct Dataset {
-  std::vector<float> images;
-  std::vector<std::int32_t> labels;
-  std::size_t count = 0;
-  std::size_t channels = 0;
-  std::size_t height = 0;
-  std::size_t width = 0;
-  std::size_t classes = 0;
-};
-
-enum class Split { train, test };
 
 namespace detail {
 
@@ -297,27 +285,6 @@ inline std::string join_dims(const std::vector<std::size_t>& dims) {
   const std::string images_path = find(images_name);
   const std::string labels_path = find(labels_name);
   return load_idx_pair(images_path, labels_path, 10);
-}
-
-/// Mean and (population) standard deviation of all pixels, accumulated in double.
-[[nodiscard]] inline std::pair<float, float> mean_std(const Dataset& ds) {
-  require(!ds.images.empty(), "mean_std: the dataset holds no pixels");
-  const auto n = static_cast<double>(ds.images.size());
-  double sum = 0.0;
-  for (float x : ds.images) sum += x;
-  const double mean = sum / n;
-  // Two passes: the one-pass sum of squares loses digits once the data is already centred.
-  double squares = 0.0;
-  for (float x : ds.images) squares += (x - mean) * (x - mean);
-  return {static_cast<float>(mean), static_cast<float>(std::sqrt(squares / n))};
-}
-
-/// Replaces every pixel x by (x - mean) / stddev, as torchvision's Normalize does.
-inline void normalize(Dataset& ds, float mean, float stddev) {
-  require(std::isfinite(mean), "normalize: mean must be finite, got ", mean);
-  require(std::isfinite(stddev) && stddev > 0.0f, "normalize: stddev must be finite and > 0, got ", stddev);
-  // Divide rather than multiply by 1/stddev, so results match torchvision's bit for bit.
-  for (float& x : ds.images) x = (x - mean) / stddev;
 }
 
 }  // namespace fusedp::data
