@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace fusedp::data {
@@ -23,19 +24,24 @@ constexpr std::uint64_t mul_high(std::uint64_t a, std::uint64_t b) {
 }
 }  // namespace detail
 
-/// The order of `n` samples in `epoch`: a Fisher-Yates shuffle driven by (seed, epoch), the same on
-/// every machine and every run.
-[[nodiscard]] inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
-  std::vector<std::size_t> order(n);
+/// Writes the order of `order.size()` samples in `epoch` into `order`: a Fisher-Yates shuffle driven by
+/// (seed, epoch), the same on every machine and every run. Allocates nothing.
+inline void permutation_into(std::span<std::size_t> order, std::uint64_t seed, std::uint64_t epoch) {
   std::iota(order.begin(), order.end(), std::size_t(0));
   const std::uint64_t stream = rng::stream(rng::Purpose::sampler, epoch);
-  for (std::size_t i = n; i > 1; --i) {
+  for (std::size_t i = order.size(); i > 1; --i) {
     const rng::Block b = rng::bits(seed, stream, i);
     const std::uint64_t r = (std::uint64_t(b.v[0]) << 32) | b.v[1];
     // Multiply-shift maps 64 random bits onto [0, i); the bias is below i / 2^64.
     const auto j = std::size_t(detail::mul_high(r, i));
     std::swap(order[i - 1], order[j]);
   }
+}
+
+/// The order of `n` samples in `epoch` (see permutation_into).
+[[nodiscard]] inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+  std::vector<std::size_t> order(n);
+  permutation_into(order, seed, epoch);
   return order;
 }
 
