@@ -17,6 +17,11 @@
 
 namespace fusedp {
 
+/// The default stage hook of Model::compute_gradients: nothing to do.
+struct NoStageHook {
+  constexpr void operator()(std::size_t) const noexcept {}
+};
+
 /// What Model::evaluate returns: the mean loss of the batch and the network's outputs.
 template <class T>
 struct Evaluation {
@@ -93,17 +98,19 @@ class Model {
   }
 
   /// Forward in training mode, the loss and backward: grads() then holds the gradient of the mean
-  /// loss. Parameters are not changed.
-  template <class Loss>
+  /// loss. Parameters are not changed. `on_stage_done(i)` is called as soon as backward has finished
+  /// stage i (stages finish in reverse order), so a data-parallel reducer can start on the gradients
+  /// of that stage while backward continues.
+  template <class Loss, class StageDone = NoStageHook>
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
-                      const Loss& loss) {
+                      const Loss& loss, StageDone&& on_stage_done = {}) {
     const std::size_t batch = batch_of(inputs);
     Loss::validate(targets, batch, output_size);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = gradient_buffer(0, batch);
     const T l = loss(space_, batch, output_size, output_of<Net::stage_count - 1>(inputs.data(), batch),
                      targets.data(), dlogits);
-    backward_pass(inputs.data(), batch);
+    backward_pass(inputs.data(), batch, on_stage_done);
     return l;
   }
 
@@ -234,14 +241,15 @@ class Model {
   }
 
   // Stages run in reverse; the gradient alternates between two buffers (a reshape keeps it in place).
-  void backward_pass(const T* x, std::size_t batch) {
+  template <class StageDone>
+  void backward_pass(const T* x, std::size_t batch, StageDone& on_stage_done) {
     int current = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (backward_stage<Net::stage_count - 1 - I>(x, batch, current), ...);
+      (backward_stage<Net::stage_count - 1 - I>(x, batch, current, on_stage_done), ...);
     }(std::make_index_sequence<Net::stage_count>{});
   }
-  template <std::size_t I>
-  void backward_stage(const T* x, std::size_t batch, int& current) {
+  template <std::size_t I, class StageDone>
+  void backward_stage(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
     using S = typename Net::template stage<I>;
     if constexpr (S::kind != LayerKind::reshape && (I > 0 || S::has_params)) {
       StageArgs<Space, T> a = args_of<I>(x, batch, true);
@@ -250,6 +258,7 @@ class Model {
       executor<S>::template backward<typename S::in, typename S::epilogue>(a);
       current = 1 - current;
     }
+    on_stage_done(I);
   }
 
   Space space_;

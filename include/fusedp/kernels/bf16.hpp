@@ -1,0 +1,28 @@
+#pragma once
+// bfloat16 conversions shared by both spaces: the upper 16 bits of a float, rounded to nearest even.
+#include "fusedp/core/config.hpp"
+
+#include <cstdint>
+#include <cstring>
+
+namespace fusedp::kernels {
+
+FUSEDP_HD inline std::uint16_t to_bf16(float x) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return std::uint16_t((u >> 16) | 0x0040u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+
+FUSEDP_HD inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t(h) << 16;
+  float x = 0;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/// x rounded to the nearest bfloat16 value.
+FUSEDP_HD inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
+
+}  // namespace fusedp::kernels

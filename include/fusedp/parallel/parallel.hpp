@@ -1,0 +1,484 @@
+#pragma once
+// Parallel<Net, Space, Policies...>: data-parallel training. Replicas of one Model each take a shard of
+// the batch, compute gradients, and the gradients are combined as the policies say before the update.
+// Two process models: replicas in this process (threads; DataParallel style), or one replica per MPI
+// rank (mpirun; DistributedDataParallel style, across machines through mpirun's host list).
+#include "fusedp/core/buffer.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/bf16.hpp"
+#include "fusedp/loss/softmax_cross_entropy.hpp"
+#include "fusedp/net/model.hpp"
+#include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/mpi.hpp"
+#include "fusedp/parallel/policy.hpp"
+#include "fusedp/parallel/shards.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace fusedp {
+
+/// Replicas in this process: `count` models, each with `threads_per_replica` Host threads (0: the
+/// hardware threads divided among the replicas, at least one each).
+struct Replicas {
+  int count = 1;
+  int threads_per_replica = 0;
+};
+constexpr Replicas replicas(int count, int threads_per_replica = 0) { return {count, threads_per_replica}; }
+
+struct ParallelOptions {
+  /// MPI: Host threads of this rank's replica (0: the hardware threads divided among the ranks of
+  /// this machine).
+  int threads = 0;
+  /// MPI: how long the start-up check waits for every rank before the job is aborted.
+  std::chrono::milliseconds timeout{60000};
+  /// Any value that every rank must share, e.g. a hash of the command line's flags.
+  std::uint64_t agree_on = 0;
+};
+
+/// Loss and accuracy summed over every rank's evaluation samples.
+struct GlobalEvaluation {
+  double loss_sum = 0;
+  std::size_t correct = 0;
+  std::size_t count = 0;
+  [[nodiscard]] double loss() const { return count ? loss_sum / double(count) : 0.0; }
+  [[nodiscard]] double accuracy() const { return count ? double(correct) / double(count) : 0.0; }
+};
+
+/// Data-parallel training of Net on Space with the given policies (see parallel/policy.hpp).
+/// @tparam Net a Sequential<...>
+/// @tparam Space the execution space of every replica
+/// @tparam Policies scatter, reduce, comm and knob tags, in any order
+template <Network Net, class Space, class... Policies>
+class Parallel {
+  static_assert(std::is_same_v<Space, Host>,
+                "fusedp::Parallel: replicas on the Cuda space (NCCL) need the Cuda Model, which is not there yet; "
+                "Parallel runs on Host today");
+
+ public:
+  using policy = parallel::Policy<Space, Policies...>;
+  using value_type = float;
+  using model_type = Model<Net, Space, float>;
+  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
+  static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
+  static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+
+  /// `r.count` replicas in this process, started from the same parameters (drawn from `seed`).
+  explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(check_replicas(r)) {
+    static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
+                      std::is_same_v<typename policy::comm_policy, comm::InProcess>,
+                  "fusedp::Parallel: replicas in one process reduce in shared memory (category comm: Auto or "
+                  "InProcess); construct from an MpiWorld for comm::Mpi");
+    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int per = r.threads_per_replica > 0 ? r.threads_per_replica : std::max(1, hw / r.count);
+    models_.reserve(std::size_t(r.count));
+    for (int i = 0; i < r.count; ++i) models_.emplace_back(seed, Host{per});
+    world_ = std::size_t(r.count);
+    for (std::size_t i = 1; i < models_.size(); ++i) copy_params(models_[0], models_[i]);
+    init_shared();
+  }
+
+#if FUSEDP_HAS_MPI
+  /// One replica on each rank of `world` (launched by mpirun). Every rank checks that all ranks run the
+  /// same network, parameter count, policies, world size and options.agree_on; a mismatch throws on
+  /// every rank. Then the parameters of rank 0 are broadcast.
+  explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(1), comm_(std::in_place, world) {
+    static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
+                      std::is_same_v<typename policy::comm_policy, comm::Mpi>,
+                  "fusedp::Parallel: one replica per MPI rank reduces through MPI (category comm: Auto or Mpi)");
+    world_ = std::size_t(world.size());
+    rank_ = world.rank();
+    handshake();  // first: the only collective that cannot hang on a missing rank
+    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = options.threads > 0 ? options.threads : std::max(1, hw / std::max(1, local_ranks(world)));
+    models_.emplace_back(seed, Host{threads});
+    comm_->broadcast(models_[0].params().data(), Net::param_storage, 0);
+    init_shared();
+  }
+#endif
+
+  /// Replicas taking part in all (ranks times local replicas).
+  [[nodiscard]] std::size_t world_size() const noexcept { return world_; }
+  /// This process's rank (0 without MPI).
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] bool is_root() const noexcept { return rank_ == 0; }
+  /// Replicas in this process.
+  [[nodiscard]] std::size_t local_replicas() const noexcept { return models_.size(); }
+  /// Replica `i` of this process. All replicas hold the same parameters between steps.
+  [[nodiscard]] model_type& model(std::size_t i = 0) { return models_.at(i); }
+  [[nodiscard]] const model_type& model(std::size_t i = 0) const { return models_.at(i); }
+
+  /// Run-time weights of scatter::Weighted, one per replica (world_size()).
+  void set_weights(std::span<const double> weights) {
+    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
+    require(weights.size() == world_, "Parallel::set_weights: ", weights.size(), " weights for ", world_, " replicas");
+    for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
+    weights_.assign(weights.begin(), weights.end());
+  }
+
+  /// One data-parallel step. With Even or Weighted, `inputs` is the global batch (the same on every
+  /// rank) and each replica takes its slice; with Sharded it is this process's own data (split evenly
+  /// among the local replicas). Returns the mean loss over the global batch. Bad input throws before
+  /// anything changes.
+  template <class Loss, class Opt>
+  float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                   const Loss& loss, Opt& opt) {
+    opt.validate();
+    const std::size_t in = model_type::input_size, out = model_type::output_size;
+    require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
+            " input values are not a whole number of samples of ", in, " values");
+    const std::size_t batch = inputs.size() / in;
+    Loss::validate(targets, batch, out);
+    const std::vector<parallel::Shard> shards = local_shards(batch);
+    std::size_t local = 0;
+    for (const auto& sh : shards) local += sh.count;
+    const std::size_t global = global_count(local, batch);
+
+    std::vector<float> losses(models_.size());
+    weights_now_.resize(models_.size());
+    for (std::size_t r = 0; r < models_.size(); ++r)
+      weights_now_[r] = policy::sum ? 1.0f : float(double(shards[r].count) / double(global));
+    for (std::size_t b = 0; b < plan::count; ++b) arrivals_[b].store(0, std::memory_order_relaxed);
+
+    auto targets_of = [&](const parallel::Shard& s) {
+      const std::size_t t = targets.size() / batch;
+      return targets.subspan(s.offset * t, s.count * t);
+    };
+    if (comm_) {
+      losses[0] = models_[0].compute_gradients(inputs.subspan(shards[0].offset * in, shards[0].count * in),
+                                               targets_of(shards[0]), loss, [&](std::size_t stage) { mpi_stage_done(stage); });
+      mpi_finish_reduction();
+    } else {
+      pool_.run_on_all([&](int r) {
+        const auto& s = shards[std::size_t(r)];
+        losses[std::size_t(r)] = models_[std::size_t(r)].compute_gradients(
+            inputs.subspan(s.offset * in, s.count * in), targets_of(s), loss,
+            [&](std::size_t stage) { local_stage_done(stage); });
+      });
+      if constexpr (!policy::overlap) {
+        pool_.run_on_all([&](int r) {
+          for (std::size_t b = 0; b < plan::count; ++b) {
+            const auto& bucket = plan::buckets[b];
+            const std::size_t n = bucket.end - bucket.begin, w = models_.size();
+            reduce_local(bucket.begin + n * std::size_t(r) / w, bucket.begin + n * (std::size_t(r) + 1) / w);
+          }
+        });
+      }
+    }
+    apply_update(opt);
+
+    double weighted_loss = 0;
+    for (std::size_t r = 0; r < models_.size(); ++r) weighted_loss += double(losses[r]) * double(shards[r].count);
+#if FUSEDP_HAS_MPI
+    if (comm_) comm_->all_reduce_sum(&weighted_loss, 1);
+#endif
+    return float(weighted_loss / double(global));
+  }
+
+  /// Evaluates this process's samples (`inputs` may be empty on a rank without any) and sums loss and
+  /// correct predictions over all ranks: with an evaluation sampler that gives each sample to one
+  /// rank, every sample is counted exactly once.
+  template <class Loss>
+  GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                            const Loss& loss) {
+    std::array<double, 3> sums{0, 0, 0};  // loss sum, correct, count
+    if (!inputs.empty()) {
+      const std::size_t batch = inputs.size() / model_type::input_size;
+      const auto e = models_[0].evaluate(inputs, targets, loss);
+      sums[0] = double(e.loss) * double(batch);
+      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
+        sums[1] = double(count_correct(e.outputs, targets));
+      sums[2] = double(batch);
+    }
+#if FUSEDP_HAS_MPI
+    if (comm_) comm_->all_reduce_sum(sums.data(), sums.size());
+#endif
+    return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
+  }
+
+  /// The smallest of every rank's `local` (steps per epoch): ranks that agree on it never wait in a
+  /// collective for a rank that has run out of data.
+  [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
+#if FUSEDP_HAS_MPI
+    if (comm_) {
+      std::vector<std::uint64_t> all(world_);
+      const std::uint64_t mine = local;
+      comm_->all_gather(&mine, all.data(), 1);
+      return std::size_t(*std::min_element(all.begin(), all.end()));
+    }
+#endif
+    return local;
+  }
+
+ private:
+  static int check_replicas(Replicas r) {
+    require(r.count >= 1, "Parallel: replica count must be >= 1, got ", r.count);
+    require(r.threads_per_replica >= 0, "Parallel: threads per replica must be >= 0, got ", r.threads_per_replica);
+    return r.count;
+  }
+#if FUSEDP_HAS_MPI
+  static int local_ranks(const MpiWorld& world) {
+    // Ranks on this machine: the highest local rank + 1, agreed by all.
+    std::vector<std::uint64_t> all(std::size_t(world.size()));
+    const std::uint64_t mine = std::uint64_t(world.local_rank());
+    parallel::MpiCommunicator(world).all_gather(&mine, all.data(), 1);
+    return int(*std::max_element(all.begin(), all.end()) + 1);
+  }
+
+  void handshake() {
+    const std::array<std::uint64_t, 7> mine{0x66757365647031ull /* "fusedp1" */,
+                                            FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
+                                            Net::fingerprint,
+                                            Net::param_count,
+                                            policy::hash,
+                                            world_,
+                                            options_.agree_on};
+    static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
+                                           "policy hash", "world size",      "agree_on value"};
+    std::vector<std::uint64_t> all(mine.size() * world_);
+    comm_->all_gather_or_abort(mine.data(), all.data(), mine.size(), options_.timeout, "Parallel start-up check");
+    std::ostringstream diff;
+    for (std::size_t r = 1; r < world_; ++r)
+      for (std::size_t k = 0; k < mine.size(); ++k)
+        if (all[r * mine.size() + k] != all[k])
+          diff << "\n  rank " << r << " has " << what[k] << " " << all[r * mine.size() + k] << ", rank 0 has " << all[k];
+    if (!diff.str().empty())
+      throw InvalidArgument("Parallel: the ranks were not started with the same network and settings:" + diff.str());
+  }
+#endif
+
+  void init_shared() {
+    arrivals_ = std::make_unique<std::atomic<int>[]>(plan::count);
+    zero_ = parallel::element_blocks(Net::param_storage, world_, align_elements_count);
+    if (weighted) weights_.assign(world_, 1.0);
+  }
+
+  static void copy_params(const model_type& from, model_type& to) {
+    std::copy(from.params().begin(), from.params().end(), to.params().begin());
+  }
+
+  // This process's shards of a batch, one per local replica.
+  std::vector<parallel::Shard> local_shards(std::size_t batch) const {
+    if (sharded) return parallel::even_shards(batch, models_.size());
+    std::vector<parallel::Shard> all =
+        weighted ? parallel::weighted_shards(batch, weights_) : parallel::even_shards(batch, world_);
+    if (comm_) return {all[std::size_t(rank_)]};
+    return all;
+  }
+
+  std::size_t global_count(std::size_t local, std::size_t batch) const {
+    if (!sharded) return batch;
+#if FUSEDP_HAS_MPI
+    if (comm_) {
+      std::uint64_t n = local;
+      comm_->all_reduce_sum(&n, 1);
+      return std::size_t(n);
+    }
+#endif
+    return local;
+  }
+
+  // In process: the last replica to finish a bucket reduces it while the others continue backward.
+  void local_stage_done(std::size_t stage) {
+    if constexpr (policy::overlap) {
+      for (std::size_t b = 0; b < plan::count; ++b)
+        if (plan::buckets[b].ready_after == stage &&
+            arrivals_[b].fetch_add(1, std::memory_order_acq_rel) + 1 == int(models_.size()))
+          reduce_local(plan::buckets[b].begin, plan::buckets[b].end);
+    }
+  }
+
+  // Sums elements [begin, end) of every replica's gradient in replica order into every replica.
+  void reduce_local(std::size_t begin, std::size_t end) {
+    const std::size_t n = models_.size();
+    float* first = models_[0].grads().data();
+    for (std::size_t i = begin; i < end; ++i) {
+      float s = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        const float v = weights_now_[r] * models_[r].grads()[i];
+        s = policy::compress ? kernels::round_bf16(s + kernels::round_bf16(v)) : s + v;
+      }
+      first[i] = s;
+    }
+    if (reduce_kind != parallel::detail::ReduceKind::reduce_broadcast)
+      for (std::size_t r = 1; r < n; ++r) std::copy(first + begin, first + end, models_[r].grads().data() + begin);
+  }
+
+  // MPI: reduce a bucket when backward completes it (Overlap), else everything after backward.
+  void mpi_stage_done([[maybe_unused]] std::size_t stage) {
+#if FUSEDP_HAS_MPI
+    if constexpr (policy::overlap && reduce_kind != parallel::detail::ReduceKind::reduce_scatter) {
+      for (std::size_t b = 0; b < plan::count; ++b)
+        if (plan::buckets[b].ready_after == stage) mpi_reduce_bucket(plan::buckets[b], true);
+    }
+#endif
+  }
+  void mpi_finish_reduction() {
+#if FUSEDP_HAS_MPI
+    if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_scatter) {
+      scale_local(0, Net::param_storage);
+      float* g = models_[0].grads().data();
+      if constexpr (policy::deterministic || policy::compress) {
+        for (const auto& b : plan::buckets) mpi_reduce_bucket(b, false);
+      } else {
+        const auto [counts, displs] = zero_blocks();
+        gathered_.reserve_discard(std::size_t(counts[std::size_t(rank_)]));
+        comm_->reduce_scatter_blocks(g, counts, displs, gathered_.data());
+      }
+    } else if constexpr (!policy::overlap) {
+      for (const auto& b : plan::buckets) mpi_reduce_bucket(b, false);
+    }
+    parallel::MpiCommunicator::wait_all(requests_);
+#endif
+  }
+
+  void scale_local(std::size_t begin, std::size_t end) {
+    if (weights_now_[0] == 1.0f) return;
+    float* g = models_[0].grads().data();
+    for (std::size_t i = begin; i < end; ++i) g[i] *= weights_now_[0];
+  }
+
+#if FUSEDP_HAS_MPI
+  void mpi_reduce_bucket(const parallel::GradientBucket& bucket, bool may_start) {
+    if (reduce_kind != parallel::detail::ReduceKind::reduce_scatter) scale_local(bucket.begin, bucket.end);
+    float* g = models_[0].grads().data() + bucket.begin;
+    const std::size_t n = bucket.end - bucket.begin;
+    if constexpr (policy::deterministic) {
+      // Every rank's values, then a sum in rank order: the same bits whatever MPI's algorithm.
+      gathered_.reserve_discard(n * world_);
+      comm_->all_gather(g, gathered_.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        float s = 0;
+        for (std::size_t r = 0; r < world_; ++r) {
+          const float v = gathered_[r * n + i];
+          s = policy::compress ? kernels::round_bf16(s + kernels::round_bf16(v)) : s + v;
+        }
+        g[i] = s;
+      }
+    } else if constexpr (policy::compress) {
+      packed_.reserve_discard(n);
+      for (std::size_t i = 0; i < n; ++i) packed_[i] = kernels::to_bf16(g[i]);
+      comm_->all_reduce_sum_bf16(packed_.data(), n);
+      for (std::size_t i = 0; i < n; ++i) g[i] = kernels::from_bf16(packed_[i]);
+    } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
+      comm_->reduce_sum(g, n, 0);
+    } else if (may_start) {
+      comm_->start_all_reduce_sum(g, n, requests_);
+    } else {
+      comm_->all_reduce_sum(g, n);
+    }
+  }
+
+  std::pair<std::vector<int>, std::vector<int>> zero_blocks() const {
+    std::vector<int> counts(world_), displs(world_);
+    for (std::size_t r = 0; r < world_; ++r) {
+      counts[r] = int(zero_[r].count);
+      displs[r] = int(zero_[r].offset);
+    }
+    return {counts, displs};
+  }
+#endif
+
+  template <class Opt>
+  void apply_update(Opt& opt) {
+    using parallel::detail::ReduceKind;
+    if constexpr (reduce_kind == ReduceKind::all_reduce) {
+      if (models_.size() == 1) models_[0].step(opt);
+      else pool_.run_on_all([&](int r) { models_[std::size_t(r)].step(opt); });
+    } else if constexpr (reduce_kind == ReduceKind::reduce_broadcast) {
+      // Only the root (replica 0, or rank 0 over MPI) holds the summed gradient and optimizer state.
+      if (rank_ == 0) models_[0].step(opt);
+      else models_[0].set_step_counters(models_[0].steps() + 1, models_[0].optimizer_steps() + 1);
+#if FUSEDP_HAS_MPI
+      if (comm_) comm_->broadcast(models_[0].params().data(), Net::param_storage, 0);
+#endif
+      for (std::size_t r = 1; r < models_.size(); ++r) {
+        copy_params(models_[0], models_[r]);
+        models_[r].set_step_counters(models_[0].steps(), models_[0].optimizer_steps());
+      }
+    } else {
+      zero_update(opt);
+    }
+  }
+
+  // ZeRO-1: replica g (global index) owns block g of the flat buffer and the optimizer state of that
+  // block only; it updates its block, then the blocks are all-gathered.
+  template <class Opt>
+  void zero_update(Opt& opt) {
+    if (zero_owner_ == nullptr || std::strcmp(zero_owner_, Opt::name) != 0) {
+      zero_state_.clear();
+      for (std::size_t r = 0; r < models_.size(); ++r)
+        zero_state_.emplace_back(Opt::state_slots * zero_[global_index(r)].count);
+      zero_owner_ = Opt::name;
+      zero_steps_ = 0;
+    }
+    ++zero_steps_;
+    auto update = [&](std::size_t r) {
+      const parallel::Shard block = zero_[global_index(r)];
+      model_type& m = models_[r];
+      opt.step(m.space(), m.params().data() + block.offset, m.grads().data() + block.offset, zero_state_[r].data(),
+               block.count, zero_steps_);
+    };
+    if (models_.size() == 1) update(0);
+    else pool_.run_on_all([&](int r) { update(std::size_t(r)); });
+#if FUSEDP_HAS_MPI
+    if (comm_) {
+      const auto [counts, displs] = zero_blocks();
+      comm_->all_gather_blocks(models_[0].params().data(), counts, displs);
+    }
+#endif
+    if (models_.size() > 1) {
+      pool_.run_on_all([&](int r) {
+        const parallel::Shard block = zero_[std::size_t(r)];
+        for (std::size_t d = 0; d < models_.size(); ++d)
+          if (d != std::size_t(r))
+            std::copy(models_[std::size_t(r)].params().data() + block.offset,
+                      models_[std::size_t(r)].params().data() + block.offset + block.count,
+                      models_[d].params().data() + block.offset);
+      });
+    }
+    for (auto& m : models_) m.set_step_counters(m.steps() + 1, zero_steps_);
+  }
+
+  std::size_t global_index(std::size_t local) const { return comm_ ? std::size_t(rank_) : local; }
+
+  ParallelOptions options_;
+  Host pool_;  // one thread per local replica
+  std::vector<model_type> models_;
+  std::size_t world_ = 1;
+  int rank_ = 0;
+  std::vector<double> weights_;
+  std::vector<float> weights_now_;
+  std::unique_ptr<std::atomic<int>[]> arrivals_;
+  std::vector<parallel::Shard> zero_;
+  std::vector<HostBuffer<float>> zero_state_;
+  const char* zero_owner_ = nullptr;
+  std::uint64_t zero_steps_ = 0;
+#if FUSEDP_HAS_MPI
+  std::optional<parallel::MpiCommunicator> comm_;
+  std::vector<MPI_Request> requests_;
+  HostBuffer<float> gathered_;
+  HostBuffer<std::uint16_t> packed_;
+#else
+  std::optional<int> comm_;  // never engaged without MPI
+#endif
+};
+
+}  // namespace fusedp
