@@ -1,0 +1,461 @@
+#pragma once
+// Checkpoints. Two kinds of files, both in the safetensors layout (train/safetensors.hpp):
+//
+//   weights         one F32 tensor per parameter, named and shaped as PyTorch's state_dict of the
+//                   equivalent nn.Sequential ("0.weight", "0.bias", "3.weight", ...), so
+//                   `model.load_state_dict(load_file(path))` works; metadata: fusedp version,
+//                   network fingerprint, checksum. PyTorch-written files (no fusedp metadata) load too.
+//   training state  the optimizer's state per parameter ("0.weight.momentum_buffer", "0.weight.exp_avg",
+//                   ...) and, as metadata, the optimizer's name, the step counters, the epoch and
+//                   sampler position, the seeds, the dataset size, batch and world size, the
+//                   fingerprint, the version and the checksum of the weights file it belongs to.
+//
+// save_checkpoint(dir, ...) writes both into the folder `dir` (model.safetensors and
+// training_state.safetensors). A crash at any moment leaves a usable checkpoint: both files are
+// first written to temporaries and fsync'd; renaming the training state commits the save; the weights
+// are renamed after it. A loader that finds the committed state but the previous weights (a crash
+// between the two renames) takes the fsync'd temporary weights the state names by checksum, and the
+// next save finishes the rename first. Everything is read and verified (checksums, network,
+// optimizer, shapes) before the model is touched; any problem is a DataError naming the file.
+#include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/layers/layer.hpp"
+#include "fusedp/net/sequential.hpp"
+#include "fusedp/train/durable_file.hpp"
+#include "fusedp/train/safetensors.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fusedp::train {
+
+inline constexpr const char* weights_file_name = "model.safetensors";
+inline constexpr const char* state_file_name = "training_state.safetensors";
+/// Version of the checkpoint layout; a file of a newer layout is refused with a clear message.
+inline constexpr int checkpoint_format = 1;
+
+/// Where a run stands, saved beside the weights. The caller sets the first group; save_checkpoint
+/// fills the second from the model.
+struct TrainingState {
+  std::uint64_t epochs_done = 0;    ///< epochs completed
+  std::uint64_t batches_done = 0;   ///< batches of the next epoch already trained (the sampler position)
+  std::uint64_t data_seed = 0;      ///< seed of the sampler and the augmentation
+  std::uint64_t dataset_size = 0;   ///< training samples (a resumed run must see the same data)
+  std::uint64_t batch_size = 0;     ///< samples per batch (per rank)
+  std::uint64_t world_size = 1;     ///< ranks that trained together
+  std::map<std::string, std::string> extra;  ///< anything else the program wants back (stored as "user.<key>")
+
+  std::uint64_t model_seed = 0;       ///< Model::seed() (initialization and dropout masks)
+  std::uint64_t steps = 0;            ///< Model::steps()
+  std::uint64_t optimizer_steps = 0;  ///< Model::optimizer_steps()
+  std::string optimizer;              ///< name of the optimizer whose state is saved ("" before any step)
+  std::uint64_t fingerprint = 0;      ///< Net::fingerprint
+  std::string version;                ///< fusedp version that wrote the checkpoint
+};
+
+namespace detail {
+
+inline std::string hex64(std::uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+inline std::uint64_t parse_u64(const SafetensorsFile& f, const std::string& key, bool hex = false) {
+  const std::string* s = f.meta(key);
+  if (!s) throw DataError(f.path, "metadata field '" + key + "' is missing");
+  const std::string digits = hex ? (s->rfind("0x", 0) == 0 ? s->substr(2) : std::string()) : *s;
+  const char* allowed = hex ? "0123456789abcdef" : "0123456789";
+  if (digits.empty() || digits.size() > (hex ? 16u : 20u) || digits.find_first_not_of(allowed) != std::string::npos)
+    throw DataError(f.path, "metadata field '" + key + "' is '" + *s + "', not a" + (hex ? " 0x-hex" : "n unsigned") +
+                                " number");
+  std::uint64_t v = 0;
+  for (char c : digits) {
+    const std::uint64_t d = std::uint64_t(c >= 'a' ? c - 'a' + 10 : c - '0');
+    const std::uint64_t base = hex ? 16 : 10;
+    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / base)
+      throw DataError(f.path, "metadata field '" + key + "' is '" + *s + "', out of range");
+    v = v * base + d;
+  }
+  return v;
+}
+
+/// The PyTorch state_dict key of a parameter tensor: "<layer - 1>.weight" or ".bias".
+inline std::string tensor_name(const ParamTensor& t) {
+  return std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight" : ".bias");
+}
+inline std::vector<std::size_t> tensor_shape(const ParamTensor& t) {
+  std::vector<std::size_t> shape;
+  for (int i = 0; i < t.rank; ++i) shape.push_back(std::size_t(t.dims[std::size_t(i)]));
+  return shape;
+}
+inline std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Names of the optimizer's state slots, as torch.optim calls them where fusedp knows the optimizer.
+inline std::vector<std::string> slot_names(const std::string& optimizer, std::size_t slots) {
+  if (optimizer == "Sgd" && slots == 1) return {"momentum_buffer"};
+  if ((optimizer == "Adam" || optimizer == "AdamW") && slots == 2) return {"exp_avg", "exp_avg_sq"};
+  std::vector<std::string> names;
+  for (std::size_t s = 0; s < slots; ++s) names.push_back("slot" + std::to_string(s));
+  return names;
+}
+
+template <class Model>
+constexpr void check_model() {
+  static_assert(std::is_same_v<typename Model::value_type, float>,
+                "fusedp checkpoints hold float32 parameters: use a Model<Net, Space, float>");
+  static_assert(std::is_same_v<typename Model::space_type, Host>,
+                "fusedp checkpoints read and write Host models; copy a device model's parameters to a Host "
+                "model first (a Cuda path would stage through pinned memory here)");
+}
+
+// Checks that `f` holds exactly the parameters of Net (names, F32, shapes) and, when it says which
+// network wrote it, that it is Net. Returns each parameter's entry in param_layout order.
+template <class Net>
+std::vector<const SafetensorsTensor*> match_weights(const SafetensorsFile& f) {
+  if (const std::string* kind = f.meta("fusedp.kind"); kind && *kind != "weights")
+    throw DataError(f.path, "is a fusedp " + *kind + " file, not a weights file");
+  if (f.meta("fusedp.fingerprint")) {
+    const std::uint64_t fp = parse_u64(f, "fusedp.fingerprint", true);
+    if (fp != Net::fingerprint)
+      throw DataError(f.path, "is a checkpoint of another network: its fingerprint is " + hex64(fp) +
+                                  ", this network's is " + hex64(Net::fingerprint));
+  }
+  std::vector<const SafetensorsTensor*> found;
+  for (const ParamTensor& t : Net::param_layout) {
+    const std::string name = tensor_name(t);
+    const SafetensorsTensor* e = f.find(name);
+    if (!e)
+      throw DataError(f.path, "has no tensor '" + name + "' (" + std::to_string(f.tensors.size()) +
+                                  " tensors in the file; this network has " +
+                                  std::to_string(Net::param_layout.size()) + ")");
+    if (e->dtype != "F32") throw DataError(f.path, "tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
+    if (e->shape != tensor_shape(t))
+      throw DataError(f.path, "tensor '" + name + "' has shape " + shape_text(e->shape) + ", this network needs " +
+                                  shape_text(tensor_shape(t)));
+    found.push_back(e);
+  }
+  if (f.tensors.size() != found.size()) {
+    for (const auto& e : f.tensors) {
+      bool known = false;
+      for (const ParamTensor& t : Net::param_layout) known = known || tensor_name(t) == e.name;
+      if (!known) throw DataError(f.path, "has a tensor '" + e.name + "' that this network does not have");
+    }
+  }
+  return found;
+}
+
+template <class Model>
+std::vector<std::pair<std::string, std::string>> common_metadata(const char* kind) {
+  return {{"format", "pt"},
+          {"fusedp.version", FUSEDP_VERSION_STRING},
+          {"fusedp.format", std::to_string(checkpoint_format)},
+          {"fusedp.kind", kind},
+          {"fusedp.fingerprint", hex64(Model::network::fingerprint)}};
+}
+
+template <class Model>
+std::vector<std::uint8_t> encode_weights(const Model& model, std::uint32_t* crc = nullptr) {
+  check_model<Model>();
+  using Net = typename Model::network;
+  const std::span<const float> params = model.params();
+  std::vector<TensorToWrite> tensors;
+  for (const ParamTensor& t : Net::param_layout)
+    tensors.push_back({tensor_name(t), tensor_shape(t), params.subspan(t.offset, t.size)});
+  return encode_safetensors(tensors, common_metadata<Model>("weights"), crc);
+}
+
+inline void check_format(const SafetensorsFile& f) {
+  if (!f.meta("fusedp.format")) return;
+  const std::uint64_t format = parse_u64(f, "fusedp.format");
+  if (format != std::uint64_t(checkpoint_format))
+    throw DataError(f.path, "was written in checkpoint format " + std::to_string(format) + " (fusedp " +
+                                (f.meta("fusedp.version") ? *f.meta("fusedp.version") : std::string("?")) +
+                                "); this fusedp " FUSEDP_VERSION_STRING " reads format " +
+                                std::to_string(checkpoint_format));
+}
+
+inline TrainingState parse_state(const SafetensorsFile& f) {
+  if (!f.crc32) throw DataError(f.path, "has no checksum; not a fusedp training-state file");
+  const std::string* kind = f.meta("fusedp.kind");
+  if (!kind || *kind != "training_state")
+    throw DataError(f.path, "is not a fusedp training-state file (kind '" + (kind ? *kind : std::string()) + "')");
+  check_format(f);
+  TrainingState s;
+  s.epochs_done = parse_u64(f, "epochs_done");
+  s.batches_done = parse_u64(f, "batches_done");
+  s.data_seed = parse_u64(f, "data_seed");
+  s.dataset_size = parse_u64(f, "dataset_size");
+  s.batch_size = parse_u64(f, "batch_size");
+  s.world_size = parse_u64(f, "world_size");
+  s.model_seed = parse_u64(f, "model_seed");
+  s.steps = parse_u64(f, "steps");
+  s.optimizer_steps = parse_u64(f, "optimizer_steps");
+  s.fingerprint = parse_u64(f, "fusedp.fingerprint", true);
+  s.optimizer = f.meta("optimizer") ? *f.meta("optimizer") : throw DataError(f.path, "metadata field 'optimizer' is missing");
+  s.version = f.meta("fusedp.version") ? *f.meta("fusedp.version") : std::string();
+  for (const auto& [key, value] : f.metadata)
+    if (key.rfind("user.", 0) == 0) s.extra[key.substr(5)] = value;
+  return s;
+}
+
+// Reads the weights that belong to the committed training state: the weights file, or the fsync'd
+// temporary of a save interrupted between its two renames. Returns nothing when neither matches.
+inline std::optional<SafetensorsFile> committed_weights(const std::string& dir, std::uint32_t crc) {
+  namespace fs = std::filesystem;
+  const std::string path = (fs::path(dir) / weights_file_name).string();
+  std::optional<DataError> main_error;
+  try {
+    SafetensorsFile main = read_safetensors(path);
+    if (main.crc32 == crc) return main;
+  } catch (const DataError& e) {
+    main_error = e;
+  }
+  const std::string tmp = path + ".tmp";
+  if (std::error_code ec; fs::exists(tmp, ec)) {
+    try {
+      SafetensorsFile t = read_safetensors(tmp);
+      if (t.crc32 == crc) return t;
+    } catch (const DataError&) {
+    }
+  }
+  if (main_error) throw *main_error;
+  return std::nullopt;
+}
+
+// Finishes a save interrupted after its commit: moves the temporary weights into place.
+inline void finish_interrupted_save(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string state_path = (fs::path(dir) / state_file_name).string();
+  const std::string weights_path = (fs::path(dir) / weights_file_name).string();
+  if (std::error_code ec; !fs::exists(state_path, ec) || !fs::exists(weights_path + ".tmp", ec)) return;
+  try {
+    const SafetensorsFile state = read_safetensors(state_path);
+    const std::uint32_t crc = static_cast<std::uint32_t>(parse_u64(state, "weights.crc32", true));
+    bool main_ok = false;
+    try {
+      main_ok = read_safetensors(weights_path).crc32 == crc;
+    } catch (const DataError&) {
+    }
+    if (main_ok) return;
+    if (read_safetensors(weights_path + ".tmp").crc32 != crc) return;
+  } catch (const DataError&) {
+    return;  // nothing recoverable; the new save replaces it
+  }
+  rename_over(weights_path + ".tmp", weights_path);
+  fsync_directory(dir);
+}
+
+/// Where a simulated crash stops save_checkpoint (tests only).
+enum class SaveStop { never, after_temporaries, after_commit };
+
+template <class Model>
+void save_checkpoint(const std::string& dir, const Model& model, TrainingState state, SaveStop stop) {
+  check_model<Model>();
+  namespace fs = std::filesystem;
+  using Net = typename Model::network;
+  {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec || !fs::is_directory(dir, ec))
+      throw DataError(dir, "cannot create the checkpoint folder" + (ec ? ": " + ec.message() : std::string()));
+  }
+  finish_interrupted_save(dir);
+
+  std::uint32_t weights_crc = 0;
+  const std::vector<std::uint8_t> weights = encode_weights(model, &weights_crc);
+
+  state.model_seed = model.seed();
+  state.steps = model.steps();
+  state.optimizer_steps = model.optimizer_steps();
+  state.optimizer = model.optimizer_name() ? model.optimizer_name() : "";
+  state.fingerprint = Net::fingerprint;
+  state.version = FUSEDP_VERSION_STRING;
+  auto meta = common_metadata<Model>("training_state");
+  auto add = [&](const std::string& k, std::uint64_t v) { meta.emplace_back(k, std::to_string(v)); };
+  meta.emplace_back("optimizer", state.optimizer);
+  add("steps", state.steps);
+  add("optimizer_steps", state.optimizer_steps);
+  add("epochs_done", state.epochs_done);
+  add("batches_done", state.batches_done);
+  add("data_seed", state.data_seed);
+  add("model_seed", state.model_seed);
+  add("dataset_size", state.dataset_size);
+  add("batch_size", state.batch_size);
+  add("world_size", state.world_size);
+  meta.emplace_back("weights.crc32", "0x" + detail::hex32(weights_crc));
+  for (const auto& [key, value] : state.extra) meta.emplace_back("user." + key, value);
+
+  const std::span<const float> opt_state = model.optimizer_state();
+  const std::size_t slots = opt_state.size() / Net::param_storage;
+  const std::vector<std::string> names = slot_names(state.optimizer, slots);
+  std::vector<TensorToWrite> tensors;
+  for (std::size_t s = 0; s < slots; ++s)
+    for (const ParamTensor& t : Net::param_layout)
+      tensors.push_back({tensor_name(t) + "." + names[s], tensor_shape(t),
+                         opt_state.subspan(s * Net::param_storage + t.offset, t.size)});
+  const std::vector<std::uint8_t> state_bytes = encode_safetensors(tensors, meta);
+
+  const std::string weights_path = (fs::path(dir) / weights_file_name).string();
+  const std::string state_path = (fs::path(dir) / state_file_name).string();
+  write_synced(weights_path + ".tmp", weights);
+  try {
+    write_synced(state_path + ".tmp", state_bytes);
+  } catch (...) {
+    ::unlink((weights_path + ".tmp").c_str());
+    throw;
+  }
+  if (stop == SaveStop::after_temporaries) return;
+  rename_over(state_path + ".tmp", state_path);  // the commit
+  if (stop == SaveStop::after_commit) return;
+  rename_over(weights_path + ".tmp", weights_path);
+  fsync_directory(dir);
+}
+
+}  // namespace detail
+
+/// Writes the parameters of `model` to `path` as a safetensors file PyTorch can load into the
+/// equivalent nn.Sequential (atomically: a failure leaves an existing file as it was).
+template <class Model>
+void save_weights(const std::string& path, const Model& model) {
+  const std::vector<std::uint8_t> bytes = detail::encode_weights(model);
+  write_file_atomically(path, bytes);
+}
+
+/// Loads parameters from a safetensors file written by save_weights or by PyTorch (F32 tensors named
+/// as the nn.Sequential's state_dict). The model is changed only when everything checks out: the
+/// checksum (if any), the network fingerprint (if any), every tensor's name, dtype and shape, and
+/// no tensor this network lacks.
+template <class Model>
+void load_weights(const std::string& path, Model& model) {
+  detail::check_model<Model>();
+  using Net = typename Model::network;
+  const SafetensorsFile f = read_safetensors(path);
+  detail::check_format(f);
+  const std::vector<const SafetensorsTensor*> found = detail::match_weights<Net>(f);
+  std::vector<float> staged(Net::param_storage, 0.0f);  // padding stays zero
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    const ParamTensor& t = Net::param_layout[i];
+    f.read_f32(*found[i], {staged.data() + t.offset, t.size});
+  }
+  std::memcpy(model.params().data(), staged.data(), staged.size() * sizeof(float));
+}
+
+/// Saves `model` (weights, optimizer state, step counters) and `state` into the folder `dir`
+/// (created if needed). See the top of this header for how a crash at any point is survived.
+template <class Model>
+void save_checkpoint(const std::string& dir, const Model& model, const TrainingState& state) {
+  detail::save_checkpoint(dir, model, state, detail::SaveStop::never);
+}
+
+namespace detail {
+inline SafetensorsFile read_state_file(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw DataError(dir, fs::exists(dir, ec) ? "is not a checkpoint folder (expected a folder holding " +
+                                                   std::string(weights_file_name) + " and " + state_file_name + ")"
+                                             : "checkpoint folder does not exist");
+  return read_safetensors((fs::path(dir) / state_file_name).string());
+}
+}  // namespace detail
+
+/// Reads and verifies the training state in checkpoint folder `dir` without touching any model: to
+/// learn the seed a model must be constructed with, or the epoch to resume from.
+[[nodiscard]] inline TrainingState read_training_state(const std::string& dir) {
+  return detail::parse_state(detail::read_state_file(dir));
+}
+
+/// Loads the checkpoint in folder `dir` into `model` for training on with `opt`: parameters,
+/// optimizer state and step counters. Returns the saved TrainingState (epoch, sampler position,
+/// seeds...) for the caller to continue from. Throws DataError, with the model untouched, when a
+/// file is missing, truncated or corrupt, was written for another network, with another
+/// optimizer or model seed, or when the weights do not belong to the training state.
+template <class Model, class Opt>
+TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& opt) {
+  detail::check_model<Model>();
+  (void)opt;
+  namespace fs = std::filesystem;
+  using Net = typename Model::network;
+  const std::string state_path = (fs::path(dir) / state_file_name).string();
+  const SafetensorsFile sf = detail::read_state_file(dir);
+  const TrainingState state = detail::parse_state(sf);
+  if (state.fingerprint != Net::fingerprint)
+    throw DataError(state_path, "is a checkpoint of another network: its fingerprint is " +
+                                    detail::hex64(state.fingerprint) + ", this network's is " +
+                                    detail::hex64(Net::fingerprint));
+  if (state.model_seed != model.seed())
+    throw DataError(state_path, "was trained from model seed " + std::to_string(state.model_seed) +
+                                    "; this model has seed " + std::to_string(model.seed()) +
+                                    " (construct it with fusedp::seed(" + std::to_string(state.model_seed) +
+                                    "); read_training_state gives the seed)");
+  if (!state.optimizer.empty() && state.optimizer != Opt::name)
+    throw DataError(state_path, "holds the state of optimizer " + state.optimizer + "; this run uses " + Opt::name);
+
+  // The optimizer state: Opt::state_slots tensors per parameter, or none before the first step.
+  const std::size_t slots = state.optimizer.empty() ? 0 : Opt::state_slots;
+  const std::vector<std::string> names = detail::slot_names(state.optimizer, slots);
+  if (sf.tensors.size() != slots * Net::param_layout.size())
+    throw DataError(state_path, "holds " + std::to_string(sf.tensors.size()) + " optimizer tensors, expected " +
+                                    std::to_string(slots * Net::param_layout.size()) + " (" + std::to_string(slots) +
+                                    " per parameter tensor)");
+  std::vector<float> opt_state(slots * Net::param_storage, 0.0f);
+  for (std::size_t s = 0; s < slots; ++s) {
+    for (const ParamTensor& t : Net::param_layout) {
+      const std::string name = detail::tensor_name(t) + "." + names[s];
+      const SafetensorsTensor* e = sf.find(name);
+      if (!e) throw DataError(state_path, "has no optimizer tensor '" + name + "'");
+      if (e->shape != detail::tensor_shape(t))
+        throw DataError(state_path, "optimizer tensor '" + name + "' has shape " + detail::shape_text(e->shape) +
+                                        ", this network needs " + detail::shape_text(detail::tensor_shape(t)));
+      sf.read_f32(*e, {opt_state.data() + s * Net::param_storage + t.offset, t.size});
+    }
+  }
+
+  const auto crc = static_cast<std::uint32_t>(detail::parse_u64(sf, "weights.crc32", true));
+  const std::optional<SafetensorsFile> wf = detail::committed_weights(dir, crc);
+  const std::string weights_path = (fs::path(dir) / weights_file_name).string();
+  if (!wf)
+    throw DataError(weights_path, "does not belong to " + state_path + " (its checksum differs from the one the "
+                                      "training state records): the folder mixes two saves");
+  const std::vector<const SafetensorsTensor*> found = detail::match_weights<Net>(*wf);
+  std::vector<float> params(Net::param_storage, 0.0f);
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    const ParamTensor& t = Net::param_layout[i];
+    wf->read_f32(*found[i], {params.data() + t.offset, t.size});
+  }
+
+  // Everything checked: now change the model.
+  std::memcpy(model.params().data(), params.data(), params.size() * sizeof(float));
+  if (slots > 0) {
+    const std::span<float> dst = model.template optimizer_state<Opt>();
+    std::memcpy(dst.data(), opt_state.data(), opt_state.size() * sizeof(float));
+  } else if (model.optimizer_name() != nullptr) {
+    const std::span<float> dst = model.template optimizer_state<Opt>();
+    std::fill(dst.begin(), dst.end(), 0.0f);
+  }
+  model.set_step_counters(state.steps, state.optimizer_steps);
+  return state;
+}
+
+}  // namespace fusedp::train
