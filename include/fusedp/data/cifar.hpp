@@ -147,7 +147,7 @@ inline void append_cifar10_batch(const std::string& path, Dataset& out) {
     if (std::error_code e; !fs::exists(base / n, e)) missing += (missing.empty() ? "" : ", ") + n;
   if (!missing.empty())
     throw DataError(dir, "missing CIFAR-10 " + std::string(split == Split::train ? "training" : "test") +
-                             " batches: " + missing + " (looked for " + looked_for + " in " + dir + " and in " +
+                             " batches: " + missing + " (looked in " + dir + " and in " +
                              (fs::path(dir) / "cifar-10-batches-bin").string() + ")" + hint);
 
   Dataset ds;

@@ -96,6 +96,15 @@ inline std::uint64_t parse_u64(const SafetensorsFile& f, const std::string& key,
   return v;
 }
 
+// A CRC-32 stored as 8 lowercase hex digits, as the files' own "fusedp.crc32".
+inline std::uint32_t parse_crc32(const SafetensorsFile& f, const std::string& key) {
+  const std::string* s = f.meta(key);
+  if (!s) throw DataError(f.path, "metadata field '" + key + "' is missing");
+  if (s->size() != 8 || s->find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw DataError(f.path, "metadata field '" + key + "' is '" + *s + "', not 8 hex digits");
+  return static_cast<std::uint32_t>(std::stoul(*s, nullptr, 16));
+}
+
 /// The PyTorch state_dict key of a parameter tensor: "<layer - 1>.weight" or ".bias".
 inline std::string tensor_name(const ParamTensor& t) {
   return std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight" : ".bias");
@@ -251,7 +260,7 @@ inline void finish_interrupted_save(const std::string& dir) {
   if (std::error_code ec; !fs::exists(state_path, ec) || !fs::exists(weights_path + ".tmp", ec)) return;
   try {
     const SafetensorsFile state = read_safetensors(state_path);
-    const std::uint32_t crc = static_cast<std::uint32_t>(parse_u64(state, "weights.crc32", true));
+    const std::uint32_t crc = parse_crc32(state, "weights.crc32");
     bool main_ok = false;
     try {
       main_ok = read_safetensors(weights_path).crc32 == crc;
@@ -303,7 +312,7 @@ void save_checkpoint(const std::string& dir, const Model& model, TrainingState s
   add("dataset_size", state.dataset_size);
   add("batch_size", state.batch_size);
   add("world_size", state.world_size);
-  meta.emplace_back("weights.crc32", "0x" + detail::hex32(weights_crc));
+  meta.emplace_back("weights.crc32", detail::hex32(weights_crc));
   for (const auto& [key, value] : state.extra) meta.emplace_back("user." + key, value);
 
   const std::span<const float> opt_state = model.optimizer_state();
@@ -432,7 +441,7 @@ TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& o
     }
   }
 
-  const auto crc = static_cast<std::uint32_t>(detail::parse_u64(sf, "weights.crc32", true));
+  const std::uint32_t crc = detail::parse_crc32(sf, "weights.crc32");
   const std::optional<SafetensorsFile> wf = detail::committed_weights(dir, crc);
   const std::string weights_path = (fs::path(dir) / weights_file_name).string();
   if (!wf)

@@ -181,15 +181,17 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& path, const 
 
 }  // namespace detail
 
-/// Reads and checks `path`: the header's length and JSON, every tensor's dtype, shape and offsets
-/// (contiguous, covering the data exactly), the metadata (string values), and the checksum when the
-/// file has one. A file that says it was written by fusedp (a "fusedp." metadata key) must have one.
-[[nodiscard]] inline SafetensorsFile read_safetensors(const std::string& path) {
+/// Checks the contents of a safetensors file held in memory (`path` names it in messages): the
+/// header's length and JSON, every tensor's dtype, shape and offsets (contiguous, covering the data
+/// exactly), the metadata (string values), and the checksum when the file has one. A file that says
+/// it was written by fusedp (a "fusedp." metadata key) must have one.
+[[nodiscard]] inline SafetensorsFile parse_safetensors(std::string path, std::vector<std::uint8_t> bytes) {
   using nlohmann::json;
   SafetensorsFile f;
-  f.path = path;
-  f.bytes = detail::read_whole_file(path, "safetensors file");
-  auto fail = [&](const std::string& problem) -> void { throw DataError(path, problem); };
+  f.path = std::move(path);
+  f.bytes = std::move(bytes);
+  const std::string& path_ref = f.path;
+  auto fail = [&](const std::string& problem) -> void { throw DataError(path_ref, problem); };
   const std::size_t size = f.bytes.size();
   if (size == 0) fail("file is empty (not a safetensors file)");
   if (size < 8) fail("file is truncated: " + std::to_string(size) + " bytes, too short for the 8-byte header length");
@@ -292,6 +294,11 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& path, const 
     fail("has fusedp metadata but no checksum (" + std::string(checksum_key) + "); the header is corrupt");
   }
   return f;
+}
+
+/// Reads `path` and checks it (see parse_safetensors).
+[[nodiscard]] inline SafetensorsFile read_safetensors(const std::string& path) {
+  return parse_safetensors(path, detail::read_whole_file(path, "safetensors file"));
 }
 
 /// The bytes of a safetensors file holding `tensors` (F32, in the given order) and `metadata`, with
