@@ -14,7 +14,9 @@ class ProgressLine {
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit ProgressLine(std::FILE* out = stdout) : out_(out), terminal_(isatty(fileno(out)) != 0) {}
+  /// @param unit what the rate counts ("images" per second; "samples" for non-image data)
+  explicit ProgressLine(std::FILE* out = stdout, const char* unit = "images")
+      : out_(out), unit_(unit), terminal_(isatty(fileno(out)) != 0) {}
 
   /// Starts an epoch of `steps` steps.
   void start_epoch(std::size_t epoch, std::size_t epochs, std::size_t steps) {
@@ -39,8 +41,8 @@ class ProgressLine {
     last_ = now;
     const double rate = elapsed > 0 ? double(samples) / elapsed : 0.0;
     const double eta = done > 0 ? elapsed * double(steps_ - done) / double(done) : 0.0;
-    std::fprintf(out_, "%sepoch %zu/%zu  step %zu/%zu  loss %.4f  %.0f images/s  ETA %.0fs%s", terminal_ ? "\r\033[K" : "",
-                 epoch_, epochs_, done, steps_, loss, rate, eta, terminal_ ? "" : "\n");
+    std::fprintf(out_, "%sepoch %zu/%zu  step %zu/%zu  loss %.4f  %.0f %s/s  ETA %.0fs%s", terminal_ ? "\r\033[K" : "",
+                 epoch_, epochs_, done, steps_, loss, rate, unit_, eta, terminal_ ? "" : "\n");
     std::fflush(out_);
   }
 
@@ -52,6 +54,7 @@ class ProgressLine {
 
  private:
   std::FILE* out_;
+  const char* unit_;
   bool terminal_;
   std::size_t epoch_ = 0, epochs_ = 0, steps_ = 0, next_tenth_ = 1;
   clock::time_point start_, last_;
