@@ -1,7 +1,27 @@
 #pragma once
-// The Cuda execution space: one device and a stream. Compiled only by nvcc (FUSEDP_HAS_CUDA); under a
-// host compiler this header declares nothing, so Host-only programs never need the CUDA toolkit.
+// The Cuda execution space: one device, a stream, and the precision its GEMMs run in. Under a host
+// compiler this header declares only the precision tags (so Host code can name a policy); everything
+// else is compiled by nvcc alone (FUSEDP_HAS_CUDA), so Host-only programs never need the CUDA toolkit.
 #include "fusedp/core/config.hpp"
+
+namespace fusedp::precision {
+
+/// float storage; GEMMs on tensor cores with operands rounded to TF32 (10-bit mantissa, round to
+/// nearest) and fp32 accumulation. The default, as PyTorch's allow_tf32 for convolutions.
+struct Tf32 {
+  static constexpr const char* name = "tf32";
+};
+/// float storage; GEMMs with exact fp32 fused multiply-adds (no tensor cores).
+struct Fp32 {
+  static constexpr const char* name = "fp32";
+};
+/// fp32 master weights, gradients and activations in memory; GEMM operands rounded to bfloat16 on their
+/// way into shared memory, fp32 accumulation. (Storing activations in bf16 is a later step.)
+struct Bf16 {
+  static constexpr const char* name = "bf16";
+};
+
+}  // namespace fusedp::precision
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
@@ -12,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace fusedp {
@@ -20,18 +41,41 @@ namespace detail {
 inline void cuda_check(cudaError_t code, const char* call) {
   if (code != cudaSuccess) {
     std::string message = cudaGetErrorString(code);
-    if (code == cudaErrorNoKernelImageForDevice || code == cudaErrorUnsupportedPtxVersion)
+    if (code == cudaErrorNoKernelImageForDevice || code == cudaErrorUnsupportedPtxVersion ||
+        code == cudaErrorInvalidDeviceFunction)
       message += " (this build does not target the device's architecture: set CMAKE_CUDA_ARCHITECTURES)";
-    if (code == cudaErrorInsufficientDriver) message += " (the installed driver is older than this CUDA runtime)";
+    if (code == cudaErrorInsufficientDriver) message += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime)";
+    if (code == cudaErrorMemoryAllocation) message += " (out of device memory)";
     throw DeviceError(call, int(code), message);
   }
 }
+
+// Architectures this translation unit was compiled for, as nvcc lists them (e.g. "800,900").
+#if defined(__CUDA_ARCH_LIST__)
+#define FUSEDP_DETAIL_STR2(x) #x
+#define FUSEDP_DETAIL_STR(x) FUSEDP_DETAIL_STR2(x)
+inline constexpr const char* built_architectures = FUSEDP_DETAIL_STR(__CUDA_ARCH_LIST__);
+#undef FUSEDP_DETAIL_STR
+#undef FUSEDP_DETAIL_STR2
+#else
+inline constexpr const char* built_architectures = "unknown";
+#endif
+
+// An empty kernel: whether the device can load it tells whether this build targets the device.
+template <int = 0>
+__global__ void probe_kernel() {}
 }  // namespace detail
 
 /// Checks a CUDA runtime call; a failure throws DeviceError naming the call, the code and the reason.
 #define FUSEDP_CUDA_CHECK(call) ::fusedp::detail::cuda_check((call), #call)
 
-/// Owning device memory on the current device. Move-only; zeroed on allocation.
+/// Checks the launch just made with <<<...>>> (bad configuration, too much shared memory, no kernel
+/// image for the device); `what` names the kernel. Asynchronous faults surface at the next checked
+/// synchronization.
+#define FUSEDP_CUDA_CHECK_LAUNCH(what) ::fusedp::detail::cuda_check(cudaGetLastError(), "launch of " what)
+
+/// Owning device memory on the current device. Move-only; zeroed on allocation. Running out of memory
+/// throws DeviceError with the size asked for and the memory free on the device.
 template <class T>
 class DeviceBuffer {
  public:
@@ -39,9 +83,25 @@ class DeviceBuffer {
   explicit DeviceBuffer(std::size_t n) : size_(n) {
     if (n == 0) return;
     void* p = nullptr;
-    FUSEDP_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    const cudaError_t code = cudaMalloc(&p, n * sizeof(T));
+    if (code != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::size_t free = 0, total = 0;
+      std::string where;
+      if (cudaMemGetInfo(&free, &total) == cudaSuccess)
+        where = ", " + std::to_string(free >> 20) + " MiB free of " + std::to_string(total >> 20) + " MiB";
+      else
+        (void)cudaGetLastError();
+      throw DeviceError("cudaMalloc(" + std::to_string(n * sizeof(T)) + " bytes)", int(code),
+                        std::string(cudaGetErrorString(code)) + ": could not allocate " + std::to_string(n) + " x " +
+                            std::to_string(sizeof(T)) + " bytes (" + std::to_string((n * sizeof(T)) >> 20) + " MiB)" +
+                            where);
+    }
     data_ = static_cast<T*>(p);
     FUSEDP_CUDA_CHECK(cudaMemset(data_, 0, n * sizeof(T)));
+    // cudaMemset runs on the default stream, which does not order against the non-blocking streams
+    // of CudaSpace: wait for it, so no kernel ever sees the buffer before it is zero.
+    FUSEDP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
   DeviceBuffer(DeviceBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -72,6 +132,57 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+/// Page-locked host memory (cudaMallocHost): the host end of asynchronous copies. Move-only, zeroed.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t n) : size_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    FUSEDP_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(T)));
+    data_ = static_cast<T*>(p);
+    for (std::size_t i = 0; i < n; ++i) data_[i] = T{};
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { release(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
+  [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+ private:
+  void release() noexcept {
+    if (data_) cudaFreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// A view of device memory: values that already live on the device (a batch a loader copied there).
+/// A distinct type, so a device pointer is never taken for host memory by overload resolution.
+template <class T>
+struct DeviceSpan {
+  T* data = nullptr;
+  std::size_t size = 0;
+};
+
 /// Number of usable CUDA devices; 0 when there is no device or no driver (never throws).
 inline int cuda_device_count() noexcept {
   int n = 0;
@@ -82,27 +193,88 @@ inline int cuda_device_count() noexcept {
   return n;
 }
 
-/// One CUDA device and the stream its work is queued on. Copies share the stream.
-struct Cuda {
+/// Why there is no usable device, in words ("" when there is one): for skip messages and errors.
+inline std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t code = cudaGetDeviceCount(&n);
+  if (code != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::string why = cudaGetErrorString(code);
+    if (code == cudaErrorInsufficientDriver) why += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime)";
+    return why + " (cudaGetDeviceCount code " + std::to_string(int(code)) + ")";
+  }
+  if (n == 0) return "no CUDA device found";
+  return "";
+}
+
+/// Copies n values between host and device (or within the device) on `stream`. With pinned host memory
+/// the copy is asynchronous; with ordinary (pageable) memory CUDA may stage it synchronously.
+template <class T>
+void copy_async(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  FUSEDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, stream));
+}
+
+/// One CUDA device, the stream its work is queued on, and the precision of its GEMMs. Copies share the
+/// stream. `Cuda` (TF32) is the usual choice; CudaSpace<precision::Fp32> computes exactly in fp32.
+/// @tparam Precision precision::Tf32, precision::Fp32 or precision::Bf16
+template <class Precision = precision::Tf32>
+struct CudaSpace {
+  static_assert(std::is_same_v<Precision, precision::Tf32> || std::is_same_v<Precision, precision::Fp32> ||
+                    std::is_same_v<Precision, precision::Bf16>,
+                "fusedp::CudaSpace<Precision>: Precision must be precision::Tf32, precision::Fp32 or precision::Bf16");
   template <class T>
   using buffer = DeviceBuffer<T>;
+  using precision = Precision;
   static constexpr const char* name = "Cuda";
 
   /// Selects `device` and creates a non-blocking stream on it. Throws DeviceError when the device does
-  /// not exist, with the number of devices found.
-  explicit Cuda(int device = 0) : device_(device) {
+  /// not exist (with the number found and why), or when this build has no code for its architecture.
+  explicit CudaSpace(int device = 0) : device_(device) {
     const int count = cuda_device_count();
-    if (device < 0 || device >= count)
-      throw DeviceError("Cuda(" + std::to_string(device) + ")", int(cudaErrorInvalidDevice),
-                        "no such device: " + std::to_string(count) + " CUDA device(s) found");
+    if (device < 0 || device >= count) {
+      const std::string why = count == 0 ? cuda_unavailable_reason() : std::to_string(count) + " CUDA device(s) found";
+      throw DeviceError("Cuda(" + std::to_string(device) + ")", int(cudaErrorInvalidDevice), "no such device: " + why);
+    }
     FUSEDP_CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    FUSEDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    cudaFuncAttributes attr{};
+    const cudaError_t probe = cudaFuncGetAttributes(&attr, detail::probe_kernel<>);
+    if (probe != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw DeviceError("Cuda(" + std::to_string(device) + ")", int(probe),
+                        std::string(cudaGetErrorString(probe)) + ": device " + prop.name + " is sm_" +
+                            std::to_string(prop.major) + std::to_string(prop.minor) +
+                            " but this program was built for compute architectures " + detail::built_architectures +
+                            " (set CMAKE_CUDA_ARCHITECTURES, e.g. to native)");
+    }
+    sm_count_ = prop.multiProcessorCount;
+    shared_optin_ = std::size_t(prop.sharedMemPerBlockOptin);
+    arch_ = prop.major * 10 + prop.minor;
     cudaStream_t s = nullptr;
     FUSEDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     stream_ = std::shared_ptr<CUstream_st>(s, [](cudaStream_t p) { cudaStreamDestroy(p); });
   }
 
+  /// The same device and stream with another precision policy.
+  template <class Other>
+  explicit CudaSpace(const CudaSpace<Other>& other)
+      : device_(other.device()),
+        sm_count_(other.sm_count()),
+        shared_optin_(other.shared_memory_per_block()),
+        arch_(other.architecture()),
+        stream_(other.shared_stream()) {}
+
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  [[nodiscard]] const std::shared_ptr<CUstream_st>& shared_stream() const noexcept { return stream_; }
+  /// Streaming multiprocessors: split-K GEMMs size their grids by it.
+  [[nodiscard]] int sm_count() const noexcept { return sm_count_; }
+  /// Largest dynamic shared memory one block may opt in to, in bytes.
+  [[nodiscard]] std::size_t shared_memory_per_block() const noexcept { return shared_optin_; }
+  /// Compute capability as major * 10 + minor (90 for an H100 or H200).
+  [[nodiscard]] int architecture() const noexcept { return arch_; }
   /// Makes this space's device current on the calling thread.
   void activate() const { FUSEDP_CUDA_CHECK(cudaSetDevice(device_)); }
   /// Waits for all work queued on the stream and reports any asynchronous error.
@@ -110,8 +282,26 @@ struct Cuda {
 
  private:
   int device_;
+  int sm_count_ = 0;
+  std::size_t shared_optin_ = 0;
+  int arch_ = 0;
   std::shared_ptr<CUstream_st> stream_;
 };
+
+/// The default Cuda space: TF32 tensor cores, fp32 everywhere else. `fp::Cuda{0}` is device 0.
+using Cuda = CudaSpace<precision::Tf32>;
+/// Exact fp32 GEMMs (no tensor cores).
+using CudaFp32 = CudaSpace<precision::Fp32>;
+/// BF16 GEMM operands with fp32 master weights.
+using CudaBf16 = CudaSpace<precision::Bf16>;
+
+template <class S>
+struct is_cuda_space : std::false_type {};
+template <class P>
+struct is_cuda_space<CudaSpace<P>> : std::true_type {};
+/// Whether S is some CudaSpace<P>.
+template <class S>
+inline constexpr bool is_cuda_space_v = is_cuda_space<S>::value;
 
 }  // namespace fusedp
 #endif  // FUSEDP_HAS_CUDA

@@ -1,0 +1,339 @@
+#pragma once
+// Conv2d on Cuda as implicit GEMMs over NCHW activations and OIHW weights (PyTorch's layouts, kept so
+// weights and activations move between the spaces and PyTorch unchanged):
+//   forward   C (batch*OH*OW, O) = im2col(x) (rows: output pixels, k: C*K*K) W^T,  + bias, activation
+//   dx        C (batch*H*W, C)   = dz gathered per input pixel (k: O*K*K) W,        stored to dx
+//   dW, db    C (O, C*K*K)       = dz (k: batch*OH*OW) im2col(x),  row sums = db,   split over k
+// No im2col matrix is ever written: the loaders compute each element's source address (with FastDiv).
+// With a following MaxPool2d<K> (stride K) the forward GEMM enumerates output pixels window by window,
+// so a block tile holds whole windows and the epilogue writes only the pooled value and the index of
+// the maximum inside its window (one byte); backward reads dz from those.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/cuda/fast_div.hpp"
+#include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/host/conv2d.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedp::kernels::cuda {
+
+/// A convolution's geometry with its divisors prepared for the loaders.
+struct ConvShape {
+  int c, h, w, k, stride, pad, o, oh, ow;
+  int hw, ohw, kk, patch;
+  FastDiv div_w, div_hw, div_ow, div_ohw, div_k, div_kk, div_stride;
+
+  ConvShape() = default;
+  FUSEDP_HD explicit ConvShape(const host::ConvGeometry& g)
+      : c(g.in_channels), h(g.in_h), w(g.in_w), k(g.kernel), stride(g.stride), pad(g.pad), o(g.out_channels),
+        oh(g.out_h), ow(g.out_w), hw(g.in_h * g.in_w), ohw(g.out_h * g.out_w), kk(g.kernel * g.kernel),
+        patch(g.in_channels * g.kernel * g.kernel), div_w(g.in_w), div_hw(g.in_h * g.in_w), div_ow(g.out_w),
+        div_ohw(g.out_h * g.out_w), div_k(g.kernel), div_kk(g.kernel * g.kernel), div_stride(g.stride) {}
+
+  /// x[img, ch, oy*s - p + ky, ox*s - p + kx] for patch index q = (ch, ky, kx); 0 in the padding.
+  FUSEDP_HD float gather(const float* x, int img, int oy, int ox, int q) const {
+    int ch = 0, r = 0, ky = 0, kx = 0;
+    div_kk.divmod(q, ch, r);
+    div_k.divmod(r, ky, kx);
+    const int iy = oy * stride - pad + ky, ix = ox * stride - pad + kx;
+    if (iy < 0 || iy >= h || ix < 0 || ix >= w) return 0.0f;
+    return x[(std::size_t(img) * c + ch) * hw + std::size_t(iy) * w + ix];
+  }
+};
+
+/// dz of an unfused conv stage: dy * Epi'(z, y) at (img, channel, oy, ox).
+template <class Epi>
+struct ConvGradient {
+  const float* dy;
+  const float* y;
+  const float* z;
+  int o, ohw, ow;
+  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const {
+    const std::size_t i = (std::size_t(img) * o + ch) * ohw + std::size_t(oy) * ow + ox;
+    if constexpr (Epi::empty) return dy[i];
+    else if constexpr (Epi::saves_input) return dy[i] * Epi::derivative(z[i], y[i]);
+    else return dy[i] * Epi::derivative(y[i], y[i]);
+  }
+};
+
+/// dz of a conv stage whose max-pooling was fused in: nonzero only at the maximum of each window, where
+/// it is dpool * Epi'(pooled value) (Epi reads only its output there, which is the pooled value).
+template <class Epi, int Kp>
+struct PooledConvGradient {
+  const float* dpool;
+  const float* pooled;
+  const std::uint8_t* argmax;
+  int o, ph, pw;
+  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const {
+    const int py = oy / Kp, px = ox / Kp;
+    if (py >= ph || px >= pw) return 0.0f;
+    const std::size_t j = (std::size_t(img) * o + ch) * (std::size_t(ph) * pw) + std::size_t(py) * pw + px;
+    if (argmax[j] != (oy - py * Kp) * Kp + (ox - px * Kp)) return 0.0f;
+    if constexpr (Epi::empty) return dpool[j];
+    else return dpool[j] * Epi::derivative(pooled[j], pooled[j]);
+  }
+};
+
+/// Forward A operand: im2col(x), rows = output pixels (img, oy, ox), k = patch index.
+struct Im2colRows {
+  const float* x;
+  ConvShape s;
+  static constexpr bool k_fastest = false;
+  FUSEDP_HD float at(int m, int q) const {
+    int img = 0, pix = 0, oy = 0, ox = 0;
+    s.div_ohw.divmod(m, img, pix);
+    s.div_ow.divmod(pix, oy, ox);
+    return s.gather(x, img, oy, ox, q);
+  }
+};
+
+/// Forward A operand when max-pooling of window Kp is fused: rows enumerate the pooling windows and,
+/// inside each, the Kp x Kp output pixels in scan order; pixels outside every window are skipped.
+template <int Kp>
+struct PooledIm2colRows {
+  const float* x;
+  ConvShape s;
+  int ph, pw;
+  FastDiv div_pw, div_phw;
+  static constexpr bool k_fastest = false;
+  FUSEDP_HD float at(int m, int q) const {
+    const int win = m / (Kp * Kp), e = m % (Kp * Kp);
+    int img = 0, wp = 0, py = 0, px = 0;
+    div_phw.divmod(win, img, wp);
+    div_pw.divmod(wp, py, px);
+    return s.gather(x, img, py * Kp + e / Kp, px * Kp + e % Kp, q);
+  }
+};
+
+/// Epilogue of an unfused conv forward: y[img, o, pixel] = Epi(C + b), z likewise before Epi.
+template <class Epi>
+struct ConvBiasActivation {
+  float* y;
+  float* z;
+  const float* bias;
+  int m, n, ohw;
+  FastDiv div_ohw;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
+    for_each_in_tile<TileT, true>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      int img = 0, pix = 0;
+      div_ohw.divmod(gm, img, pix);
+      const std::size_t i = (std::size_t(img) * n + gn) * ohw + pix;
+      const float v = c[lm * ldc + ln] + bias[gn];
+      if constexpr (Epi::saves_input) z[i] = v;
+      y[i] = Epi::apply(v);
+    });
+  }
+};
+
+/// Epilogue of a conv forward with max-pooling fused: for each window in the tile and each channel,
+/// the maximum of Epi(C + b) over the window (the first maximum in scan order; NaN wins, as on Host and
+/// in PyTorch) to pooled[img, o, py, px] and its position in the window to argmax.
+template <class Epi, int Kp>
+struct ConvBiasActivationMaxPool {
+  float* pooled;
+  std::uint8_t* argmax;
+  const float* bias;
+  int windows, n, phw;  // windows: batch * ph * pw
+  FastDiv div_phw;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
+    constexpr int kk = Kp * Kp, wins = TileT::bm / kk;
+    static_assert(TileT::bm % kk == 0, "fused max-pooling needs whole windows in a block tile");
+    const int w0 = m0 / kk;
+    for (int idx = tid; idx < wins * TileT::bn; idx += TileT::threads) {
+      const int lw = idx % wins, ln = idx / wins;
+      const int gw = w0 + lw, gn = n0 + ln;
+      if (gw >= windows || gn >= n) continue;
+      const float b = bias[gn];
+      float best = Epi::apply(c[(lw * kk) * ldc + ln] + b);
+      int at = 0;
+      for (int e = 0; e < kk; ++e) {
+        const float v = Epi::apply(c[(lw * kk + e) * ldc + ln] + b);
+        if (v > best || v != v) {
+          best = v;
+          at = e;
+        }
+      }
+      int img = 0, wp = 0;
+      div_phw.divmod(gw, img, wp);
+      const std::size_t j = (std::size_t(img) * n + gn) * phw + wp;
+      pooled[j] = best;
+      argmax[j] = std::uint8_t(at);
+    }
+  }
+};
+
+/// dx A operand: rows = input pixels (img, iy, ix), k = (o, ky, kx); the dz element that weight tap
+/// (ky, kx) carries from output (oy, ox) to this pixel, or 0 where no output pixel reads it.
+template <class Dz>
+struct ConvGradientGather {
+  Dz dz;
+  ConvShape s;
+  static constexpr bool k_fastest = false;
+  FUSEDP_HD float at(int m, int q) const {
+    int img = 0, pix = 0, iy = 0, ix = 0, ch = 0, r = 0, ky = 0, kx = 0;
+    s.div_hw.divmod(m, img, pix);
+    s.div_w.divmod(pix, iy, ix);
+    s.div_kk.divmod(q, ch, r);
+    s.div_k.divmod(r, ky, kx);
+    const int ty = iy + s.pad - ky, tx = ix + s.pad - kx;
+    if (ty < 0 || tx < 0) return 0.0f;
+    int oy = 0, ry = 0, ox = 0, rx = 0;
+    s.div_stride.divmod(ty, oy, ry);
+    s.div_stride.divmod(tx, ox, rx);
+    if (ry != 0 || rx != 0 || oy >= s.oh || ox >= s.ow) return 0.0f;
+    return dz(img, ch, oy, ox);
+  }
+};
+
+/// dx B operand: at(ch, (o, ky, kx)) = W[o, ch, ky, kx].
+struct ConvWeightsByInput {
+  const float* w;
+  ConvShape s;
+  static constexpr bool k_fastest = true;
+  FUSEDP_HD float at(int ch, int q) const {
+    int oc = 0, r = 0;
+    s.div_kk.divmod(q, oc, r);
+    return w[(std::size_t(oc) * s.c + ch) * s.kk + r];
+  }
+};
+
+/// dW A operand: at(o, (img, oy, ox)) = dz.
+template <class Dz>
+struct ConvGradientRows {
+  Dz dz;
+  ConvShape s;
+  static constexpr bool k_fastest = true;
+  FUSEDP_HD float at(int oc, int kidx) const {
+    int img = 0, pix = 0, oy = 0, ox = 0;
+    s.div_ohw.divmod(kidx, img, pix);
+    s.div_ow.divmod(pix, oy, ox);
+    return dz(img, oc, oy, ox);
+  }
+};
+
+/// dW B operand: at(patch index, (img, oy, ox)) = im2col(x).
+struct Im2colColumns {
+  const float* x;
+  ConvShape s;
+  static constexpr bool k_fastest = true;
+  FUSEDP_HD float at(int q, int kidx) const {
+    int img = 0, pix = 0, oy = 0, ox = 0;
+    s.div_ohw.divmod(kidx, img, pix);
+    s.div_ow.divmod(pix, oy, ox);
+    return s.gather(x, img, oy, ox, q);
+  }
+};
+
+/// Epilogue of dx: dx[img, ch, pixel] = C.
+struct ConvInputStore {
+  float* dx;
+  int m, n, hw;
+  FastDiv div_hw;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
+    for_each_in_tile<TileT, true>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      int img = 0, pix = 0;
+      div_hw.divmod(gm, img, pix);
+      dx[(std::size_t(img) * n + gn) * hw + pix] = c[lm * ldc + ln];
+    });
+  }
+};
+
+/// Checks that the flat indices of this convolution fit the 31 bits the loaders use.
+inline void check_conv_extent(const host::ConvGeometry& g, std::size_t batch) {
+  const std::size_t in = batch * g.in_size(), out = batch * g.out_size();
+  require(in < (std::size_t(1) << 31) && out < (std::size_t(1) << 31) && g.patch() * g.out_channels < (std::size_t(1) << 31),
+          "Conv2d on Cuda: a batch of ", batch, " needs indices beyond 2^31 (", in, " input and ", out,
+          " output values); use smaller batches");
+}
+
+/// The implicit GEMM of a Conv2d forward: rows are output pixels, columns output channels.
+template <class Epi>
+GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(const ConvShape& s, int batch,
+                                                                                const float* w, const float* b,
+                                                                                const float* x, float* y, float* z) {
+  const int m = batch * s.ohw;
+  return {m, s.o, s.patch, s.patch, Im2colRows{x, s}, Rows{w, s.patch}, ConvBiasActivation<Epi>{y, z, b, m, s.o, s.ohw, s.div_ohw},
+          nullptr};
+}
+
+/// The implicit GEMM of a Conv2d forward with MaxPool2d<Kp> (stride Kp) fused: rows are the output
+/// pixels of whole pooling windows, window by window.
+template <class Epi, int Kp>
+GemmProblem<PooledIm2colRows<Kp>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv2d_maxpool_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* pooled,
+    std::uint8_t* argmax) {
+  const int ph = s.oh / Kp, pw = s.ow / Kp;
+  const int windows = batch * ph * pw;
+  const PooledIm2colRows<Kp> a{x, s, ph, pw, FastDiv(pw), FastDiv(ph * pw)};
+  const ConvBiasActivationMaxPool<Epi, Kp> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw)};
+  return {windows * Kp * Kp, s.o, s.patch, s.patch, a, Rows{w, s.patch}, epi, nullptr};
+}
+
+/// The implicit GEMM of a Conv2d input gradient: rows are input pixels, columns input channels.
+template <class Dz>
+GemmProblem<ConvGradientGather<Dz>, ConvWeightsByInput, ConvInputStore> conv2d_dx_problem(const ConvShape& s,
+                                                                                           int batch, const Dz& dz,
+                                                                                           const float* w, float* dx) {
+  const int m = batch * s.hw;
+  return {m, s.c, s.o * s.kk, s.o * s.kk, ConvGradientGather<Dz>{dz, s}, ConvWeightsByInput{w, s},
+          ConvInputStore{dx, m, s.c, s.hw, s.div_hw}, nullptr};
+}
+
+/// The operands of a Conv2d weight gradient: dW (O, C*K*K) = sum over (img, oy, ox) of dz im2col(x).
+template <class Dz>
+struct ConvWeightGradientOperands {
+  int m, n, k;
+  ConvGradientRows<Dz> a;
+  Im2colColumns b;
+};
+template <class Dz>
+ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch, const Dz& dz, const float* x) {
+  return {s.o, s.patch, batch * s.ohw, ConvGradientRows<Dz>{dz, s}, Im2colColumns{x, s}};
+}
+
+/// Forward of Conv2d (no pooling fused). TileT: tile_for<out channels>.
+template <class Epi, class TileT, class P>
+void conv2d_forward(cudaStream_t stream, const host::ConvGeometry& g, int batch, const float* w, const float* b,
+                    const float* x, float* y, float* z) {
+  check_conv_extent(g, std::size_t(batch));
+  launch_gemm<TileT, P, false>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z), 1, stream);
+}
+
+/// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
+/// position of each window's maximum. TileT: tile_for<out channels>, whose BM must hold whole windows.
+template <class Epi, int Kp, class TileT, class P>
+void conv2d_maxpool_forward(cudaStream_t stream, const host::ConvGeometry& g, int batch, const float* w, const float* b,
+                            const float* x, float* pooled, std::uint8_t* argmax) {
+  static_assert(TileT::bm % (Kp * Kp) == 0, "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
+  static_assert(Kp * Kp <= 256, "conv2d_maxpool_forward: the window index must fit a byte");
+  check_conv_extent(g, std::size_t(batch));
+  launch_gemm<TileT, P, false>(conv2d_maxpool_problem<Epi, Kp>(ConvShape(g), batch, w, b, x, pooled, argmax), 1,
+                               stream);
+}
+
+/// Scratch (floats) of the conv backward passes. TileW: tile_for<C*K*K>.
+template <class TileW>
+std::size_t conv2d_backward_scratch(const host::ConvGeometry& g, int batch, int sm_count) {
+  return weight_gradient_scratch<TileW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
+}
+
+/// Backward of Conv2d given its dz source (ConvGradient or PooledConvGradient): dx (when not null) and
+/// dW, db (set, not accumulated). TileX: tile_for<C>, TileW: tile_for<C*K*K>.
+template <class TileX, class TileW, class P, class Dz>
+void conv2d_backward(cudaStream_t stream, int sm_count, const host::ConvGeometry& g, int batch, const Dz& dz,
+                     const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
+  check_conv_extent(g, std::size_t(batch));
+  const ConvShape s(g);
+  if (dx != nullptr) launch_gemm<TileX, P, false>(conv2d_dx_problem(s, batch, dz, w, dx), 1, stream);
+  const auto ops = conv2d_dw_operands(s, batch, dz, x);
+  weight_gradient<TileW, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA

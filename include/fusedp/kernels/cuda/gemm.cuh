@@ -1,0 +1,436 @@
+#pragma once
+// The one GEMM every Cuda stage is made of: C (m x n) = sum over k of A(m, k) B(n, k), tiled over
+// thread blocks, with operands fetched through loader functors (so an implicit-GEMM convolution
+// gathers its im2col matrix on the fly and a backward GEMM multiplies dy by the activation derivative
+// as it loads it) and results handed to an epilogue functor while they sit in shared memory (bias,
+// activation, pooling, the store). Precision is a policy: TF32 or BF16 tensor cores through WMMA, or
+// exact fp32 FFMA.
+//
+// Never run on a GPU yet: compiled for sm_80 and sm_90 only. The loaders and epilogues are
+// __host__ __device__ and are checked on the CPU against the Host kernels (tests/gpu/emulation.cu).
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/cuda.hpp"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+namespace fusedp::kernels::cuda {
+
+/// Block tile of a GEMM: BM x BN outputs per block, BK-deep slices of the reduction staged through
+/// shared memory (two stages), WarpsM x WarpsN warps each owning a (BM / WarpsM) x (BN / WarpsN) part
+/// on tensor cores, or each thread a TM x TN part with FFMA.
+/// Untuned: chosen so every configuration fits the 48 KiB of static shared memory with two stages;
+/// no measurement has been made (no GPU was available).
+template <int BM, int BN, int BK, int WarpsM, int WarpsN, int TM, int TN>
+struct Tile {
+  static constexpr int bm = BM, bn = BN, bk = BK;
+  static constexpr int warps_m = WarpsM, warps_n = WarpsN;
+  static constexpr int threads = 32 * WarpsM * WarpsN;
+  static constexpr int warp_m = BM / WarpsM, warp_n = BN / WarpsN;
+  static constexpr int tm = TM, tn = TN;
+  static_assert(warp_m % 16 == 0 && warp_n % 16 == 0, "Tile: each warp owns whole 16 x 16 fragments");
+  static_assert((BM / TM) * (BN / TN) == threads, "Tile: the FFMA micro-tiles must cover the block tile");
+  static_assert(BK % 16 == 0, "Tile: BK must be a multiple of 16 (one BF16 MMA step)");
+  static_assert(BM <= threads, "Tile: row sums need one thread per row");
+};
+
+using TileWide = Tile<64, 64, 32, 2, 2, 8, 4>;    // n > 32
+using TileTall32 = Tile<128, 32, 32, 4, 1, 8, 4>;  // 16 < n <= 32
+using TileTall16 = Tile<128, 16, 32, 4, 1, 8, 2>;  // n <= 16
+
+/// The tile for a GEMM whose n (columns of C) is N, a compile-time fact of each layer, so a network
+/// instantiates at most three tiles per kernel family.
+template <int N>
+using tile_for = std::conditional_t<(N > 32), TileWide, std::conditional_t<(N > 16), TileTall32, TileTall16>>;
+
+/// How operands sit in shared memory for a precision: the element type, the padding of each row (keeps
+/// WMMA pointers 32-byte aligned and spreads rows over banks), and the rounding on the way in.
+template <class P>
+struct Operand {
+  using type = float;
+  static constexpr int pad = 4;
+  __device__ static float convert(float v) { return v; }
+  __device__ static float to_float(float v) { return v; }
+};
+template <>
+struct Operand<precision::Tf32> {
+  using type = float;
+  static constexpr int pad = 4;
+  // Rounded to nearest once, on the way into shared memory: the tensor cores then read exact TF32
+  // values (the low 13 bits are zero), and rounding costs one instruction per element, not per load.
+  __device__ static float convert(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return nvcuda::wmma::__float_to_tf32(v);
+#else
+    return v;
+#endif
+  }
+  __device__ static float to_float(float v) { return v; }
+};
+template <>
+struct Operand<precision::Bf16> {
+  using type = __nv_bfloat16;
+  static constexpr int pad = 8;
+  __device__ static __nv_bfloat16 convert(float v) { return __float2bfloat16_rn(v); }
+  __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+/// Everything one GEMM launch needs. A loader is a functor `at(row, k)` with a `k_fastest` flag saying
+/// which index walks contiguous memory; it is only called inside the problem (rows < m or n, k < k), so
+/// it returns zeros only for its own reasons (convolution padding). The epilogue's
+/// apply<TileT>(c, ldc, m0, n0, split, tid) is called by every thread of a block with the finished
+/// tile in shared memory. Loaders and epilogues are __host__ __device__ so tests can run them on a CPU.
+template <class A, class B, class Epi>
+struct GemmProblem {
+  int m, n, k;
+  int k_chunk;       // reduction elements per split (blockIdx.z); a multiple of BK, or k when not split
+  A a;               // A(m, k)
+  B b;               // B(n, k)
+  Epi epi;
+  float* row_sums;   // when not null: sum over the split's k of A(row, k) at row_sums[split * m + row]
+};
+
+/// Operand made of the rows of a row-major matrix: at(r, k) = p[r * ld + k].
+struct Rows {
+  const float* p;
+  int ld;
+  static constexpr bool k_fastest = true;
+  FUSEDP_HD float at(int r, int k) const { return p[std::size_t(r) * ld + k]; }
+};
+
+/// Operand made of the columns of a row-major matrix: at(r, k) = p[k * ld + r].
+struct Columns {
+  const float* p;
+  int ld;
+  static constexpr bool k_fastest = false;
+  FUSEDP_HD float at(int r, int k) const { return p[std::size_t(k) * ld + r]; }
+};
+
+/// Calls f(local_row, local_col, row, col) for thread `tid`'s share of the elements of a block's tile
+/// inside the problem, the threads of the block walking rows fastest (MFastest) or columns fastest, for
+/// coalesced stores. Host code may call it (tests emulate a block thread by thread).
+template <class TileT, bool MFastest, class F>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE void for_each_in_tile(int tid, int m0, int n0, int m, int n, F&& f) {
+  for (int idx = tid; idx < TileT::bm * TileT::bn; idx += TileT::threads) {
+    const int lm = MFastest ? idx % TileT::bm : idx / TileT::bn;
+    const int ln = MFastest ? idx / TileT::bm : idx % TileT::bn;
+    if (m0 + lm < m && n0 + ln < n) f(lm, ln, m0 + lm, n0 + ln);
+  }
+}
+
+namespace detail {
+
+template <class TileT, class P>
+struct GemmSmem {
+  using S = typename Operand<P>::type;
+  static constexpr int lds = TileT::bk + Operand<P>::pad;  // row pitch of staged A and B slices
+  static constexpr int ldc = TileT::bn + 4;                // row pitch of the accumulator tile (floats)
+  static constexpr std::size_t a_bytes = std::size_t(TileT::bm) * lds * sizeof(S);
+  static constexpr std::size_t stage_bytes = std::size_t(TileT::bm + TileT::bn) * lds * sizeof(S);
+  static constexpr std::size_t c_bytes = std::size_t(TileT::bm) * ldc * sizeof(float);
+  static constexpr std::size_t sums_bytes = std::size_t(TileT::bm) * TileT::bk * sizeof(float);
+  static constexpr std::size_t bytes = std::max({2 * stage_bytes, c_bytes, sums_bytes});
+  static_assert(bytes <= 48 * 1024, "GEMM tile needs more than 48 KiB of static shared memory");
+  static_assert(a_bytes % 32 == 0 && stage_bytes % 32 == 0, "WMMA needs 32-byte aligned fragments");
+};
+
+// Tensor-core part of a block tile, one warp's share: FM x FN fragments of 16 x 16.
+template <class TileT, class P>
+struct WarpMma {
+  static constexpr int fm = TileT::warp_m / 16, fn = TileT::warp_n / 16;
+  static constexpr bool bf16 = std::is_same_v<P, precision::Bf16>;
+  static constexpr int kstep = bf16 ? 16 : 8;
+  using S = typename Operand<P>::type;
+  using in_t = std::conditional_t<bf16, __nv_bfloat16, nvcuda::wmma::precision::tf32>;
+  using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, kstep, in_t, nvcuda::wmma::row_major>;
+  using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, kstep, in_t, nvcuda::wmma::col_major>;
+  using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, kstep, float>;
+
+  FragC acc[fm][fn];
+  int row0, col0;  // the warp's first row and column in the block tile
+
+  __device__ explicit WarpMma(int warp) : row0((warp % TileT::warps_m) * TileT::warp_m), col0((warp / TileT::warps_m) * TileT::warp_n) {
+    for (int i = 0; i < fm; ++i)
+      for (int j = 0; j < fn; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+  // As is (BM x lds) row-major: A(m, k); Bs is (BN x lds): B(n, k), i.e. the K x N operand column-major.
+  __device__ void step(const S* as, const S* bs, int lds) {
+#pragma unroll
+    for (int kk = 0; kk < TileT::bk; kk += kstep) {
+      FragA a[fm];
+      FragB b[fn];
+#pragma unroll
+      for (int i = 0; i < fm; ++i) nvcuda::wmma::load_matrix_sync(a[i], as + (row0 + 16 * i) * lds + kk, lds);
+#pragma unroll
+      for (int j = 0; j < fn; ++j) nvcuda::wmma::load_matrix_sync(b[j], bs + (col0 + 16 * j) * lds + kk, lds);
+#pragma unroll
+      for (int i = 0; i < fm; ++i)
+#pragma unroll
+        for (int j = 0; j < fn; ++j) nvcuda::wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+  }
+  __device__ void store(float* c, int ldc) const {
+    for (int i = 0; i < fm; ++i)
+      for (int j = 0; j < fn; ++j)
+        nvcuda::wmma::store_matrix_sync(c + (row0 + 16 * i) * ldc + col0 + 16 * j, acc[i][j], ldc,
+                                        nvcuda::wmma::mem_row_major);
+  }
+};
+
+// FFMA part of a block tile, one thread's share: TM x TN outputs strided over the tile.
+template <class TileT, class P>
+struct ThreadFma {
+  static constexpr int threads_n = TileT::bn / TileT::tn, threads_m = TileT::bm / TileT::tm;
+  using S = typename Operand<P>::type;
+  float acc[TileT::tm][TileT::tn] = {};
+  int tm0, tn0;
+
+  __device__ explicit ThreadFma(int tid) : tm0(tid / threads_n), tn0(tid % threads_n) {}
+  __device__ void step(const S* as, const S* bs, int lds) {
+#pragma unroll 4
+    for (int kk = 0; kk < TileT::bk; ++kk) {
+      float a[TileT::tm], b[TileT::tn];
+#pragma unroll
+      for (int i = 0; i < TileT::tm; ++i) a[i] = Operand<P>::to_float(as[(tm0 + i * threads_m) * lds + kk]);
+#pragma unroll
+      for (int j = 0; j < TileT::tn; ++j) b[j] = Operand<P>::to_float(bs[(tn0 + j * threads_n) * lds + kk]);
+#pragma unroll
+      for (int i = 0; i < TileT::tm; ++i)
+#pragma unroll
+        for (int j = 0; j < TileT::tn; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+  }
+  __device__ void store(float* c, int ldc) const {
+    for (int i = 0; i < TileT::tm; ++i)
+      for (int j = 0; j < TileT::tn; ++j) c[(tm0 + i * threads_m) * ldc + tn0 + j * threads_n] = acc[i][j];
+  }
+};
+
+// Tensor cores for TF32 and BF16 from sm_80 on; FFMA for fp32, and for any precision on older
+// devices (there the tensor-core policies still give correct, more precise, results).
+template <class TileT, class P>
+struct BlockMath {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  using type = ThreadFma<TileT, P>;
+#else
+  using type = std::conditional_t<std::is_same_v<P, precision::Fp32>, ThreadFma<TileT, P>, WarpMma<TileT, P>>;
+#endif
+};
+
+template <class TileT, bool KFastest, int Rows>
+__device__ FUSEDP_ALWAYS_INLINE void slot_of(int idx, int& row, int& kk) {
+  if constexpr (KFastest) {
+    kk = idx % TileT::bk;
+    row = idx / TileT::bk;
+  } else {
+    row = idx % Rows;
+    kk = idx / Rows;
+  }
+}
+
+}  // namespace detail
+
+/// The GEMM kernel. Each block computes one BM x BN tile of C over the k-range of its split: operand
+/// slices go global memory -> registers -> shared memory (two stages, one barrier per slice; the loads
+/// of slice i+1 are in flight while slice i is multiplied), then the tile goes to the epilogue.
+template <class TileT, class P, bool RowSums, class A, class B, class Epi>
+__global__ void __launch_bounds__(TileT::threads) gemm_kernel(const GemmProblem<A, B, Epi> p) {
+  using Smem = detail::GemmSmem<TileT, P>;
+  using S = typename Smem::S;
+  using Math = typename detail::BlockMath<TileT, P>::type;
+  constexpr int BM = TileT::bm, BN = TileT::bn, BK = TileT::bk, NT = TileT::threads, LDS = Smem::lds;
+  constexpr int EA = BM * BK / NT, EB = BN * BK / NT;
+  static_assert(BM * BK % NT == 0 && BN * BK % NT == 0, "gemm_kernel: slices must split evenly over threads");
+
+  __shared__ __align__(128) unsigned char smem[Smem::bytes];
+  S* const as0 = reinterpret_cast<S*>(smem);
+  S* const as1 = reinterpret_cast<S*>(smem + Smem::stage_bytes);
+
+  const int tid = int(threadIdx.x);
+  const int m0 = int(blockIdx.x) * BM, n0 = int(blockIdx.y) * BN, split = int(blockIdx.z);
+  const int k_begin = split * p.k_chunk;
+  const int k_end = min(p.k, k_begin + p.k_chunk);
+
+  float ra[EA], rb[EB];
+  float rs[RowSums ? EA : 1];
+#pragma unroll
+  for (int j = 0; j < (RowSums ? EA : 1); ++j) rs[j] = 0.0f;
+
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int j = 0; j < EA; ++j) {
+      int r = 0, kk = 0;
+      detail::slot_of<TileT, A::k_fastest, BM>(tid + j * NT, r, kk);
+      ra[j] = (m0 + r < p.m && k0 + kk < k_end) ? p.a.at(m0 + r, k0 + kk) : 0.0f;
+      if constexpr (RowSums) rs[j] += ra[j];
+    }
+#pragma unroll
+    for (int j = 0; j < EB; ++j) {
+      int c = 0, kk = 0;
+      detail::slot_of<TileT, B::k_fastest, BN>(tid + j * NT, c, kk);
+      rb[j] = (n0 + c < p.n && k0 + kk < k_end) ? p.b.at(n0 + c, k0 + kk) : 0.0f;
+    }
+  };
+  auto store = [&](S* as) {
+    S* bs = as + BM * LDS;
+#pragma unroll
+    for (int j = 0; j < EA; ++j) {
+      int r = 0, kk = 0;
+      detail::slot_of<TileT, A::k_fastest, BM>(tid + j * NT, r, kk);
+      as[r * LDS + kk] = Operand<P>::convert(ra[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < EB; ++j) {
+      int c = 0, kk = 0;
+      detail::slot_of<TileT, B::k_fastest, BN>(tid + j * NT, c, kk);
+      bs[c * LDS + kk] = Operand<P>::convert(rb[j]);
+    }
+  };
+
+  Math math(std::is_same_v<Math, detail::ThreadFma<TileT, P>> ? tid : tid / 32);
+
+  if (k_begin < k_end) {
+    load(k_begin);
+    store(as0);
+    __syncthreads();
+    bool second = false;
+    for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+      const bool more = k0 + BK < k_end;
+      if (more) load(k0 + BK);
+      const S* cur = second ? as1 : as0;
+      math.step(cur, cur + BM * LDS, LDS);
+      if (more) store(second ? as0 : as1);
+      __syncthreads();
+      second = !second;
+    }
+  }
+
+  // Row sums of A (the bias gradient of a weight-gradient GEMM), from the fp32 values before any
+  // rounding, in a fixed order: each thread's register sums, then each row over its BK slots.
+  if constexpr (RowSums) {
+    if (p.row_sums != nullptr && blockIdx.y == 0) {
+      float* sums = reinterpret_cast<float*>(smem);  // slot (row, kk) at the thread's load index
+#pragma unroll
+      for (int j = 0; j < EA; ++j) sums[tid + j * NT] = rs[j];
+      __syncthreads();
+      if (tid < BM) {
+        float s = 0.0f;
+        for (int kk = 0; kk < BK; ++kk) s += A::k_fastest ? sums[tid * BK + kk] : sums[kk * BM + tid];
+        if (m0 + tid < p.m) p.row_sums[std::size_t(split) * p.m + m0 + tid] = s;
+      }
+      __syncthreads();
+    }
+  }
+
+  float* c = reinterpret_cast<float*>(smem);
+  math.store(c, Smem::ldc);
+  __syncthreads();
+  p.epi.template apply<TileT>(c, Smem::ldc, m0, n0, split, tid);
+}
+
+/// How a GEMM's reduction is split over blocks: `splits` partial products of `k_chunk` each.
+struct SplitPlan {
+  int splits;
+  int k_chunk;
+};
+
+/// Splits a long reduction (a weight gradient sums over the whole batch) until the grid holds about
+/// two blocks per SM, keeping at least four BK slices per split. Untuned (no GPU measurement yet).
+inline SplitPlan plan_split(int m, int n, int k, int bm, int bn, int bk, int sm_count) {
+  const long tiles = long((m + bm - 1) / bm) * ((n + bn - 1) / bn);
+  const long target = 2L * std::max(sm_count, 1);
+  const int min_chunk = 4 * bk;
+  if (tiles >= target || k <= 2 * min_chunk) return {1, k};
+  long splits = std::min<long>((target + tiles - 1) / tiles, k / min_chunk);
+  splits = std::clamp<long>(splits, 1, 65535);
+  int chunk = int((k + splits - 1) / splits);
+  chunk = (chunk + bk - 1) / bk * bk;
+  return {(k + chunk - 1) / chunk, chunk};
+}
+
+/// Launches gemm_kernel on `stream` over a grid of (m / BM) x (n / BN) x splits blocks.
+template <class TileT, class P, bool RowSums, class A, class B, class Epi>
+void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t stream) {
+  if (p.m <= 0 || p.n <= 0) return;
+  const unsigned gx = unsigned((p.m + TileT::bm - 1) / TileT::bm);
+  const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
+  require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm: grid of ", gx, " x ", gy, " x ", splits,
+          " blocks exceeds CUDA's limits (n = ", p.n, ")");
+  gemm_kernel<TileT, P, RowSums><<<dim3(gx, gy, unsigned(splits)), TileT::threads, 0, stream>>>(p);
+  FUSEDP_CUDA_CHECK_LAUNCH("gemm_kernel");
+}
+
+/// Epilogue: C to a row-major (m x n) array; a split writes its partial product `split_stride`
+/// elements after the previous split's.
+struct StoreRowMajor {
+  float* out;
+  int m, n;
+  std::size_t split_stride;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int split, int tid) const {
+    float* o = out + std::size_t(split) * split_stride;
+    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      o[std::size_t(gm) * n + gn] = c[lm * ldc + ln];
+    });
+  }
+};
+
+/// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
+/// second half of a split-K GEMM, so the result does not depend on scheduling.
+template <class T>
+__global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
+                                     int rows, T* row_out) {
+  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) {
+    T s = T(0);
+    for (int z = 0; z < splits; ++z) s += partial[std::size_t(z) * count + i];
+    out[i] = s;
+  }
+  if (row_out != nullptr && i < std::size_t(rows)) {
+    T s = T(0);
+    for (int z = 0; z < splits; ++z) s += row_partial[std::size_t(z) * rows + i];
+    row_out[i] = s;
+  }
+}
+
+/// Scratch (floats) a weight-gradient GEMM of this shape needs for its split partial products.
+template <class TileT>
+std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
+  const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  return s.splits == 1 ? 0 : std::size_t(s.splits) * (std::size_t(m) * n + std::size_t(m));
+}
+
+/// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is
+/// not null: the weight and bias gradients of a layer in one GEMM, split over k when the grid would be
+/// too small, partial products then summed in a fixed order. `scratch` holds
+/// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats.
+template <class TileT, class P, class A, class B>
+void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
+                     float* db, float* scratch) {
+  const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  if (s.splits == 1) {
+    const GemmProblem<A, B, StoreRowMajor> p{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0}, db};
+    launch_gemm<TileT, P, true>(p, 1, stream);
+    return;
+  }
+  require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
+  const std::size_t count = std::size_t(m) * n;
+  float* row_partial = scratch + std::size_t(s.splits) * count;
+  const GemmProblem<A, B, StoreRowMajor> p{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
+                                           db ? row_partial : nullptr};
+  launch_gemm<TileT, P, true>(p, s.splits, stream);
+  const std::size_t total = std::max(count, std::size_t(m));
+  reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
+                                                                           m, db);
+  FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA

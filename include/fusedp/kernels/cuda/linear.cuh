@@ -1,0 +1,121 @@
+#pragma once
+// Linear on Cuda: y = Epi(x W^T + b) with x (batch, in), W (out, in) as PyTorch, as one GEMM whose
+// epilogue adds the bias and applies the activation; backward as two GEMMs that load dz = dy * Epi'
+// on the fly (dz is never stored), the weight-gradient GEMM also summing the bias gradient.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/cuda/gemm.cuh"
+
+#include <cstddef>
+
+namespace fusedp::kernels::cuda {
+
+/// The gradient before an epilogue, dz = dy * Epi'(z, y), at a flat index: what a backward GEMM loads
+/// in place of dy. z is read only when the epilogue saved it (Epi::saves_input).
+template <class Epi>
+struct EpilogueGradient {
+  const float* dy;
+  const float* y;
+  const float* z;
+  FUSEDP_HD float operator()(std::size_t i) const {
+    if constexpr (Epi::empty) return dy[i];
+    else if constexpr (Epi::saves_input) return dy[i] * Epi::derivative(z[i], y[i]);
+    else return dy[i] * Epi::derivative(y[i], y[i]);
+  }
+};
+
+/// dz (batch, out) as rows: at(b, o).
+template <class Epi>
+struct GradientRows {
+  EpilogueGradient<Epi> g;
+  int ld;
+  static constexpr bool k_fastest = true;
+  FUSEDP_HD float at(int r, int k) const { return g(std::size_t(r) * ld + k); }
+};
+
+/// dz (batch, out) as columns: at(o, b).
+template <class Epi>
+struct GradientColumns {
+  EpilogueGradient<Epi> g;
+  int ld;
+  static constexpr bool k_fastest = false;
+  FUSEDP_HD float at(int r, int k) const { return g(std::size_t(k) * ld + r); }
+};
+
+/// Epilogue of a Linear forward: y (m, n) = Epi(C + b), z = C + b when the epilogue saves it.
+template <class Epi>
+struct BiasActivationRows {
+  float* y;
+  float* z;
+  const float* bias;
+  int m, n;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
+    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      const float v = c[lm * ldc + ln] + bias[gn];
+      const std::size_t i = std::size_t(gm) * n + gn;
+      if constexpr (Epi::saves_input) z[i] = v;
+      y[i] = Epi::apply(v);
+    });
+  }
+};
+
+/// The GEMM of a Linear forward: C (batch, out) = x (batch, in) W^T, epilogue bias + Epi.
+template <class Epi>
+GemmProblem<Rows, Rows, BiasActivationRows<Epi>> linear_forward_problem(int batch, int in, int out, const float* w,
+                                                                         const float* b, const float* x, float* y,
+                                                                         float* z) {
+  return {batch, out, in, in, Rows{x, in}, Rows{w, in}, BiasActivationRows<Epi>{y, z, b, batch, out}, nullptr};
+}
+
+/// The GEMM of a Linear's input gradient: dx (batch, in) = dz (batch, out) W (out, in).
+template <class Epi>
+GemmProblem<GradientRows<Epi>, Columns, StoreRowMajor> linear_dx_problem(int batch, int in, int out, const float* w,
+                                                                        const EpilogueGradient<Epi>& g, float* dx) {
+  return {batch, in, out, out, GradientRows<Epi>{g, out}, Columns{w, in}, StoreRowMajor{dx, batch, in, 0}, nullptr};
+}
+
+/// The operands of a weight-gradient GEMM: dW (m, n) = sum over k of a(m, k) b(n, k).
+template <class A, class B>
+struct WeightGradientOperands {
+  int m, n, k;
+  A a;
+  B b;
+};
+
+/// dW (out, in) = dz^T x: a(o, b) = dz by columns, b(i, b) = x by columns; the row sums of a are db.
+template <class Epi>
+WeightGradientOperands<GradientColumns<Epi>, Columns> linear_dw_operands(int batch, int in, int out,
+                                                                         const EpilogueGradient<Epi>& g,
+                                                                         const float* x) {
+  return {out, in, batch, GradientColumns<Epi>{g, out}, Columns{x, in}};
+}
+
+/// Forward of Linear over `batch` rows. TileT: tile_for<out>.
+template <class Epi, class TileT, class P>
+void linear_forward(cudaStream_t stream, int batch, int in, int out, const float* w, const float* b, const float* x,
+                    float* y, float* z) {
+  launch_gemm<TileT, P, false>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, stream);
+}
+
+/// Scratch (floats) of linear_backward. TileT: tile_for<in>.
+template <class TileT>
+std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
+  return weight_gradient_scratch<TileT>(out, in, batch, sm_count);
+}
+
+/// Backward of Linear: dx = dz W (skipped when dx is null), dW = dz^T x, db = column sums of dz, with
+/// dz = dy * Epi' computed as each GEMM loads it; dy is not changed. dW and db are set, not
+/// accumulated. TileT: tile_for<in> (the n of both GEMMs).
+template <class Epi, class TileT, class P>
+void linear_backward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* x,
+                     const float* y, const float* z, const float* dy, float* dx, float* dw, float* db, float* scratch) {
+  const EpilogueGradient<Epi> g{dy, y, z};
+  if (dx != nullptr) launch_gemm<TileT, P, false>(linear_dx_problem<Epi>(batch, in, out, w, g, dx), 1, stream);
+  const auto ops = linear_dw_operands<Epi>(batch, in, out, g, x);
+  weight_gradient<TileT, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA

@@ -1,0 +1,113 @@
+#pragma once
+// Losses on Cuda: one thread per row runs the row function both spaces share (kernels/loss.hpp),
+// writing the row's gradient and its loss in one pass; a block reduction (kernels/cuda/reduce.cuh)
+// sums each block's losses and one more block sums those in a fixed order, so the mean loss is
+// deterministic. A label outside
+// [0, classes) (possible only for targets already on the device; host targets are checked before any
+// work) sets a flag and makes the loss NaN.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/reduce.cuh"
+#include "fusedp/kernels/loss.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedp::kernels::cuda {
+
+/// Rows per block of the loss kernels.
+inline constexpr int loss_threads = 256;
+
+/// Where a loss kernel leaves its results on the device.
+struct LossOutput {
+  float* value;       // the mean loss (one float)
+  float* block_sums;  // loss_blocks(batch) floats
+  int* bad_target;    // set to 1 when a label is out of range; never cleared by the kernels
+};
+
+/// Blocks of the loss kernels for a batch (and floats of LossOutput::block_sums).
+inline int loss_blocks(std::size_t batch) { return int((batch + loss_threads - 1) / loss_threads); }
+
+namespace detail {
+template <class RowLoss>
+__global__ void __launch_bounds__(loss_threads) loss_rows_kernel(int batch, RowLoss row_loss, float* block_sums) {
+  __shared__ float scratch[loss_threads / 32];
+  const int row = int(blockIdx.x) * loss_threads + int(threadIdx.x);
+  const float l = row < batch ? row_loss(row) : 0.0f;
+  const float s = block_sum<loss_threads>(l, scratch);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = s;
+}
+
+template <int = 0>
+__global__ void __launch_bounds__(loss_threads) loss_total(const float* block_sums, int blocks, float scale,
+                                                             float* value) {
+  __shared__ float scratch[loss_threads / 32];
+  float s = 0.0f;
+  for (int i = int(threadIdx.x); i < blocks; i += loss_threads) s += block_sums[i];
+  const float total = block_sum<loss_threads>(s, scratch);
+  if (threadIdx.x == 0) *value = total * scale;
+}
+
+struct SoftmaxCrossEntropyRow {
+  const float* logits;
+  const std::int32_t* labels;
+  float* dlogits;
+  int classes;
+  float scale;
+  int* bad_target;
+  __device__ float operator()(int row) const {
+    const std::int32_t label = labels[row];
+    float* d = dlogits ? dlogits + std::size_t(row) * classes : nullptr;
+    if (label < 0 || label >= classes) {
+      atomicOr(bad_target, 1);
+      if (d)
+        for (int c = 0; c < classes; ++c) d[c] = 0.0f;
+      return __int_as_float(0x7fc00000);  // NaN
+    }
+    return softmax_cross_entropy_row(logits + std::size_t(row) * classes, classes, int(label), d, scale);
+  }
+};
+
+struct SquaredErrorRow {
+  const float* y;
+  const float* targets;
+  float* dy;
+  int outputs;
+  float scale;
+  __device__ float operator()(int row) const {
+    const std::size_t o = std::size_t(row) * outputs;
+    return squared_error_row(y + o, targets + o, outputs, dy ? dy + o : nullptr, scale);
+  }
+};
+
+template <class RowLoss>
+void run_loss(cudaStream_t stream, std::size_t batch, const RowLoss& row_loss, float scale, const LossOutput& out) {
+  const int blocks = loss_blocks(batch);
+  loss_rows_kernel<<<blocks, loss_threads, 0, stream>>>(int(batch), row_loss, out.block_sums);
+  FUSEDP_CUDA_CHECK_LAUNCH("loss_rows_kernel");
+  loss_total<<<1, loss_threads, 0, stream>>>(out.block_sums, blocks, scale, out.value);
+  FUSEDP_CUDA_CHECK_LAUNCH("loss_total");
+}
+}  // namespace detail
+
+/// Mean softmax cross-entropy of `batch` rows of `classes` logits; dlogits (when not null) receives its
+/// gradient, (softmax - onehot) / batch.
+inline void softmax_cross_entropy(cudaStream_t stream, std::size_t batch, std::size_t classes, const float* logits,
+                                  const std::int32_t* labels, float* dlogits, const LossOutput& out) {
+  const float scale = 1.0f / float(batch);
+  detail::run_loss(stream, batch,
+                   detail::SoftmaxCrossEntropyRow{logits, labels, dlogits, int(classes), scale, out.bad_target}, scale,
+                   out);
+}
+
+/// Mean squared error over batch x outputs values; dy (when not null) receives its gradient.
+inline void mean_squared_error(cudaStream_t stream, std::size_t batch, std::size_t outputs, const float* y,
+                               const float* targets, float* dy, const LossOutput& out) {
+  const float scale = 1.0f / float(batch * outputs);
+  detail::run_loss(stream, batch, detail::SquaredErrorRow{y, targets, dy, int(outputs), scale}, scale, out);
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA

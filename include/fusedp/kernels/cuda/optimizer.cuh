@@ -1,0 +1,55 @@
+#pragma once
+// One fused pass over the flat parameter buffer applying a per-element update shared with Host
+// (kernels/optimizer.hpp: SgdStep, AdamStep). The update's scalars (learning rate, Adam's bias
+// corrections, whether this is the first step) change every step, so a CUDA graph cannot bake them in
+// as kernel arguments: the graph-safe form reads them from device memory, written by a one-thread
+// kernel launched outside the graph before each replay.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/launch.cuh"
+#include "fusedp/kernels/optimizer.hpp"
+
+#include <cstddef>
+
+namespace fusedp::kernels::cuda {
+
+namespace detail {
+template <class Op>
+__global__ void set_value_kernel(Op* dst, Op value) {
+  *dst = value;
+}
+
+// Slots: optimizer state values per parameter (1: Sgd's momentum; 2: Adam's moments, m then v).
+template <int Slots, class Op, class T>
+__global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, Op by_value, const Op* from_device) {
+  const Op op = from_device ? *from_device : by_value;
+  for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
+    if constexpr (Slots == 1) op(params[i], grads[i], state[i]);
+    else op(params[i], grads[i], state[i], state[n + i]);
+  }
+}
+}  // namespace detail
+
+/// Copies `value` to device memory `dst` on `stream` (a kernel argument is copied at launch, so the
+/// host value may change as soon as this returns).
+template <class Op>
+void set_value(cudaStream_t stream, Op* dst, const Op& value) {
+  detail::set_value_kernel<Op><<<1, 1, 0, stream>>>(dst, value);
+  FUSEDP_CUDA_CHECK_LAUNCH("set_value_kernel");
+}
+
+/// Applies `op` to n parameters; `state` holds Slots x n values. When `from_device` is not null the op
+/// is read from there (graph replays), else `op` is used.
+template <int Slots, class Op, class T>
+void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t n, const Op& op,
+                     const Op* from_device = nullptr) {
+  if (n == 0) return;
+  detail::optimizer_kernel<Slots, Op, T>
+      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, n, op, from_device);
+  FUSEDP_CUDA_CHECK_LAUNCH("optimizer_kernel");
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA
