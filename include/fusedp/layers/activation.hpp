@@ -46,6 +46,11 @@ struct GELU : detail::Activation<kernels::Gelu, detail::gelu_name> {};
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/pointwise.hpp"
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/pointwise.cuh"
+#endif
+
 namespace fusedp {
 
 /// Runs a stage made only of activations (a run that no anchor op absorbed, e.g. at the very start
@@ -59,6 +64,17 @@ struct PointwiseStage {
   static void backward(const StageArgs<Host, T>& a) {
     kernels::host::pointwise_backward<Epi>(a.space, a.batch * In::size, a.x, a.y, a.dy, a.dx);
   }
+
+#if FUSEDP_HAS_CUDA
+  template <class In, class Epi, class T, class P>
+  static void forward(const StageArgs<CudaSpace<P>, T>& a) {
+    kernels::cuda::pointwise_forward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y);
+  }
+  template <class In, class Epi, class T, class P>
+  static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    kernels::cuda::pointwise_backward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y, a.dy, a.dx);
+  }
+#endif
 };
 
 }  // namespace fusedp

@@ -8,6 +8,14 @@
 #include <algorithm>
 #include <array>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/conv2d.cuh"
+
+#include <cstdint>
+#include <type_traits>
+#endif
+
 namespace fusedp {
 
 /// @tparam Out output channels
@@ -51,6 +59,52 @@ struct Conv2d {
     kernels::host::conv2d_backward<Epi>(a.space, geometry<In>, a.batch, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw, a.db,
                                         a.scratch);
   }
+
+#if FUSEDP_HAS_CUDA
+  // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed.
+  template <class In>
+  using cuda_tile_x = kernels::cuda::tile_for<In::channels>;
+  template <class In>
+  using cuda_tile_w = kernels::cuda::tile_for<In::channels * K * K>;
+
+  template <class In, class Epi, class T, class P>
+  static void forward(const StageArgs<CudaSpace<P>, T>& a) {
+    static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), geometry<In>, int(a.batch),
+                                                                        a.w, a.b, a.x, a.y, a.z);
+  }
+  template <class In, class Epi, class T, class P>
+  static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
+    using O = output<In>;
+    const kernels::cuda::ConvGradient<Epi> dz{a.dy, a.y, a.z, Out, O::height * O::width, O::width};
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
+                                                                        geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
+                                                                        a.dw, a.db, a.scratch);
+  }
+  /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
+  /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
+  template <class In, class Epi, int Kp, class T, class P>
+  static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
+    kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::tile_for<Out>, P>(
+        a.space.stream(), geometry<In>, int(a.batch), a.w, a.b, a.x, pooled, argmax);
+  }
+  /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
+  template <class In, class Epi, int Kp, class T, class P>
+  static void backward_maxpool(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
+                               const std::uint8_t* argmax) {
+    using O = output<In>;
+    const kernels::cuda::PooledConvGradient<Epi, Kp> dz{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp};
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
+                                                                        geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
+                                                                        a.dw, a.db, a.scratch);
+  }
+  /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
+  template <class In, class P>
+  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+    return kernels::cuda::conv2d_backward_scratch<cuda_tile_w<In>>(geometry<In>, int(batch), space.sm_count());
+  }
+#endif
 };
 
 }  // namespace fusedp

@@ -11,6 +11,11 @@
 #include <bit>
 #include <cstdint>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/pointwise.cuh"
+#endif
+
 namespace fusedp {
 
 /// @tparam P probability of zeroing an element, in [0, 1)
@@ -40,6 +45,24 @@ struct Dropout {
   static void backward(const StageArgs<Host, T>& a) {
     kernels::host::dropout_backward(a.space, a.batch * In::size, mask(a), a.dy, a.dx);
   }
+
+#if FUSEDP_HAS_CUDA
+  // The mask depends on the step number, which a launch takes as an argument: a CUDA graph recorded
+  // once would replay the first step's mask, so models with Dropout launch their kernels directly.
+  static constexpr bool cuda_graph_safe = false;
+  template <class T, class Prec>
+  static kernels::DropoutMask mask(const StageArgs<CudaSpace<Prec>, T>& a) {
+    return {P, a.seed, rng::stream(rng::Purpose::dropout, (std::uint64_t(a.index) << 40) ^ a.step)};
+  }
+  template <class In, class Epi, class T, class Prec>
+  static void forward(const StageArgs<CudaSpace<Prec>, T>& a) {
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a), a.training, a.x, a.y);
+  }
+  template <class In, class Epi, class T, class Prec>
+  static void backward(const StageArgs<CudaSpace<Prec>, T>& a) {
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a), true, a.dy, a.dx);
+  }
+#endif
 };
 
 }  // namespace fusedp

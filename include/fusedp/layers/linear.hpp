@@ -7,6 +7,13 @@
 
 #include <array>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/linear.cuh"
+
+#include <type_traits>
+#endif
+
 namespace fusedp {
 
 /// A fully connected layer. Its input must be flat (C, 1, 1): put Flatten after a Conv2d or pooling.
@@ -41,6 +48,30 @@ struct Linear {
     kernels::host::linear_backward<Epi>(a.space, a.batch, In::size, std::size_t(Out), a.w, a.x, a.y, a.z, a.dy, a.dx,
                                         a.dw, a.db);
   }
+
+#if FUSEDP_HAS_CUDA
+  // Cuda: one GEMM forward (bias and Epi in its epilogue); backward a dx GEMM and a weight-gradient
+  // GEMM that load dz = dy * Epi' on the fly, the bias gradient summed by the latter. dy is not changed.
+  template <class In, class Epi, class T, class P>
+  static void forward(const StageArgs<CudaSpace<P>, T>& a) {
+    static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
+    kernels::cuda::linear_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), int(a.batch), int(In::size),
+                                                                        Out, a.w, a.b, a.x, a.y, a.z);
+  }
+  template <class In, class Epi, class T, class P>
+  static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
+    kernels::cuda::linear_backward<Epi, kernels::cuda::tile_for<int(In::size)>, P>(
+        a.space.stream(), a.space.sm_count(), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
+        a.db, a.scratch);
+  }
+  /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
+  template <class In, class P>
+  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+    return kernels::cuda::linear_backward_scratch<kernels::cuda::tile_for<int(In::size)>>(int(batch), int(In::size), Out,
+                                                                                          space.sm_count());
+  }
+#endif
 };
 
 }  // namespace fusedp

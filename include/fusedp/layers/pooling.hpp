@@ -7,6 +7,11 @@
 
 #include <algorithm>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/pool.cuh"
+#endif
+
 namespace fusedp {
 
 namespace detail {
@@ -36,6 +41,20 @@ struct Pool2d {
   static void backward(const StageArgs<Host, T>& a) {
     kernels::host::pool_backward<Op, K, Stride, Epi>(a.space, geometry<In>, a.batch, a.x, a.y, a.z, a.dy, a.dx);
   }
+
+#if FUSEDP_HAS_CUDA
+  // Cuda: a pooling kernel of its own (a MaxPool2d that the Cuda plan fuses into the conv before it
+  // never gets here). dy is not changed.
+  template <class In, class Epi, class T, class P>
+  static void forward(const StageArgs<CudaSpace<P>, T>& a) {
+    kernels::cuda::pool_forward<Op, K, Stride, Epi>(a.space.stream(), geometry<In>, a.batch, a.x, a.y, a.z);
+  }
+  template <class In, class Epi, class T, class P>
+  static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    kernels::cuda::pool_backward<Op, K, Stride, Epi>(a.space.stream(), geometry<In>, a.batch, a.x, a.y, a.z, a.dy,
+                                                     a.dx);
+  }
+#endif
 };
 }  // namespace detail
 

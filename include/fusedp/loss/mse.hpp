@@ -8,6 +8,11 @@
 #include <cstddef>
 #include <span>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/loss.cuh"
+#endif
+
 namespace fusedp {
 
 struct MSE {
@@ -33,6 +38,16 @@ struct MSE {
                                         dy ? dy + n * outputs : nullptr, scale);
     return sum * scale;
   }
+
+#if FUSEDP_HAS_CUDA
+  /// Queues the loss on the space's stream: the mean loss lands in out.value, dy (when not null)
+  /// receives its gradient.
+  template <class P>
+  void enqueue(const CudaSpace<P>& space, std::size_t batch, std::size_t outputs, const float* y,
+               const float* targets, float* dy, const kernels::cuda::LossOutput& out) const {
+    kernels::cuda::mean_squared_error(space.stream(), batch, outputs, y, targets, dy, out);
+  }
+#endif
 };
 
 }  // namespace fusedp

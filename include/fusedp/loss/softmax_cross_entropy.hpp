@@ -9,6 +9,11 @@
 #include <cstdint>
 #include <span>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/loss.cuh"
+#endif
+
 namespace fusedp {
 
 struct SoftmaxCrossEntropy {
@@ -36,6 +41,17 @@ struct SoftmaxCrossEntropy {
                                                 dlogits ? dlogits + n * classes : nullptr, scale);
     return sum * scale;
   }
+
+#if FUSEDP_HAS_CUDA
+  /// Queues the loss on the space's stream: the mean loss lands in out.value and dlogits (when not
+  /// null) receives its gradient; a label out of range sets *out.bad_target (labels already on the
+  /// device cannot be checked before the step).
+  template <class P>
+  void enqueue(const CudaSpace<P>& space, std::size_t batch, std::size_t classes, const float* logits,
+               const std::int32_t* labels, float* dlogits, const kernels::cuda::LossOutput& out) const {
+    kernels::cuda::softmax_cross_entropy(space.stream(), batch, classes, logits, labels, dlogits, out);
+  }
+#endif
 };
 
 /// Number of rows whose largest logit is at the label.

@@ -274,3 +274,6 @@ class Model {
 };
 
 }  // namespace fusedp
+
+// Model<Net, CudaSpace<P>, float>: the device specialization (compiled by nvcc only).
+#include "fusedp/net/cuda_model.hpp"

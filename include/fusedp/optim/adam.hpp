@@ -8,6 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/optimizer.cuh"
+#endif
+
 namespace fusedp {
 
 namespace detail {
@@ -46,6 +51,22 @@ struct AdamFamily {
       for (std::size_t i = i0; i < i1; ++i) op(params[i], grads[i], m[i], v[i]);
     });
   }
+
+#if FUSEDP_HAS_CUDA
+  /// The per-element update of step t (1-based), exactly as step() above builds it.
+  template <class T>
+  [[nodiscard]] kernels::AdamStep<T> update(std::uint64_t t) const {
+    using std::pow;
+    return {T(options.lr), T(options.beta1), T(options.beta2), T(options.eps), T(options.weight_decay), Decoupled,
+            T(1) - pow(T(options.beta1), T(t)), T(1) - pow(T(options.beta2), T(t))};
+  }
+  /// One fused kernel over n device parameters (moments m then v in `state`), queued on the space's
+  /// stream.
+  template <class T, class P>
+  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
+    kernels::cuda::apply_optimizer<2>(space.stream(), params, grads, state, n, update<T>(t));
+  }
+#endif
 };
 }  // namespace detail
 

@@ -9,6 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/optimizer.cuh"
+#endif
+
 namespace fusedp {
 
 struct Sgd {
@@ -42,6 +47,20 @@ struct Sgd {
       for (std::size_t i = i0; i < i1; ++i) op(params[i], grads[i], state[i]);
     });
   }
+
+#if FUSEDP_HAS_CUDA
+  /// The per-element update of step t (1-based), exactly as step() above builds it.
+  template <class T>
+  [[nodiscard]] kernels::SgdStep<T> update(std::uint64_t t) const {
+    return {T(options.lr), T(options.momentum), T(options.dampening), T(options.weight_decay), options.nesterov,
+            t == 1};
+  }
+  /// One fused kernel over n device parameters, queued on the space's stream.
+  template <class T, class P>
+  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
+    kernels::cuda::apply_optimizer<1>(space.stream(), params, grads, state, n, update<T>(t));
+  }
+#endif
 };
 
 }  // namespace fusedp

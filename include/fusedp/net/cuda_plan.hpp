@@ -1,0 +1,167 @@
+#pragma once
+// The Cuda side of the fusion plan: Sequential's stages (an anchor and its epilogue) regrouped, at
+// compile time, into the kernels that run them on a device. Three kinds of group:
+//
+//   stage         one stage of the plan, run by its layer's Cuda overloads (a GEMM with bias and
+//                 activation in the epilogue, a pooling kernel, a pointwise kernel, ...)
+//   conv_maxpool  Conv2d (+ activation) followed by MaxPool2d<K> with stride K and no activation of
+//                 its own, when the conv's epilogue needs only its output in backward and K*K divides
+//                 the conv GEMM's block rows (K = 1, 2, 4, 8): one implicit GEMM whose epilogue writes
+//                 only the pooled values and a one-byte argmax per window. Otherwise (K = 3, stride
+//                 != K, average pooling, ...) the pooling is a kernel of its own.
+//   mlp           a maximal run of at least two consecutive Linear stages whose input and output
+//                 widths are all <= 128 and whose epilogues need only their outputs (ReLU, LeakyReLU
+//                 with positive slope, Tanh, Sigmoid, none), under precision::Tf32: one fused kernel
+//                 forward and one backward (kernels/cuda/mlp.cuh). Where the device cannot run it
+//                 (before sm_80, too little shared memory) the model runs the same stages one by one.
+//
+// The grouping depends only on the network and the precision, so it is a type: tests static_assert
+// it, and each group's kernels are instantiated once per network.
+#include "fusedp/core/config.hpp"
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/host/pool.hpp"
+#include "fusedp/layers/conv2d.hpp"
+#include "fusedp/layers/linear.hpp"
+#include "fusedp/layers/pooling.hpp"
+#include "fusedp/net/sequential.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+namespace fusedp {
+
+enum class CudaGroupKind { stage, conv_maxpool, mlp };
+
+/// A group of the Cuda plan: stages [First, Last] of a Sequential run as one unit.
+template <CudaGroupKind Kind, std::size_t First, std::size_t Last>
+struct CudaGroup {
+  static constexpr CudaGroupKind kind = Kind;
+  static constexpr std::size_t first = First;
+  static constexpr std::size_t last = Last;
+};
+
+/// The widest layer a fused MLP stage takes.
+inline constexpr int cuda_mlp_max_width = 128;
+/// Rows of a conv GEMM block tile that a fused pooling window must divide (the smallest BM of the
+/// tiles in kernels/cuda/gemm.cuh).
+inline constexpr int cuda_conv_tile_rows = 64;
+
+namespace detail {
+
+template <class L>
+struct is_linear : std::false_type {};
+template <int Out>
+struct is_linear<Linear<Out>> : std::true_type {};
+
+template <class L>
+struct is_conv2d : std::false_type {};
+template <int Out, int K, int S, int P>
+struct is_conv2d<Conv2d<Out, K, S, P>> : std::true_type {};
+
+// The window of a max-pooling layer whose stride equals its window; 0 for any other layer.
+template <int K, int S>
+constexpr int max_pool_window(const Pool2d<kernels::host::PoolOp::max, K, S>*) {
+  return K == S ? K : 0;
+}
+constexpr int max_pool_window(const void*) { return 0; }
+template <class L>
+inline constexpr int max_pool_window_of = max_pool_window(static_cast<const L*>(nullptr));
+
+template <class Net, std::size_t I>
+constexpr bool fuses_conv_maxpool() {
+  if constexpr (I + 1 >= Net::stage_count) {
+    return false;
+  } else {
+    using S = typename Net::template stage<I>;
+    using Next = typename Net::template stage<I + 1>;
+    if constexpr (!is_conv2d<typename S::layer>::value || S::epilogue::saves_input) {
+      return false;
+    } else {
+      constexpr int k = max_pool_window_of<typename Next::layer>;
+      return k > 0 && Next::epilogue::empty && cuda_conv_tile_rows % (k * k) == 0;
+    }
+  }
+}
+
+template <class Net, class P, std::size_t I>
+constexpr bool mlp_member() {
+  if constexpr (I >= Net::stage_count || !std::is_same_v<P, precision::Tf32>) {
+    return false;
+  } else {
+    using S = typename Net::template stage<I>;
+    if constexpr (!is_linear<typename S::layer>::value) return false;
+    else
+      return S::in::size <= std::size_t(cuda_mlp_max_width) && S::out::size <= std::size_t(cuda_mlp_max_width) &&
+             !S::epilogue::saves_input;
+  }
+}
+
+// The last stage of the MLP run that starts at I.
+template <class Net, class P, std::size_t I>
+constexpr std::size_t mlp_run_end() {
+  if constexpr (mlp_member<Net, P, I + 1>()) return mlp_run_end<Net, P, I + 1>();
+  else return I;
+}
+
+template <class Net, class P, std::size_t I, class Groups, bool Done = (I >= Net::stage_count)>
+struct make_cuda_groups {
+  using type = Groups;
+};
+template <class Net, class P, std::size_t I, class... Gs>
+struct make_cuda_groups<Net, P, I, type_list<Gs...>, false> {
+  static constexpr bool mlp = mlp_member<Net, P, I>() && mlp_run_end<Net, P, I>() > I;
+  static constexpr bool pool = !mlp && fuses_conv_maxpool<Net, I>();
+  static constexpr std::size_t last = mlp ? mlp_run_end<Net, P, I>() : pool ? I + 1 : I;
+  static constexpr CudaGroupKind kind = mlp ? CudaGroupKind::mlp : pool ? CudaGroupKind::conv_maxpool : CudaGroupKind::stage;
+  using type = typename make_cuda_groups<Net, P, last + 1, type_list<Gs..., CudaGroup<kind, I, last>>>::type;
+};
+
+}  // namespace detail
+
+/// What one group covers, for tests and for printing a plan.
+struct CudaGroupInfo {
+  CudaGroupKind kind;
+  std::size_t first, last;
+};
+
+namespace detail {
+template <class Net, std::size_t First, std::size_t... L>
+constexpr std::size_t mlp_dz_sum(std::index_sequence<L...>) {
+  return (std::size_t(0) + ... + align_elements(Net::template stage<First + L>::out::size));
+}
+template <class Net, class Gr>
+constexpr std::size_t mlp_dz_elements() {
+  if constexpr (Gr::kind == CudaGroupKind::mlp)
+    return mlp_dz_sum<Net, Gr::first>(std::make_index_sequence<Gr::last - Gr::first + 1>{});
+  else
+    return 0;
+}
+template <class Net, class Groups>
+struct plan_facts;
+template <class Net, class... Gs>
+struct plan_facts<Net, type_list<Gs...>> {
+  static constexpr std::array<CudaGroupInfo, sizeof...(Gs)> summary{CudaGroupInfo{Gs::kind, Gs::first, Gs::last}...};
+  static constexpr std::size_t mlp_gradient_elements = std::max({std::size_t(0), mlp_dz_elements<Net, Gs>()...});
+};
+}  // namespace detail
+
+/// The Cuda plan of network Net under precision P.
+/// @tparam Net a Sequential<...>
+/// @tparam P precision::Tf32, Fp32 or Bf16
+template <class Net, class P>
+struct CudaPlan {
+  using groups = typename detail::make_cuda_groups<Net, P, 0, detail::type_list<>>::type;
+  template <std::size_t G>
+  using group = typename detail::type_at<G, groups>::type;
+  static constexpr std::size_t group_count = groups::size;
+  /// Every group's kind and stages, in order.
+  static constexpr auto summary = detail::plan_facts<Net, groups>::summary;
+  /// Elements per sample of the extra workspace the MLP groups need: each layer's dz, kept between
+  /// the fused backward kernel and the weight-gradient GEMMs (the largest group's sum).
+  static constexpr std::size_t mlp_gradient_elements = detail::plan_facts<Net, groups>::mlp_gradient_elements;
+};
+
+}  // namespace fusedp
