@@ -100,16 +100,23 @@ class Model {
   /// Forward in training mode, the loss and backward: grads() then holds the gradient of the mean
   /// loss. Parameters are not changed. `on_stage_done(i)` is called as soon as backward has finished
   /// stage i (stages finish in reverse order), so a data-parallel reducer can start on the gradients
-  /// of that stage while backward continues.
+  /// of that stage while backward continues. With `normalizer` N (0: the batch size), the gradient is
+  /// that of the loss summed over this batch and divided by N: the share of this shard in the mean
+  /// over a global batch of N samples, so that shards' gradients simply add up. Returns this
+  /// batch's mean loss in every case.
   template <class Loss, class StageDone = NoStageHook>
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
-                      const Loss& loss, StageDone&& on_stage_done = {}) {
+                      const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0) {
     const std::size_t batch = batch_of(inputs);
     Loss::validate(targets, batch, output_size);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = gradient_buffer(0, batch);
     const T l = loss(space_, batch, output_size, output_of<Net::stage_count - 1>(inputs.data(), batch),
                      targets.data(), dlogits);
+    if (normalizer != 0 && normalizer != batch) {
+      const T share = T(batch) / T(normalizer);
+      for (std::size_t i = 0; i < batch * output_size; ++i) dlogits[i] *= share;
+    }
     backward_pass(inputs.data(), batch, on_stage_done);
     return l;
   }

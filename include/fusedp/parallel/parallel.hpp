@@ -152,9 +152,9 @@ class Parallel {
     const std::size_t global = global_count(local, batch);
 
     std::vector<float> losses(models_.size());
-    weights_now_.resize(models_.size());
-    for (std::size_t r = 0; r < models_.size(); ++r)
-      weights_now_[r] = policy::sum ? 1.0f : float(double(shards[r].count) / double(global));
+    // Average: each replica's gradient is its share of the mean over the global batch (its loss sum
+    // divided by the global count), so the reduction is a plain sum. Sum: each replica's own mean.
+    auto normalizer = [&](const parallel::Shard& sh) { return policy::sum ? sh.count : global; };
     for (std::size_t b = 0; b < plan::count; ++b) arrivals_[b].store(0, std::memory_order_relaxed);
 
     auto targets_of = [&](const parallel::Shard& s) {
@@ -163,14 +163,15 @@ class Parallel {
     };
     if (comm_) {
       losses[0] = models_[0].compute_gradients(inputs.subspan(shards[0].offset * in, shards[0].count * in),
-                                               targets_of(shards[0]), loss, [&](std::size_t stage) { mpi_stage_done(stage); });
+                                               targets_of(shards[0]), loss,
+                                               [&](std::size_t stage) { mpi_stage_done(stage); }, normalizer(shards[0]));
       mpi_finish_reduction();
     } else {
       pool_.run_on_all([&](int r) {
         const auto& s = shards[std::size_t(r)];
         losses[std::size_t(r)] = models_[std::size_t(r)].compute_gradients(
             inputs.subspan(s.offset * in, s.count * in), targets_of(s), loss,
-            [&](std::size_t stage) { local_stage_done(stage); });
+            [&](std::size_t stage) { local_stage_done(stage); }, normalizer(s));
       });
       if constexpr (!policy::overlap) {
         pool_.run_on_all([&](int r) {
@@ -305,16 +306,19 @@ class Parallel {
     }
   }
 
+  // The one way gradients are added: in rank order, through bfloat16 with Compress.
+  static float accumulate(float sum, float value) {
+    if constexpr (policy::compress) return kernels::round_bf16(sum + kernels::round_bf16(value));
+    else return sum + value;
+  }
+
   // Sums elements [begin, end) of every replica's gradient in replica order into every replica.
   void reduce_local(std::size_t begin, std::size_t end) {
     const std::size_t n = models_.size();
     float* first = models_[0].grads().data();
     for (std::size_t i = begin; i < end; ++i) {
       float s = 0;
-      for (std::size_t r = 0; r < n; ++r) {
-        const float v = weights_now_[r] * models_[r].grads()[i];
-        s = policy::compress ? kernels::round_bf16(s + kernels::round_bf16(v)) : s + v;
-      }
+      for (std::size_t r = 0; r < n; ++r) s = accumulate(s, models_[r].grads()[i]);
       first[i] = s;
     }
     if (reduce_kind != parallel::detail::ReduceKind::reduce_broadcast)
@@ -333,7 +337,6 @@ class Parallel {
   void mpi_finish_reduction() {
 #if FUSEDP_HAS_MPI
     if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_scatter) {
-      scale_local(0, Net::param_storage);
       float* g = models_[0].grads().data();
       if constexpr (policy::deterministic || policy::compress) {
         for (const auto& b : plan::buckets) mpi_reduce_bucket(b, false);
@@ -349,15 +352,8 @@ class Parallel {
 #endif
   }
 
-  void scale_local(std::size_t begin, std::size_t end) {
-    if (weights_now_[0] == 1.0f) return;
-    float* g = models_[0].grads().data();
-    for (std::size_t i = begin; i < end; ++i) g[i] *= weights_now_[0];
-  }
-
 #if FUSEDP_HAS_MPI
   void mpi_reduce_bucket(const parallel::GradientBucket& bucket, bool may_start) {
-    if (reduce_kind != parallel::detail::ReduceKind::reduce_scatter) scale_local(bucket.begin, bucket.end);
     float* g = models_[0].grads().data() + bucket.begin;
     const std::size_t n = bucket.end - bucket.begin;
     if constexpr (policy::deterministic) {
@@ -366,10 +362,7 @@ class Parallel {
       comm_->all_gather(g, gathered_.data(), n);
       for (std::size_t i = 0; i < n; ++i) {
         float s = 0;
-        for (std::size_t r = 0; r < world_; ++r) {
-          const float v = gathered_[r * n + i];
-          s = policy::compress ? kernels::round_bf16(s + kernels::round_bf16(v)) : s + v;
-        }
+        for (std::size_t r = 0; r < world_; ++r) s = accumulate(s, gathered_[r * n + i]);
         g[i] = s;
       }
     } else if constexpr (policy::compress) {
@@ -465,7 +458,6 @@ class Parallel {
   std::size_t world_ = 1;
   int rank_ = 0;
   std::vector<double> weights_;
-  std::vector<float> weights_now_;
   std::unique_ptr<std::atomic<int>[]> arrivals_;
   std::vector<parallel::Shard> zero_;
   std::vector<HostBuffer<float>> zero_state_;
