@@ -45,7 +45,8 @@ fd::Dataset synthetic(std::size_t n, std::uint64_t seed, std::uint64_t split) {
   return fd::make_dataset(std::move(x), std::move(y), 3, 32, 32, 10, "synthetic data");
 }
 
-int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed) {
+int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed, const example::Launch& launch,
+        std::uint64_t agree_on) {
   const example::TrainFlags& f = o.train;
   if (!o.data.empty() && o.synthetic > 0) throw fp::InvalidArgument("give --data DIR or --synthetic N, not both");
   if (o.data.empty() && o.synthetic == 0)
@@ -65,19 +66,20 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   const fd::Normalization normalize{mean, stddev};
   const fd::Augment augment = o.augment ? fd::Augment{.crop_padding = 4, .flip = true} : fd::Augment{};
 
-  fd::DataLoader train_loader{train, fd::DistributedSampler{train.count, 1, 0, {.shuffle = true, .seed = f.seed}},
+  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed),
                               {.batch = std::size_t(f.batch), .augment = augment, .normalize = normalize, .seed = f.seed}};
-  fd::DataLoader test_loader{test, fd::DistributedSampler{test.count, 1, 0, {.shuffle = false, .evaluation = true}},
-                             {.batch = 500, .normalize = normalize}};
+  fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 500, .normalize = normalize}};
 
-  fp::Host host{f.threads};
-  fp::Model<CifarCnn, fp::Host> model{fp::seed(f.seed), host};
-  fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
-  std::printf("fusedp %s: CIFAR-10 CNN (%zu parameters) on %s, %zu train / %zu test images, %s, %d threads\n",
-              FUSEDP_VERSION_STRING, CifarCnn::param_count,
-              o.synthetic > 0 ? "synthetic data" : o.data.c_str(), train.count, test.count,
-              o.augment ? "crop+flip augmentation" : "no augmentation", host.threads());
-  example::fit(model, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed);
+  example::with_trainer<CifarCnn>(launch, f, agree_on, [&](auto& trainer, int threads) {
+    fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
+    if (launch.root())
+      std::printf("fusedp %s: CIFAR-10 CNN (%zu parameters) on %s, %zu train / %zu test images, %s, %d process(es) x "
+                  "%d replica(s), %d threads per process\n",
+                  FUSEDP_VERSION_STRING, CifarCnn::param_count, o.synthetic > 0 ? "synthetic data" : o.data.c_str(),
+                  train.count, test.count, o.augment ? "crop+flip augmentation" : "no augmentation", launch.world(),
+                  o.train.replicas, threads);
+    example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
+  });
   return 0;
 }
 
@@ -94,7 +96,8 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
   app.add_flag("!--no-augment", o.augment, "turn off random crop and flip");
   return example::run_main("cifar10_cnn", app, argc, argv, [&] {
+    const example::Launch launch;
     const auto resumed = example::resume_state(app, o.train);
-    return run(o, resumed);
+    return run(o, resumed, launch, example::flags_hash(argc, argv));
   });
 }

@@ -1,10 +1,13 @@
 // What every example shares, so that each example file shows only its network, its data and its
-// optimizer: the common flags, turning any error into a clear message and exit code 1, and the
-// training loop (epochs, progress line, evaluation, metrics, checkpoints, resume).
+// optimizer: the common flags, turning any error into a clear message and exit code 1, how the run is
+// spread (one model; --replicas N in this process, DataParallel style; one replica per rank under
+// mpirun, DistributedDataParallel style), and the training loop (epochs, progress line, evaluation,
+// metrics, checkpoints, resume).
 #pragma once
 
 #include <fusedp/data/loader.hpp>
 #include <fusedp/fusedp.hpp>
+#include <fusedp/parallel/parallel.hpp>
 #include <fusedp/train/checkpoint.hpp>
 #include <fusedp/train/metrics.hpp>
 #include <fusedp/train/progress.hpp>
@@ -19,9 +22,11 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace example {
@@ -38,6 +43,7 @@ struct TrainFlags {
   float lr = 0.05f;
   std::uint64_t seed = 42;
   int threads = 0;
+  int replicas = 1;        // in this process
   std::string metrics;     // JSON lines, one per epoch
   std::string checkpoint;  // folder written after every epoch
   std::string resume;      // folder to continue from
@@ -50,7 +56,14 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--batch", f.batch, "samples per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the weights, the shuffle and the augmentation")->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads (0: one per core)")->check(CLI::Range(0, 1024))->capture_default_str();
+  app.add_option("--threads", f.threads, "CPU threads of this process (0: one per core, shared by its replicas)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app.add_option("--replicas", f.replicas,
+                 "data-parallel replicas in this process, each taking a share of every batch (under mpirun: one "
+                 "replica per rank instead)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_option("--metrics", f.metrics, "write one JSON object per epoch to this file (scripts/plot_metrics.py plots it)");
   app.add_option("--checkpoint", f.checkpoint,
                  "save weights (model.safetensors, loadable by PyTorch) and training state into this folder after "
@@ -123,82 +136,199 @@ inline void check_checkpoint_folder(const std::string& dir) {
   });
 }
 
+/// How this run is spread over processes: one, or the ranks of mpirun (each with its own share of
+/// the data). MPI is initialized here when the program was started by mpirun.
+class Launch {
+ public:
+  Launch() {
+    if (!fp::launched_by_mpirun()) return;
+#if FUSEDP_HAS_MPI
+    mpi_ = std::make_unique<fp::MpiWorld>();
+    world_ = mpi_->size();
+    rank_ = mpi_->rank();
+#else
+    throw fp::InvalidArgument("started by mpirun with several ranks, but this program was built without MPI "
+                              "(apt-get install libopenmpi-dev, then rebuild)");
+#endif
+  }
+  /// Processes (MPI ranks) taking part.
+  [[nodiscard]] int world() const { return world_; }
+  [[nodiscard]] int rank() const { return rank_; }
+  /// Rank 0 prints, writes metrics and checkpoints.
+  [[nodiscard]] bool root() const { return rank_ == 0; }
+  [[nodiscard]] bool mpi() const { return world_ > 1; }
+#if FUSEDP_HAS_MPI
+  [[nodiscard]] const fp::MpiWorld& mpi_world() const { return *mpi_; }
+#endif
+
+  /// This rank's share of a training set: a new permutation each epoch, the same on every rank, padded
+  /// so every rank takes the same number of steps.
+  [[nodiscard]] fd::DistributedSampler train_sampler(std::size_t size, std::uint64_t seed) const {
+    return fd::DistributedSampler{size, std::size_t(world_), std::size_t(rank_), {.shuffle = true, .seed = seed}};
+  }
+  /// This rank's share of a test set: every sample exactly once across ranks.
+  [[nodiscard]] fd::DistributedSampler eval_sampler(std::size_t size) const {
+    return fd::DistributedSampler{size, std::size_t(world_), std::size_t(rank_), {.shuffle = false, .evaluation = true}};
+  }
+
+ private:
+  int world_ = 1;
+  int rank_ = 0;
+#if FUSEDP_HAS_MPI
+  std::unique_ptr<fp::MpiWorld> mpi_;
+#endif
+};
+
+/// The data-parallel trainer of the examples: each replica or rank trains on its own batches
+/// (Sharded), gradients are all-reduced in 4 MiB buckets while backward continues.
+template <class Net>
+using DataParallel = fp::Parallel<Net, fp::Host, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>;
+
+/// The one model of a trainer (replica 0 of a Parallel).
+template <class Net>
+fp::Model<Net, fp::Host>& model_of(fp::Model<Net, fp::Host>& m) {
+  return m;
+}
+template <class Net, class... P>
+fp::Model<Net, fp::Host>& model_of(fp::Parallel<Net, fp::Host, P...>& dp) {
+  return dp.model(0);
+}
+/// Calls f on every model the trainer holds in this process.
+template <class Net, class F>
+void for_each_model(fp::Model<Net, fp::Host>& m, F&& f) {
+  f(m);
+}
+template <class Net, class... P, class F>
+void for_each_model(fp::Parallel<Net, fp::Host, P...>& dp, F&& f) {
+  for (std::size_t r = 0; r < dp.local_replicas(); ++r) f(dp.model(r));
+}
+
+/// A hash of the command line: ranks started with different flags refuse to train together.
+inline std::uint64_t flags_hash(int argc, char** argv) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (int i = 1; i < argc; ++i)
+    for (const char* c = argv[i];; ++c) {
+      h = (h ^ std::uint8_t(*c)) * 0x100000001b3ull;
+      if (*c == 0) break;
+    }
+  return h;
+}
+
+/// Builds the trainer the flags and the launch ask for and calls body(trainer, threads): one Model;
+/// a Parallel of --replicas models in this process; or, under mpirun, a Parallel of one model per rank.
+template <class Net, class Body>
+void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree_on, Body&& body) {
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = f.threads > 0 ? f.threads : hw;
+  if (launch.mpi()) {
+#if FUSEDP_HAS_MPI
+    if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
+    DataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.threads = f.threads, .agree_on = agree_on}};
+    body(dp, dp.model(0).space().threads());
+#endif
+  } else if (f.replicas > 1) {
+    const int per = std::max(1, threads / f.replicas);
+    DataParallel<Net> dp{fp::replicas(f.replicas, per), fp::seed(f.seed)};
+    body(dp, per * f.replicas);
+  } else {
+    fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads}};
+    body(model, threads);
+  }
+}
+
 /// Mean loss over a dataset, and the accuracy for classification.
 struct Evaluation {
   double loss = 0;
   std::optional<double> accuracy;
 };
 
-/// Evaluates `model` on every sample the loader yields (an evaluation-mode sampler visits each once).
-template <class Model, class Loss>
-Evaluation evaluate(Model& model, fd::DataLoader& loader, const Loss& loss) {
-  double sum = 0;
-  std::size_t correct = 0, seen = 0;
+/// Evaluates the trainer's model on every sample this rank's loader yields (an evaluation-mode sampler
+/// visits each once), then adds up the sums of all ranks.
+template <class Trainer, class Loss>
+Evaluation evaluate(Trainer& trainer, fd::DataLoader& loader, const Loss& loss) {
+  auto& model = model_of(trainer);
+  fp::GlobalEvaluation sums;
   const bool classification = !loader.dataset().regression();
   loader.set_epoch(0);
   while (auto b = loader.next()) {
     const std::size_t n = b->size();
     if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>) {
       const auto r = model.evaluate(b->images, b->labels, loss);
-      sum += double(r.loss) * double(n);
-      correct += fp::count_correct(r.outputs, b->labels);
+      sums.loss_sum += double(r.loss) * double(n);
+      sums.correct += fp::count_correct(r.outputs, b->labels);
     } else {
-      sum += double(model.evaluate(b->images, b->targets, loss).loss) * double(n);
+      sums.loss_sum += double(model.evaluate(b->images, b->targets, loss).loss) * double(n);
     }
-    seen += n;
+    sums.count += n;
   }
+  if constexpr (requires { trainer.sum_over_ranks(sums); }) sums = trainer.sum_over_ranks(sums);
   Evaluation e;
-  e.loss = sum / double(seen);
-  if (classification) e.accuracy = double(correct) / double(seen);
+  e.loss = sums.loss();
+  if (classification) e.accuracy = sums.accuracy();
   return e;
 }
 
-/// Trains `model` for epochs 1..flags.epochs (or from the checkpoint of --resume on), evaluating on
-/// `test` after each epoch, printing a progress line and a summary per epoch, writing --metrics and
-/// saving --checkpoint. The loaders' sampler and augmentation seeds must be flags.seed.
-template <class Model, class Opt, class Loss>
-void fit(Model& model, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::DataLoader& test, const TrainFlags& f,
-         const std::optional<ft::TrainingState>& resumed) {
+/// Trains for epochs 1..flags.epochs (or from the checkpoint of --resume on), evaluating on `test`
+/// after each epoch, printing a progress line and a summary per epoch, writing --metrics and saving
+/// --checkpoint (rank 0 only). The loaders' sampler and augmentation seeds must be flags.seed, and
+/// their samplers this rank's share (Launch::train_sampler, eval_sampler).
+template <class Trainer, class Opt, class Loss>
+void fit(Trainer& trainer, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::DataLoader& test, const TrainFlags& f,
+         const std::optional<ft::TrainingState>& resumed, const Launch& launch) {
+  const bool root = launch.root();
   const std::size_t dataset_size = train.dataset().count;
   std::uint64_t first_epoch = 1;
   std::size_t first_batch = 0;
   if (resumed) {
     const ft::TrainingState& s = *resumed;
     with_flag("--resume", [&] {
-      (void)ft::load_checkpoint(f.resume, model, opt);  // checks the network, optimizer and files first
+      // Checks the network, optimizer and files before changing anything; every rank reads the same
+      // folder (it must be visible to all of them).
+      for_each_model(trainer, [&](auto& m) { (void)ft::load_checkpoint(f.resume, m, opt); });
       if (s.dataset_size != dataset_size)
         throw fp::DataError(f.resume, "was trained on " + std::to_string(s.dataset_size) +
                                           " samples; this run has " + std::to_string(dataset_size) +
                                           " (another dataset?)");
-      if (s.world_size != 1)
+      if (s.world_size != std::uint64_t(launch.world()))
         throw fp::DataError(f.resume, "was trained by " + std::to_string(s.world_size) +
-                                          " ranks; this example runs one process");
+                                          " process(es); this run has " + std::to_string(launch.world()) +
+                                          " (each rank's share of the data depends on it)");
       if (s.batch_size != std::uint64_t(f.batch) && s.batches_done != 0)
         throw fp::DataError(f.resume, "stopped inside an epoch with --batch " + std::to_string(s.batch_size) +
                                           "; resume it with the same --batch");
     });
-    if (s.batch_size != std::uint64_t(f.batch))
+    if (root && s.batch_size != std::uint64_t(f.batch))
       std::printf("note: the checkpoint was trained with --batch %llu; continuing with %d\n",
                   static_cast<unsigned long long>(s.batch_size), f.batch);
     first_epoch = s.epochs_done + 1;
     first_batch = std::size_t(s.batches_done);
-    std::printf("resumed from %s: %llu epochs and %llu steps done\n", f.resume.c_str(),
+    if (root)
+      std::printf("resumed from %s: %llu epochs and %llu steps done\n", f.resume.c_str(),
                 static_cast<unsigned long long>(s.epochs_done), static_cast<unsigned long long>(s.steps));
     if (first_epoch > std::uint64_t(f.epochs)) {
-      std::printf("nothing to do: the checkpoint holds %llu epochs and --epochs is %d\n",
+      if (root)
+        std::printf("nothing to do: the checkpoint holds %llu epochs and --epochs is %d\n",
                   static_cast<unsigned long long>(s.epochs_done), f.epochs);
       return;
     }
   }
-  if (!f.checkpoint.empty()) check_checkpoint_folder(f.checkpoint);
+  if (root && !f.checkpoint.empty()) check_checkpoint_folder(f.checkpoint);
   ft::MetricsWriter metrics;
-  if (!f.metrics.empty())
+  if (root && !f.metrics.empty())
     metrics = with_flag("--metrics", [&] {
       return resumed ? ft::MetricsWriter::resume(f.metrics, first_epoch - 1) : ft::MetricsWriter{f.metrics};
     });
 
   ft::ProgressLine progress{stdout, train.dataset().regression() ? "samples" : "images"};
-  model.reserve(std::size_t(f.batch));
+  if constexpr (requires { trainer.reserve(std::size_t(1)); }) trainer.reserve(std::size_t(f.batch));
+  if constexpr (requires { trainer.agree_steps(std::size_t(1)); }) {
+    // The samplers pad every rank to the same count; a mismatch would leave a rank waiting forever.
+    const std::size_t steps = train.batches();
+    if (trainer.agree_steps(steps) != steps)
+      throw fp::InvalidArgument("ranks disagree on the number of steps per epoch (" + std::to_string(steps) +
+                                " here); start every rank with the same data and flags");
+  }
+  const double world = double(launch.world());
   double total_seconds = 0, total_samples = 0;
   Evaluation result;
   for (std::uint64_t epoch = first_epoch; epoch <= std::uint64_t(f.epochs); ++epoch) {
@@ -211,17 +341,18 @@ void fit(Model& model, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::Da
     while (auto b = train.next()) {
       const std::size_t n = b->size();
       float l = 0;
-      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>) l = model.train_step(b->images, b->labels, loss, opt);
-      else l = model.train_step(b->images, b->targets, loss, opt);
+      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>) l = trainer.train_step(b->images, b->labels, loss, opt);
+      else l = trainer.train_step(b->images, b->targets, loss, opt);
       loss_sum += double(l) * double(n);
       seen += n;
-      progress.update(b->index + 1, loss_sum / double(seen), seen);
+      if (root) progress.update(b->index + 1, loss_sum / double(seen), std::size_t(double(seen) * world));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
+    const double train_loss = seen > 0 ? loss_sum / double(seen) : 0.0;  // each step's loss is global
+    seen = std::size_t(double(seen) * world);  // every rank trained on as many samples
     total_samples += double(seen);
-    result = evaluate(model, test, loss);
-    const double train_loss = seen > 0 ? loss_sum / double(seen) : 0.0;
+    result = evaluate(trainer, test, loss);
     char line[256];
     if (result.accuracy)
       std::snprintf(line, sizeof line,
@@ -232,7 +363,7 @@ void fit(Model& model, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::Da
       std::snprintf(line, sizeof line, "epoch %llu/%d  train loss %.6f  test loss %.6f  %.0f samples/s  %.1fs",
                     static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, double(seen) / seconds,
                     seconds);
-    progress.finish(line);
+    if (root) progress.finish(line);
     if (result.accuracy)
       metrics.write({{"epoch", static_cast<long long>(epoch)},
                      {"train_loss", train_loss},
@@ -246,16 +377,17 @@ void fit(Model& model, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::Da
                      {"test_loss", result.loss},
                      {"samples_per_s", double(seen) / seconds},
                      {"seconds", seconds}});
-    if (!f.checkpoint.empty()) {
+    if (root && !f.checkpoint.empty()) {
       ft::TrainingState s;
       s.epochs_done = epoch;
       s.data_seed = f.seed;
       s.dataset_size = dataset_size;
       s.batch_size = std::uint64_t(f.batch);
-      with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, model, s); });
+      s.world_size = std::uint64_t(launch.world());
+      with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, model_of(trainer), s); });
     }
   }
-  if (total_seconds > 0) {
+  if (root && total_seconds > 0) {
     const auto epochs = static_cast<unsigned long long>(std::uint64_t(f.epochs) - first_epoch + 1);
     if (result.accuracy)
       std::printf("done: %llu epochs in %.1fs (%.0f images/s training), test accuracy %.2f%%\n", epochs,

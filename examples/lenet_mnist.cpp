@@ -5,6 +5,8 @@
 //   lenet_mnist --data ~/mnist --epochs 5 --metrics run.jsonl
 //   lenet_mnist --epochs 10 --checkpoint ckpt          # save after every epoch
 //   lenet_mnist --epochs 20 --resume ckpt --checkpoint ckpt   # continue from epoch 11
+//   lenet_mnist --replicas 2                               # DataParallel style: 2 replicas, one process
+//   mpirun -np 2 lenet_mnist                               # DDP style: one replica per rank
 #include "common.hpp"
 
 #include <fusedp/data/idx.hpp>
@@ -27,7 +29,8 @@ struct Options {
   example::TrainFlags train;  // 2 epochs, batch 64, lr 0.05, seed 42
 };
 
-int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed) {
+int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed, const example::Launch& launch,
+        std::uint64_t agree_on) {
   const auto train = example::with_flag("--data", [&] { return fd::load_mnist(o.data, fd::Split::train); });
   const auto test = example::with_flag("--data", [&] { return fd::load_mnist(o.data, fd::Split::test); });
   fp::require(train.height == 28 && train.width == 28 && train.channels == 1, o.data,
@@ -37,17 +40,19 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   const fd::Normalization normalize{{mean}, {stddev}};
 
   const example::TrainFlags& f = o.train;
-  fd::DataLoader train_loader{train, fd::DistributedSampler{train.count, 1, 0, {.shuffle = true, .seed = f.seed}},
+  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed),
                               {.batch = std::size_t(f.batch), .normalize = normalize, .seed = f.seed}};
-  fd::DataLoader test_loader{test, fd::DistributedSampler{test.count, 1, 0, {.shuffle = false, .evaluation = true}},
-                             {.batch = 1000, .normalize = normalize}};
+  fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 1000, .normalize = normalize}};
 
-  fp::Host host{f.threads};
-  fp::Model<LeNet, fp::Host> model{fp::seed(f.seed), host};
-  fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
-  std::printf("fusedp %s: LeNet (%zu parameters) on %s, %zu train / %zu test images, %d threads\n",
-              FUSEDP_VERSION_STRING, LeNet::param_count, o.data.c_str(), train.count, test.count, host.threads());
-  example::fit(model, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed);
+  example::with_trainer<LeNet>(launch, f, agree_on, [&](auto& trainer, int threads) {
+    fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
+    if (launch.root())
+      std::printf("fusedp %s: LeNet (%zu parameters) on %s, %zu train / %zu test images, %d process(es) x %d "
+                  "replica(s), %d threads per process\n",
+                  FUSEDP_VERSION_STRING, LeNet::param_count, o.data.c_str(), train.count, test.count, launch.world(),
+                  o.train.replicas, threads);
+    example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
+  });
   return 0;
 }
 
@@ -59,7 +64,8 @@ int main(int argc, char** argv) {
   example::add_training_flags(app, o.train);
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
   return example::run_main("lenet_mnist", app, argc, argv, [&] {
+    const example::Launch launch;
     const auto resumed = example::resume_state(app, o.train);
-    return run(o, resumed);
+    return run(o, resumed, launch, example::flags_hash(argc, argv));
   });
 }

@@ -71,23 +71,24 @@ void write_pgm(const std::string& path, Model& model, const fd::Dataset& g, std:
   std::printf("wrote %s: target (left) and fit (right), %zux%zu each\n", path.c_str(), side, side);
 }
 
-int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed) {
+int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed, const example::Launch& launch,
+        std::uint64_t agree_on) {
   const example::TrainFlags& f = o.train;
   const fd::Dataset train = points(o.samples, f.seed);
   const fd::Dataset test = grid(o.side);
-  fd::DataLoader train_loader{train, fd::DistributedSampler{train.count, 1, 0, {.shuffle = true, .seed = f.seed}},
-                              {.batch = std::size_t(f.batch), .seed = f.seed}};
-  fd::DataLoader test_loader{test, fd::DistributedSampler{test.count, 1, 0, {.shuffle = false, .evaluation = true}},
-                             {.batch = 4096}};
+  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed), {.batch = std::size_t(f.batch), .seed = f.seed}};
+  fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 4096}};
 
-  fp::Host host{f.threads};
-  fp::Model<Mlp, fp::Host> model{fp::seed(f.seed), host};
-  fp::Adam opt{{.lr = f.lr}};
-  std::printf("fusedp %s: MLP 2-64-64-64-1 (%zu parameters) fitting a %zux%zu image from %zu random points, "
-              "MSE + Adam, %d threads\n",
-              FUSEDP_VERSION_STRING, Mlp::param_count, o.side, o.side, train.count, host.threads());
-  example::fit(model, opt, fp::MSE{}, train_loader, test_loader, f, resumed);
-  if (!o.image.empty()) write_pgm(o.image, model, test, o.side);
+  example::with_trainer<Mlp>(launch, f, agree_on, [&](auto& trainer, int threads) {
+    fp::Adam opt{{.lr = f.lr}};
+    if (launch.root())
+      std::printf("fusedp %s: MLP 2-64-64-64-1 (%zu parameters) fitting a %zux%zu image from %zu random points, "
+                  "MSE + Adam, %d process(es) x %d replica(s), %d threads per process\n",
+                  FUSEDP_VERSION_STRING, Mlp::param_count, o.side, o.side, train.count, launch.world(),
+                  o.train.replicas, threads);
+    example::fit(trainer, opt, fp::MSE{}, train_loader, test_loader, f, resumed, launch);
+    if (!o.image.empty() && launch.root()) write_pgm(o.image, example::model_of(trainer), test, o.side);
+  });
   return 0;
 }
 
@@ -106,7 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--image", o.image, "write target and fit side by side to this PGM file");
   example::add_training_flags(app, o.train);
   return example::run_main("mlp_fit", app, argc, argv, [&] {
+    const example::Launch launch;
     const auto resumed = example::resume_state(app, o.train);
-    return run(o, resumed);
+    return run(o, resumed, launch, example::flags_hash(argc, argv));
   });
 }

@@ -5,6 +5,18 @@
 // fusedp::mpi, or MPI::MPI_CXX); elsewhere this header declares nothing.
 #include "fusedp/core/config.hpp"
 
+#include <cstdlib>
+
+namespace fusedp {
+/// Whether this process was started by mpirun/mpiexec (Open MPI, MPICH, Slurm's PMI) with more than
+/// one rank. Needs no MPI library, so a program built without MPI can say so instead of running alone.
+inline bool launched_by_mpirun() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var)) return std::atoi(v) > 1;
+  return false;
+}
+}  // namespace fusedp
+
 #if __has_include(<mpi.h>)
 #include "fusedp/core/error.hpp"
 #include "fusedp/kernels/bf16.hpp"

@@ -195,23 +195,33 @@ class Parallel {
 
   /// Evaluates this process's samples (`inputs` may be empty on a rank without any) and sums loss and
   /// correct predictions over all ranks: with an evaluation sampler that gives each sample to one
-  /// rank, every sample is counted exactly once.
+  /// rank, every sample is counted exactly once. Every rank must call it (it is a collective).
   template <class Loss>
   GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                             const Loss& loss) {
-    std::array<double, 3> sums{0, 0, 0};  // loss sum, correct, count
+    GlobalEvaluation local;
     if (!inputs.empty()) {
       const std::size_t batch = inputs.size() / model_type::input_size;
       const auto e = models_[0].evaluate(inputs, targets, loss);
-      sums[0] = double(e.loss) * double(batch);
+      local.loss_sum = double(e.loss) * double(batch);
       if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
-        sums[1] = double(count_correct(e.outputs, targets));
-      sums[2] = double(batch);
+        local.correct = count_correct(e.outputs, targets);
+      local.count = batch;
     }
+    return sum_over_ranks(local);
+  }
+
+  /// Adds up every rank's evaluation sums (a collective): for evaluation loops whose number of
+  /// batches differs between ranks, which evaluate locally and combine once at the end.
+  [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
+    [[maybe_unused]] std::array<double, 3> sums{local.loss_sum, double(local.correct), double(local.count)};
 #if FUSEDP_HAS_MPI
-    if (comm_) comm_->all_reduce_sum(sums.data(), sums.size());
+    if (comm_) {
+      comm_->all_reduce_sum(sums.data(), sums.size());
+      return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
+    }
 #endif
-    return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
+    return local;
   }
 
   /// The smallest of every rank's `local` (steps per epoch): ranks that agree on it never wait in a
