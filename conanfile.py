@@ -3,7 +3,7 @@
 `conan create .` packages this checkout: the headers and fusedp's CMake files, installed by its own
 CMakeLists.txt. Consumers use CMakeDeps: find_package(fusedp) and the target fusedp::fusedp;
 find_package(fusedp COMPONENTS cuda mpi) adds fusedp::cuda and fusedp::mpi, built from the CUDA
-Toolkit, NCCL and MPI of the consumer's machine (none of them comes from Conan). zlib and threads
+Toolkit, NCCL and MPI of the consumer's machine (none of them comes from Conan). zlib, nlohmann-json and threads
 come from the system as well, found by CMake, so the recipe has no requirements and works with no
 remote.
 """

@@ -1,6 +1,6 @@
 # find_package(fusedp [<version>] [REQUIRED] [COMPONENTS cuda mpi] [OPTIONAL_COMPONENTS cuda mpi])
 #
-#   fusedp::fusedp  always: the headers, C++20, threads and zlib (Host only; needs no CUDA)
+#   fusedp::fusedp  always: the headers, C++20, threads, zlib and nlohmann-json (Host only; no CUDA)
 #   fusedp::cuda    component cuda: adds the CUDA runtime, CCCL and NCCL of this machine
 #   fusedp::mpi     component mpi:  adds MPI (C++)
 #
@@ -17,6 +17,7 @@ endif()
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
 find_dependency(ZLIB)
+find_dependency(nlohmann_json 3.2)
 
 include("${CMAKE_CURRENT_LIST_DIR}/fusedpTargets.cmake")
 include("${CMAKE_CURRENT_LIST_DIR}/fusedpComponents.cmake")
