@@ -19,5 +19,6 @@
 #include "fusedp/net/model.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/optim/adam.hpp"
+#include "fusedp/optim/guard.hpp"
 #include "fusedp/optim/schedule.hpp"
 #include "fusedp/optim/sgd.hpp"

@@ -21,6 +21,12 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+/// A loss or gradient was NaN or infinite and the policy was to stop.
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A file could not be read or does not hold what it should. `path()` names the file.
 class DataError : public Error {
  public:

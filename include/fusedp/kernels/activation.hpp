@@ -15,7 +15,7 @@ namespace fusedp::kernels {
 struct Relu {
   static constexpr bool from_output = true;
   template <class T>
-  FUSEDP_HD T operator()(T x) const { return x > T(0) ? x : T(0); }
+  FUSEDP_HD T operator()(T x) const { return x < T(0) ? T(0) : x; }  // NaN stays NaN, as in PyTorch
   template <class T>
   FUSEDP_HD T derivative(T /*x*/, T y) const { return y > T(0) ? T(1) : T(0); }
 };

@@ -7,12 +7,14 @@
 #include "fusedp/core/rng.hpp"
 #include "fusedp/layers/activation.hpp"
 #include "fusedp/net/sequential.hpp"
+#include "fusedp/kernels/host/gradient.hpp"
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <utility>
 
 namespace fusedp {
@@ -75,14 +77,37 @@ class Model {
   }
 
   /// Applies the optimizer to the current gradients (after compute_gradients, or after a data-parallel
-  /// reduction has replaced them) and counts the step.
+  /// reduction has replaced them) and counts the step. A guarded optimizer (optim/guard.hpp) first
+  /// checks the gradient: returns false when it skipped the update.
   template <class Opt>
-  void step(const Opt& opt) {
+  bool step(const Opt& opt) {
     opt.validate();
+    if constexpr (requires { typename Opt::on_nonfinite; }) {
+      const double factor = opt.decide(kernels::host::gradient_stats(space_, grads_.data(), Net::param_storage), steps_ + 1,
+                                       first_nonfinite_tensor());
+      if (factor == 0.0) {
+        ++steps_;
+        ++skipped_steps_;
+        return false;
+      }
+      if (factor != 1.0) kernels::host::scale_gradient(space_, grads_.data(), Net::param_storage, T(factor));
+    }
     std::span<T> state = optimizer_state<Opt>();
     ++optimizer_steps_;
     opt.step(space_, params_.data(), grads_.data(), state.data(), Net::param_storage, optimizer_steps_);
     ++steps_;
+    return true;
+  }
+
+  /// The PyTorch name and layer of the first parameter tensor (in layer order) whose gradient holds a
+  /// NaN or an infinity, or "no tensor" when all are finite.
+  [[nodiscard]] std::string first_nonfinite_tensor() const {
+    for (const ParamTensor& t : Net::param_layout)
+      for (std::size_t i = 0; i < t.size; ++i)
+        if (!std::isfinite(grads_[t.offset + i]))
+          return "'" + std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight'" : ".bias'") +
+                 " (layer " + std::to_string(t.layer) + ")";
+    return "no tensor";
   }
 
   /// The state of optimizer Opt (Opt::state_slots x param_storage values). Allocated, zeroed, the first
@@ -173,6 +198,8 @@ class Model {
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
   /// Steps the current optimizer state has taken (Adam's bias correction counts them).
   [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+  /// Steps a guarded optimizer skipped (nonfinite::Skip).
+  [[nodiscard]] std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
   /// Restores the counters of a saved run (checkpoints): the next step is number `steps` + 1.
   void set_step_counters(std::uint64_t steps, std::uint64_t optimizer_steps) noexcept {
     steps_ = steps;
@@ -278,6 +305,7 @@ class Model {
   const char* state_owner_ = nullptr;
   std::uint64_t optimizer_steps_ = 0;
   std::uint64_t steps_ = 0;
+  std::uint64_t skipped_steps_ = 0;
 };
 
 }  // namespace fusedp

@@ -7,6 +7,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/bf16.hpp"
+#include "fusedp/kernels/host/gradient.hpp"
 #include "fusedp/loss/softmax_cross_entropy.hpp"
 #include "fusedp/net/model.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
@@ -407,8 +408,17 @@ class Parallel {
       else pool_.run_on_all([&](int r) { models_[std::size_t(r)].step(opt); });
     } else if constexpr (reduce_kind == ReduceKind::reduce_broadcast) {
       // Only the root (replica 0, or rank 0 over MPI) holds the summed gradient and optimizer state.
-      if (rank_ == 0) models_[0].step(opt);
-      else models_[0].set_step_counters(models_[0].steps() + 1, models_[0].optimizer_steps() + 1);
+      // A guarded optimizer's decision is the root's, shared with every rank so they act together.
+      bool applied = true;
+      if constexpr (requires { typename Opt::on_nonfinite; }) {
+        if (comm_) {
+          kernels::host::GradientStats stats;
+          if (rank_ == 0) stats = kernels::host::gradient_stats(models_[0].space(), models_[0].grads().data(), Net::param_storage);
+          applied = opt.decide(share_from_root(stats), models_[0].steps() + 1, "the gradient summed on rank 0") != 0.0;
+        }
+      }
+      if (rank_ == 0) applied = models_[0].step(opt);
+      else models_[0].set_step_counters(models_[0].steps() + 1, models_[0].optimizer_steps() + (applied ? 1 : 0));
 #if FUSEDP_HAS_MPI
       if (comm_) comm_->broadcast(models_[0].params().data(), Net::param_storage, 0);
 #endif
@@ -432,10 +442,26 @@ class Parallel {
       zero_owner_ = Opt::name;
       zero_steps_ = 0;
     }
+    // A guarded optimizer decides on the whole gradient: each replica measures its block, the parts
+    // are added over all replicas, and every replica takes the same decision.
+    double factor = 1.0;
+    if constexpr (requires { typename Opt::on_nonfinite; }) {
+      kernels::host::GradientStats stats;
+      for (std::size_t r = 0; r < models_.size(); ++r) {
+        const parallel::Shard block = zero_[global_index(r)];
+        stats += kernels::host::gradient_stats(models_[r].space(), models_[r].grads().data() + block.offset, block.count);
+      }
+      factor = opt.decide(sum_stats(stats), models_[0].steps() + 1, models_[0].first_nonfinite_tensor());
+      if (factor == 0.0) {
+        for (auto& m : models_) m.set_step_counters(m.steps() + 1, zero_steps_);
+        return;
+      }
+    }
     ++zero_steps_;
     auto update = [&](std::size_t r) {
       const parallel::Shard block = zero_[global_index(r)];
       model_type& m = models_[r];
+      if (factor != 1.0) kernels::host::scale_gradient(m.space(), m.grads().data() + block.offset, block.count, float(factor));
       opt.step(m.space(), m.params().data() + block.offset, m.grads().data() + block.offset, zero_state_[r].data(),
                block.count, zero_steps_);
     };
@@ -461,6 +487,29 @@ class Parallel {
   }
 
   std::size_t global_index(std::size_t local) const { return comm_ ? std::size_t(rank_) : local; }
+
+  // Gradient stats of parts held by different ranks, added up (in-process: already whole).
+  kernels::host::GradientStats sum_stats(kernels::host::GradientStats local) const {
+#if FUSEDP_HAS_MPI
+    if (comm_) {
+      std::array<double, 2> v{local.sum_squares, local.finite ? 0.0 : 1.0};
+      comm_->all_reduce_sum(v.data(), v.size());
+      return {v[0], v[1] == 0.0};
+    }
+#endif
+    return local;
+  }
+  // Rank 0's stats on every rank.
+  kernels::host::GradientStats share_from_root(kernels::host::GradientStats stats) const {
+#if FUSEDP_HAS_MPI
+    if (comm_) {
+      std::array<double, 2> v{stats.sum_squares, stats.finite ? 0.0 : 1.0};
+      comm_->broadcast(v.data(), v.size(), 0);
+      return {v[0], v[1] == 0.0};
+    }
+#endif
+    return stats;
+  }
 
   ParallelOptions options_;
   Host pool_;  // one thread per local replica
