@@ -41,6 +41,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -173,6 +174,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// The mean loss of the latest training step or compute_gradients (waits for it). Throws
   /// InvalidArgument when a label on the device was out of range.
   T last_loss() {
+    require(loss_.size() > 0, "Model::last_loss: no training step or loss has run on this model yet");
     copy_async(loss_host_.data(), loss_value(), 1, space_.stream());
     copy_async(status_host_.data(), status_.data(), 1, space_.stream());
     space_.synchronize();
@@ -339,6 +341,8 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] bool uses_graphs() const noexcept { return graphs_; }
   /// Whether the latest train step was a graph replay (for tests and benchmarks).
   [[nodiscard]] bool last_step_replayed() const noexcept { return replayed_; }
+  /// Why recording a graph failed, when it did (graphs are then off and steps launch directly).
+  [[nodiscard]] const std::string& graph_failure() const noexcept { return graph_failure_; }
 
   /// Whether every stage of the network may be recorded in a CUDA graph.
   static constexpr bool graph_safe = []<std::size_t... I>(std::index_sequence<I...>) {
@@ -439,7 +443,17 @@ class Model<Net, CudaSpace<P>, T> {
       FUSEDP_CUDA_CHECK(cudaGraphLaunch(graph_.get(), space_.stream()));
       replayed_ = true;
     } else if (graphs_ && key == warm_key_) {
-      record(body);
+      try {
+        record(body);
+      } catch (const DeviceError& e) {
+        // A step that cannot be recorded still runs, launched directly; the reason is kept.
+        graph_failure_ = e.what();
+        graphs_ = false;
+        graph_.reset();
+        body();
+        ++steps_;
+        return;
+      }
       graph_key_ = key;
       FUSEDP_CUDA_CHECK(cudaGraphLaunch(graph_.get(), space_.stream()));
     } else {
@@ -689,6 +703,7 @@ class Model<Net, CudaSpace<P>, T> {
   detail::GraphKey warm_key_{};
   bool graphs_ = graph_safe;
   bool replayed_ = false;
+  std::string graph_failure_;
   std::size_t capacity_ = 0;
   const char* state_owner_ = nullptr;
   std::uint64_t optimizer_steps_ = 0;

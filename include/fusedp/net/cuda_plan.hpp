@@ -81,7 +81,8 @@ constexpr bool fuses_conv_maxpool() {
       return false;
     } else {
       constexpr int k = max_pool_window_of<typename Next::layer>;
-      return k > 0 && Next::epilogue::empty && cuda_conv_tile_rows % (k * k) == 0;
+      if constexpr (k == 0) return false;
+      else return Next::epilogue::empty && cuda_conv_tile_rows % (k * k) == 0 && k * k <= 256;
     }
   }
 }

@@ -1,0 +1,275 @@
+// The Cuda GEMM problems run on the CPU: every loader and epilogue of kernels/cuda/ is __host__
+// __device__, so this test builds the exact GemmProblem each Cuda stage launches (Linear, Conv2d with
+// and without fused max-pooling, their input and weight gradients, split-K plans), executes it block by
+// block and thread by thread on the host the way gemm_kernel walks it, and compares the result with the
+// Host kernels (in double). It checks the implicit-GEMM index math, the epilogues, the split plans and
+// the fixed-order reductions without a GPU; what it cannot check is the kernel's own staging through
+// shared memory and the tensor-core fragments (tests/gpu/stages.cu does, on a device).
+//
+// It needs no device, so it runs (and must pass) wherever the gpu tests are built.
+#include "gpu_test.hpp"
+
+#include <fusedp/kernels/cuda/conv2d.cuh>
+#include <fusedp/kernels/cuda/fast_div.hpp>
+#include <fusedp/kernels/cuda/linear.cuh>
+#include <fusedp/kernels/host/conv2d.hpp>
+#include <fusedp/kernels/host/linear.hpp>
+#include <fusedp/kernels/host/pool.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace fp = fusedp;
+namespace kc = fusedp::kernels::cuda;
+namespace kh = fusedp::kernels::host;
+using gpu_test::random_values;
+
+namespace {
+
+constexpr float nan_value = std::numeric_limits<float>::quiet_NaN();
+
+// One block of gemm_kernel on the host: the tile as the kernel would hold it after its k-loop (sums in
+// double, then rounded), the row sums, then the epilogue called once per thread.
+template <class TileT, bool RowSums, class A, class B, class Epi>
+void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
+  constexpr int bm = TileT::bm, bn = TileT::bn, ldc = bn + 4;
+  std::vector<float> c(std::size_t(bm) * ldc);
+  const int bx_count = (p.m + bm - 1) / bm, by_count = (p.n + bn - 1) / bn;
+  for (int z = 0; z < splits; ++z) {
+    const int k_begin = z * p.k_chunk, k_end = std::min(p.k, k_begin + p.k_chunk);
+    for (int bx = 0; bx < bx_count; ++bx)
+      for (int by = 0; by < by_count; ++by) {
+        const int m0 = bx * bm, n0 = by * bn;
+        for (int lm = 0; lm < bm; ++lm)
+          for (int ln = 0; ln < bn; ++ln) {
+            double s = 0;
+            if (m0 + lm < p.m && n0 + ln < p.n)
+              for (int k = k_begin; k < k_end; ++k) s += double(p.a.at(m0 + lm, k)) * double(p.b.at(n0 + ln, k));
+            c[std::size_t(lm) * ldc + ln] = float(s);
+          }
+        if constexpr (RowSums) {
+          if (p.row_sums != nullptr && by == 0)
+            for (int lm = 0; lm < bm && m0 + lm < p.m; ++lm) {
+              double s = 0;
+              for (int k = k_begin; k < k_end; ++k) s += double(p.a.at(m0 + lm, k));
+              p.row_sums[std::size_t(z) * p.m + m0 + lm] = float(s);
+            }
+        }
+        for (int tid = 0; tid < TileT::threads; ++tid) p.epi.template apply<TileT>(c.data(), ldc, m0, n0, z, tid);
+      }
+  }
+}
+
+// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order.
+template <class TileT, class A, class B>
+void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db) {
+  const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  if (s.splits == 1) {
+    emulate_gemm<TileT, true>(kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0}, db}, 1);
+    return;
+  }
+  const std::size_t count = std::size_t(m) * n;
+  std::vector<float> scratch(kc::weight_gradient_scratch<TileT>(m, n, k, sm_count), nan_value);
+  float* row_partial = scratch.data() + std::size_t(s.splits) * count;
+  emulate_gemm<TileT, true>(
+      kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, s.k_chunk, a, b, {scratch.data(), m, n, count}, row_partial},
+      s.splits);
+  for (std::size_t i = 0; i < count; ++i) {
+    float sum = 0;
+    for (int z = 0; z < s.splits; ++z) sum += scratch[std::size_t(z) * count + i];
+    dw[i] = sum;
+  }
+  for (int i = 0; i < m; ++i) {
+    float sum = 0;
+    for (int z = 0; z < s.splits; ++z) sum += row_partial[std::size_t(z) * m + i];
+    db[i] = sum;
+  }
+}
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+constexpr double exact = 1e-6;  // the emulation sums in double: only the final rounding differs
+
+template <class Epi, class TileT>
+void check_linear(int batch, int in, int out, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(in);
+  CAPTURE(out);
+  const fp::Host host{1};
+  const auto x = random_values(std::size_t(batch) * in, 1), w = random_values(std::size_t(out) * in, 2);
+  const auto b = random_values(std::size_t(out), 3), dy = random_values(std::size_t(batch) * out, 4);
+
+  // Host reference in double
+  auto xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
+  std::vector<double> y_ref(std::size_t(batch) * out), z_ref(y_ref.size()), dx_ref(x.size()), dw_ref(w.size()),
+      db_ref(b.size());
+  double* const zr = Epi::saves_input ? z_ref.data() : nullptr;
+  kh::linear_forward<Epi>(host, batch, in, out, wd.data(), bd.data(), xd.data(), y_ref.data(), zr);
+  kh::linear_backward<Epi>(host, batch, in, out, wd.data(), xd.data(), y_ref.data(), zr, dyd.data(), dx_ref.data(),
+                           dw_ref.data(), db_ref.data());
+
+  std::vector<float> y(y_ref.size(), nan_value), z(y_ref.size(), nan_value), dx(x.size(), nan_value),
+      dw(w.size(), nan_value), db(b.size(), nan_value);
+  emulate_gemm<TileT, false>(kc::linear_forward_problem<Epi>(batch, in, out, w.data(), b.data(), x.data(), y.data(),
+                                                             Epi::saves_input ? z.data() : nullptr),
+                             1);
+  FUSEDP_CHECK_CLOSE(y, y_ref, exact, "linear y");
+  if constexpr (Epi::saves_input) FUSEDP_CHECK_CLOSE(z, z_ref, exact, "linear z");
+
+  // backward from the Cuda forward's own y and z (a ReLU mask must match the y it came from)
+  const kc::EpilogueGradient<Epi> g{dy.data(), y.data(), Epi::saves_input ? z.data() : nullptr};
+  using TileIn = TileT;
+  emulate_gemm<TileIn, false>(kc::linear_dx_problem<Epi>(batch, in, out, w.data(), g, dx.data()), 1);
+  FUSEDP_CHECK_CLOSE(dx, dx_ref, exact, "linear dx");
+  const auto ops = kc::linear_dw_operands<Epi>(batch, in, out, g, x.data());
+  emulate_weight_gradient<TileIn>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data());
+  FUSEDP_CHECK_CLOSE(dw, dw_ref, exact, "linear dw");
+  FUSEDP_CHECK_CLOSE(db, db_ref, exact, "linear db");
+}
+
+template <class Epi, class TileF, class TileX, class TileW>
+void check_conv(const kh::ConvGeometry& g, int batch, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(g.in_channels);
+  CAPTURE(g.in_h);
+  CAPTURE(g.in_w);
+  CAPTURE(g.kernel);
+  CAPTURE(g.stride);
+  CAPTURE(g.pad);
+  CAPTURE(g.out_channels);
+  const fp::Host host{1};
+  const auto x = random_values(batch * g.in_size(), 11), w = random_values(g.out_channels * g.patch(), 12);
+  const auto b = random_values(std::size_t(g.out_channels), 13), dy = random_values(batch * g.out_size(), 14);
+  auto xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
+  std::vector<double> y_ref(batch * g.out_size()), z_ref(y_ref.size()), dx_ref(x.size()), dw_ref(w.size()),
+      db_ref(b.size()), scratch(g.scratch_per_thread());
+  double* const zr = Epi::saves_input ? z_ref.data() : nullptr;
+  kh::conv2d_forward<Epi>(host, g, batch, wd.data(), bd.data(), xd.data(), y_ref.data(), zr, scratch.data());
+  kh::conv2d_backward<Epi>(host, g, batch, wd.data(), xd.data(), y_ref.data(), zr, dyd.data(), dx_ref.data(),
+                           dw_ref.data(), db_ref.data(), scratch.data());
+
+  const kc::ConvShape s(g);
+  std::vector<float> y(y_ref.size(), nan_value), z(y_ref.size(), nan_value), dx(x.size(), nan_value),
+      dw(w.size(), nan_value), db(b.size(), nan_value);
+  emulate_gemm<TileF, false>(kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(),
+                                                             Epi::saves_input ? z.data() : nullptr),
+                             1);
+  FUSEDP_CHECK_CLOSE(y, y_ref, exact, "conv y");
+  const kc::ConvGradient<Epi> dz{dy.data(), y.data(), Epi::saves_input ? z.data() : nullptr, s.o, s.ohw, s.ow};
+  emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dx.data()), 1);
+  FUSEDP_CHECK_CLOSE(dx, dx_ref, exact, "conv dx");
+  const auto ops = kc::conv2d_dw_operands(s, batch, dz, x.data());
+  emulate_weight_gradient<TileW>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data());
+  FUSEDP_CHECK_CLOSE(dw, dw_ref, exact, "conv dw");
+  FUSEDP_CHECK_CLOSE(db, db_ref, exact, "conv db");
+}
+
+// Conv + Epi + MaxPool2d<Kp> fused, against the Host conv stage followed by the Host pool stage.
+template <class Epi, int Kp, class TileF, class TileX, class TileW>
+void check_conv_maxpool(const kh::ConvGeometry& g, int batch, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(g.in_h);
+  CAPTURE(g.in_w);
+  CAPTURE(Kp);
+  const fp::Host host{1};
+  const int ph = g.out_h / Kp, pw = g.out_w / Kp;
+  const kh::ConvGeometry gp{g.out_channels, g.out_h, g.out_w, Kp, Kp, 0, g.out_channels, ph, pw};
+  const auto x = random_values(batch * g.in_size(), 21), w = random_values(g.out_channels * g.patch(), 22);
+  const auto b = random_values(std::size_t(g.out_channels), 23), dpool = random_values(batch * gp.out_size(), 24);
+  auto xd = widen(x), wd = widen(w), bd = widen(b), dpd = widen(dpool);
+  std::vector<double> yc(batch * g.out_size()), pooled_ref(batch * gp.out_size()), dyc(yc.size()), dx_ref(x.size()),
+      dw_ref(w.size()), db_ref(b.size()), scratch(g.scratch_per_thread());
+  double* const none = nullptr;
+  kh::conv2d_forward<Epi>(host, g, batch, wd.data(), bd.data(), xd.data(), yc.data(), none, scratch.data());
+  kh::pool_forward<kh::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
+                                                                      none);
+  kh::pool_backward<kh::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
+                                                                       none, dpd.data(), dyc.data());
+  kh::conv2d_backward<Epi>(host, g, batch, wd.data(), xd.data(), yc.data(), none, dyc.data(), dx_ref.data(),
+                           dw_ref.data(), db_ref.data(), scratch.data());
+
+  const kc::ConvShape s(g);
+  std::vector<float> pooled(pooled_ref.size(), nan_value), dx(x.size(), nan_value), dw(w.size(), nan_value),
+      db(b.size(), nan_value);
+  std::vector<std::uint8_t> argmax(pooled.size(), 0xff);
+  emulate_gemm<TileF, false>(
+      kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), pooled.data(), argmax.data()), 1);
+  FUSEDP_CHECK_CLOSE(pooled, pooled_ref, exact, "pooled");
+  CHECK(std::all_of(argmax.begin(), argmax.end(), [](std::uint8_t a) { return a < Kp * Kp; }));
+  const kc::PooledConvGradient<Epi, Kp> dz{dpool.data(), pooled.data(), argmax.data(), s.o, ph, pw};
+  emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dx.data()), 1);
+  FUSEDP_CHECK_CLOSE(dx, dx_ref, exact, "conv+pool dx");
+  const auto ops = kc::conv2d_dw_operands(s, batch, dz, x.data());
+  emulate_weight_gradient<TileW>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data());
+  FUSEDP_CHECK_CLOSE(dw, dw_ref, exact, "conv+pool dw");
+  FUSEDP_CHECK_CLOSE(db, db_ref, exact, "conv+pool db");
+}
+
+using fp::kernels::Epilogue;
+using fp::kernels::Gelu;
+using fp::kernels::Relu;
+using fp::kernels::Tanh;
+
+}  // namespace
+
+TEST_CASE("FastDiv divides like / for every divisor the loaders use") {
+  for (int d = 1; d < 3000; ++d) {
+    const kc::FastDiv f(d);
+    for (int n : {0, 1, d - 1, d, d + 1, 2 * d + 1, 12345, 999999, (1 << 30) + 7, 0x7fffffff}) {
+      if (n < 0) continue;
+      int q = 0, r = 0;
+      f.divmod(n, q, r);
+      REQUIRE_MESSAGE(q == n / d, "d=" << d << " n=" << n);
+      REQUIRE(r == n % d);
+    }
+  }
+}
+
+TEST_CASE("Linear GEMM problems reproduce the Host kernels (CPU emulation)") {
+  // sizes that are not multiples of any tile; sm_count 132 (an H100/H200) and 8 make different splits
+  check_linear<Epilogue<Relu>, kc::tile_for<45>>(77, 45, 37, 132);
+  check_linear<Epilogue<Gelu>, kc::tile_for<45>>(77, 45, 37, 8);
+  check_linear<Epilogue<>, kc::tile_for<13>>(300, 13, 70, 132);
+  check_linear<Epilogue<Tanh>, kc::tile_for<29>>(1000, 29, 9, 132);
+  check_linear<Epilogue<Relu, Tanh>, kc::tile_for<130>>(33, 130, 65, 132);
+}
+
+TEST_CASE("Conv2d implicit-GEMM problems reproduce the Host kernels (CPU emulation)") {
+  // in_channels, h, w, kernel, stride, pad, out_channels, out_h, out_w
+  constexpr kh::ConvGeometry a{3, 11, 9, 3, 2, 1, 5, 6, 5};
+  check_conv<Epilogue<Relu>, kc::tile_for<5>, kc::tile_for<3>, kc::tile_for<27>>(a, 7, 132);
+  constexpr kh::ConvGeometry b{4, 10, 12, 5, 1, 0, 6, 6, 8};
+  check_conv<Epilogue<Gelu>, kc::tile_for<6>, kc::tile_for<4>, kc::tile_for<100>>(b, 5, 8);
+  constexpr kh::ConvGeometry c{2, 7, 7, 1, 1, 0, 33, 7, 7};
+  check_conv<Epilogue<>, kc::tile_for<33>, kc::tile_for<2>, kc::tile_for<2>>(c, 9, 132);
+  constexpr kh::ConvGeometry d{3, 9, 8, 4, 3, 2, 7, 4, 3};
+  check_conv<Epilogue<Tanh>, kc::tile_for<7>, kc::tile_for<3>, kc::tile_for<48>>(d, 3, 132);
+}
+
+TEST_CASE("Conv2d + MaxPool2d fused problems reproduce the Host conv and pool stages (CPU emulation)") {
+  constexpr kh::ConvGeometry a{3, 13, 11, 3, 1, 1, 7, 13, 11};  // odd output: floor-mode remainder
+  check_conv_maxpool<Epilogue<Relu>, 2, kc::tile_for<7>, kc::tile_for<3>, kc::tile_for<27>>(a, 5, 132);
+  constexpr kh::ConvGeometry b{1, 28, 28, 5, 1, 0, 6, 24, 24};   // LeNet's first stage
+  check_conv_maxpool<Epilogue<Relu>, 2, kc::tile_for<6>, kc::tile_for<1>, kc::tile_for<25>>(b, 3, 132);
+  constexpr kh::ConvGeometry c{2, 17, 18, 2, 1, 0, 40, 16, 17};
+  check_conv_maxpool<Epilogue<Tanh>, 4, kc::tile_for<40>, kc::tile_for<2>, kc::tile_for<8>>(c, 2, 8);
+}
+
+TEST_CASE("split-K plans cover the reduction exactly once") {
+  for (int sms : {1, 8, 132})
+    for (int k : {1, 31, 128, 129, 1000, 4096, 123457})
+      for (int m : {1, 64, 300})
+        for (int n : {1, 16, 65}) {
+          const kc::SplitPlan s = kc::plan_split(m, n, k, 64, 64, 32, sms);
+          REQUIRE(s.splits >= 1);
+          REQUIRE(s.k_chunk >= 1);
+          if (s.splits > 1) REQUIRE(s.k_chunk % 32 == 0);
+          REQUIRE(std::int64_t(s.splits) * s.k_chunk >= k);             // covers k
+          REQUIRE(std::int64_t(s.splits - 1) * s.k_chunk < std::int64_t(k));  // no empty split
+        }
+}

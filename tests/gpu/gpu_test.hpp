@@ -1,0 +1,269 @@
+#pragma once
+// Shared helpers of the gpu tests: skipping without a device, buffers on either space, poisoning,
+// random inputs and the error measure with its bound per precision.
+//
+// Error measure: the normwise relative error ||got - want||_2 / ||want||_2 of a whole tensor, against
+// a reference computed by the unfused Host kernels (in double where the test says so). Bounds, for a
+// value that went through one GEMM: fp32 1e-5, tf32 5e-4, bf16 1e-2 (a single TF32 GEMM of random
+// operands measures about 2.8e-4 in this norm, BF16 about 2.2e-3: operand rounding to 10 and 7
+// mantissa bits). A value that went through d GEMMs in a chain (a deep network's first-layer gradient)
+// is allowed d times the bound.
+#include <doctest/doctest.h>
+
+#include <fusedp/fusedp.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace gpu_test {
+
+namespace fp = fusedp;
+
+/// True (after printing why, once per process) when there is no usable CUDA device. The line starts
+/// with "fusedp-gpu-skip:" so ctest can report the test as skipped (SKIP_REGULAR_EXPRESSION).
+inline bool no_device() {
+  if (fp::cuda_device_count() > 0) return false;
+  static bool said = false;
+  const std::string why = fp::cuda_unavailable_reason();
+  if (!said) {
+    std::printf("fusedp-gpu-skip: %s; this test needs a CUDA device and was skipped\n", why.c_str());
+    std::fflush(stdout);
+    said = true;
+  }
+  MESSAGE("skipped: no CUDA device (" << why << ")");
+  return true;
+}
+
+/// Returns from the test case when Space is a Cuda space and there is no device.
+#define FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space)                      \
+  do {                                                            \
+    if constexpr (fp::is_cuda_space_v<Space>) {                   \
+      if (gpu_test::no_device()) return;                          \
+    }                                                             \
+  } while (0)
+#define FUSEDP_GPU_REQUIRE_DEVICE() \
+  do {                              \
+    if (gpu_test::no_device()) return; \
+  } while (0)
+
+/// Precision of a space: Host computes in plain fp32.
+template <class Space>
+struct precision_of {
+  using type = fp::precision::Fp32;
+};
+template <class P>
+struct precision_of<fp::CudaSpace<P>> {
+  using type = P;
+};
+
+/// The error bound of one GEMM in precision P.
+template <class P>
+constexpr double gemm_bound() {
+  if constexpr (std::is_same_v<P, fp::precision::Tf32>) return 5e-4;
+  else if constexpr (std::is_same_v<P, fp::precision::Bf16>) return 1e-2;
+  else return 1e-5;
+}
+/// The bound of space Space for a value `depth` GEMMs deep.
+template <class Space>
+constexpr double bound(int depth = 1) {
+  return gemm_bound<typename precision_of<Space>::type>() * depth;
+}
+
+/// A seed for this run's random inputs: FUSEDP_TEST_SEED when set, else fresh each run (printed, so a
+/// failure can be reproduced).
+inline std::uint64_t run_seed() {
+  static const std::uint64_t seed = [] {
+    if (const char* s = std::getenv("FUSEDP_TEST_SEED")) return std::uint64_t(std::strtoull(s, nullptr, 10));
+    std::random_device rd;
+    return (std::uint64_t(rd()) << 32) ^ rd();
+  }();
+  static bool said = false;
+  if (!said) {
+    std::printf("gpu tests: random inputs from FUSEDP_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+    said = true;
+  }
+  return seed;
+}
+
+/// n values uniform in [lo, hi) from (run seed, stream): never zeros by construction of the tests.
+inline std::vector<float> random_values(std::size_t n, std::uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
+  std::vector<float> v(n);
+  const std::uint64_t seed = run_seed();
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = lo + (hi - lo) * fp::rng::uniform(seed, fp::rng::stream(fp::rng::Purpose::test, stream), i);
+  return v;
+}
+
+/// ||got - want|| / ||want||, infinite when got holds a NaN or an infinity (e.g. an unwritten poisoned
+/// element) or the sizes differ.
+template <class A, class B>
+double relative_error(const A& got, const B& want) {
+  if (std::size(got) != std::size(want)) return INFINITY;
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < std::size(got); ++i) {
+    const double g = double(got[i]), w = double(want[i]);
+    if (!std::isfinite(g)) return INFINITY;
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+#define FUSEDP_CHECK_CLOSE(got, want, tol, what)                                                         \
+  do {                                                                                                 \
+    const double fusedp_err_ = gpu_test::relative_error(got, want);                                   \
+    CHECK_MESSAGE(fusedp_err_ <= (tol), what << ": relative error " << fusedp_err_ << " > bound " << (tol)); \
+  } while (0)
+
+// --- buffers on a space -----------------------------------------------------------------------------
+
+/// Copies host values into a new buffer of the space.
+template <class T>
+fp::HostBuffer<T> upload(const fp::Host&, std::span<const T> values) {
+  fp::HostBuffer<T> b(values.size());
+  if (!values.empty()) std::memcpy(b.data(), values.data(), values.size_bytes());
+  return b;
+}
+template <class T, class P>
+fp::DeviceBuffer<T> upload(const fp::CudaSpace<P>& space, std::span<const T> values) {
+  fp::DeviceBuffer<T> b(values.size());
+  fp::copy_async(b.data(), values.data(), values.size(), space.stream());
+  space.synchronize();
+  return b;
+}
+template <class Space, class T>
+auto upload(const Space& space, const std::vector<T>& values) {
+  return upload(space, std::span<const T>(values));
+}
+
+/// A buffer of n values of the space, every byte 0xff: a NaN in every float, so an element a kernel
+/// forgets to write shows up in relative_error.
+template <class T>
+fp::HostBuffer<T> poisoned(const fp::Host&, std::size_t n) {
+  fp::HostBuffer<T> b(n);
+  if (n) std::memset(static_cast<void*>(b.data()), 0xff, n * sizeof(T));
+  return b;
+}
+template <class T, class P>
+fp::DeviceBuffer<T> poisoned(const fp::CudaSpace<P>& space, std::size_t n) {
+  fp::DeviceBuffer<T> b(n);
+  if (n) FUSEDP_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xff, n * sizeof(T), space.stream()));
+  space.synchronize();
+  return b;
+}
+
+/// The values of a buffer (or a span of the space's memory), on the host, after the space's queued
+/// work is done.
+template <class T>
+std::vector<std::remove_const_t<T>> download(const fp::Host&, std::span<T> values) {
+  return std::vector<std::remove_const_t<T>>(values.begin(), values.end());
+}
+template <class T, class P>
+std::vector<std::remove_const_t<T>> download(const fp::CudaSpace<P>& space, std::span<T> values) {
+  std::vector<std::remove_const_t<T>> v(values.size());
+  space.synchronize();
+  fp::copy_async(v.data(), values.data(), values.size(), space.stream());
+  space.synchronize();
+  return v;
+}
+template <class Space, class Buffer>
+auto download(const Space& space, const Buffer& b) {
+  return download(space, b.span());
+}
+
+/// A space to run on: Host with all cores, Cuda on device 0.
+template <class Space>
+Space make_space() {
+  if constexpr (fp::is_cuda_space_v<Space>) return Space{0};
+  else return Space{0};
+}
+
+// --- models -----------------------------------------------------------------------------------------
+
+/// A model's parameters (or gradients) on the host, whatever its space.
+template <class M>
+std::vector<float> params_on_host(M& m) {
+  if constexpr (fp::is_cuda_space_v<typename M::space_type>) {
+    std::vector<float> v(M::network::param_storage);
+    m.copy_params_to_host(v);
+    return v;
+  } else {
+    return std::vector<float>(m.params().begin(), m.params().end());
+  }
+}
+template <class M>
+std::vector<float> grads_on_host(M& m) {
+  if constexpr (fp::is_cuda_space_v<typename M::space_type>) {
+    std::vector<float> v(M::network::param_storage);
+    m.copy_grads_to_host(v);
+    return v;
+  } else {
+    return std::vector<float>(m.grads().begin(), m.grads().end());
+  }
+}
+
+/// Bounds for a whole network compared with Host in double. `depth` is the number of GEMM layers:
+/// outputs and the loss went through `depth` GEMMs, gradients through up to 2 x depth. With
+/// `discrete` (ReLU, max-pooling), TF32 and BF16 rounding flips a small fraction of ReLU signs and
+/// pooling winners, each moving a whole gradient element; gradients then get a bound that tolerates
+/// flips (still far below the O(1) error of a wrong kernel): fp32 1e-3, TF32 5e-2, BF16 0.3.
+template <class Space>
+double gradient_bound(int depth, bool discrete) {
+  if (!discrete) return bound<Space>(2 * depth);
+  using P = typename precision_of<Space>::type;
+  if constexpr (std::is_same_v<P, fp::precision::Tf32>) return 5e-2;
+  else if constexpr (std::is_same_v<P, fp::precision::Bf16>) return 0.3;
+  else return 1e-3;
+}
+
+/// Model<Net, Space> against Model<Net, Host, double> from the same seed on the same batch: the loss,
+/// the outputs and every gradient tensor after compute_gradients, then every parameter after `steps`
+/// SGD steps with momentum.
+template <class Space, class Net, class Loss, class Target>
+void compare_with_host_double(std::size_t batch, const std::vector<Target>& targets, int depth, bool discrete,
+                              std::uint64_t stream, int steps = 3) {
+  const auto x = random_values(batch * Net::input_shape::size, stream);
+  const std::vector<double> xd(x.begin(), x.end());
+  const std::vector<typename Loss::template target<double>> td(targets.begin(), targets.end());
+  const std::vector<typename Loss::template target<float>> tf(targets.begin(), targets.end());
+  fp::Model<Net, fp::Host, double> ref{fp::seed(5), fp::Host{0}};
+  fp::Model<Net, Space> m{fp::seed(5), make_space<Space>()};
+  CHECK(relative_error(params_on_host(m), ref.params()) < 1e-7);  // the same initial parameters
+
+  const double loss_ref = ref.compute_gradients(std::span<const double>(xd), std::span(td), Loss{});
+  const float loss = m.compute_gradients(std::span<const float>(x), std::span(tf), Loss{});
+  CHECK_MESSAGE(std::abs(loss - loss_ref) <= bound<Space>(depth) * std::abs(loss_ref),
+                "loss " << loss << " vs " << loss_ref);
+  const auto grads = grads_on_host(m);
+  for (std::size_t t = 0; t < Net::param_layout.size(); ++t) {
+    const auto& p = Net::param_layout[t];
+    FUSEDP_CHECK_CLOSE(std::span<const float>(grads.data() + p.offset, p.size), ref.grad(t),
+                       gradient_bound<Space>(depth, discrete), "gradient of tensor " << t << " (layer " << p.layer << ")");
+  }
+  const auto out_ref = ref.predict(std::span<const double>(xd));
+  const auto out = m.predict(std::span<const float>(x));
+  FUSEDP_CHECK_CLOSE(std::vector<float>(out.begin(), out.end()), out_ref, bound<Space>(depth), "outputs");
+
+  const fp::Sgd opt{{.lr = 0.05f, .momentum = 0.9f}};
+  fp::Sgd opt_ref = opt, opt_m = opt;
+  for (int s = 0; s < steps; ++s) {
+    (void)ref.train_step(std::span<const double>(xd), std::span(td), Loss{}, opt_ref);
+    (void)m.train_step(std::span<const float>(x), std::span(tf), Loss{}, opt_m);
+  }
+  if (steps > 0) {
+    // each step moves the parameters by lr x gradient: the parameters' error is the gradients' error
+    // scaled down by how little the parameters move
+    FUSEDP_CHECK_CLOSE(params_on_host(m), ref.params(), gradient_bound<Space>(depth, discrete),
+                       "parameters after " << steps << " SGD steps");
+  }
+}
+
+}  // namespace gpu_test

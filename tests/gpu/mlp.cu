@@ -1,0 +1,205 @@
+// The fully fused MLP stage: which runs of layers the Cuda plan fuses (compile-time facts), the fused
+// forward and backward kernels against a chain of Host Linear stages, and whole MLP models against the
+// Host model in double.
+#include "gpu_test.hpp"
+
+#include <fusedp/kernels/cuda/mlp.cuh>
+#include <fusedp/kernels/host/linear.hpp>
+#include <fusedp/net/cuda_plan.hpp>
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace fp = fusedp;
+namespace kc = fusedp::kernels::cuda;
+using namespace gpu_test;
+using fp::CudaGroupKind;
+using fp::kernels::Epilogue;
+
+namespace {
+
+using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
+                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
+                             fp::ReLU, fp::Linear<10>>;
+using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
+                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
+                                fp::ReLU, fp::Linear<10>>;
+using Mlp64 = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
+                             fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>>;
+// widths that are not multiples of 16, a smooth activation (no sign flips to measure), and a first
+// layer too wide to fuse, so the fused run must hand a gradient back to it
+using Tail = fp::Sequential<fp::Input<300>, fp::Linear<100>, fp::Tanh, fp::Linear<50>, fp::Tanh, fp::Linear<37>,
+                            fp::Sigmoid, fp::Linear<10>>;
+// a run broken by a layer whose epilogue needs its input (GELU) and a Conv2d + MaxPool2d<3> (9 does
+// not divide the tile rows) that stays unfused
+using Mixed = fp::Sequential<fp::Input<2, 9, 9>, fp::Conv2d<4, 3>, fp::ReLU, fp::MaxPool2d<3>, fp::Flatten,
+                             fp::Linear<20>, fp::ReLU, fp::Linear<20>, fp::GELU, fp::Linear<20>, fp::ReLU, fp::Linear<5>>;
+
+template <class Plan, std::size_t N>
+constexpr bool plan_is(const std::array<fp::CudaGroupInfo, N>& want) {
+  if (Plan::group_count != N) return false;
+  for (std::size_t i = 0; i < N; ++i)
+    if (Plan::summary[i].kind != want[i].kind || Plan::summary[i].first != want[i].first ||
+        Plan::summary[i].last != want[i].last)
+      return false;
+  return true;
+}
+constexpr auto stage = CudaGroupKind::stage, conv_maxpool = CudaGroupKind::conv_maxpool, mlp = CudaGroupKind::mlp;
+
+// LeNet: stages 0 conv+ReLU, 1 pool, 2 conv+ReLU, 3 pool, 4 Flatten, 5 Linear<120> (400 inputs: too wide),
+// 6 Linear<60>, 7 Linear<10>
+static_assert(plan_is<fp::CudaPlan<LeNet, fp::precision::Tf32>>(std::array<fp::CudaGroupInfo, 5>{
+    {{conv_maxpool, 0, 1}, {conv_maxpool, 2, 3}, {stage, 4, 4}, {stage, 5, 5}, {mlp, 6, 7}}}));
+// fp32 and bf16 keep the Linear layers apart (the fused MLP is a TF32 kernel)
+static_assert(plan_is<fp::CudaPlan<LeNet, fp::precision::Fp32>>(std::array<fp::CudaGroupInfo, 6>{
+    {{conv_maxpool, 0, 1}, {conv_maxpool, 2, 3}, {stage, 4, 4}, {stage, 5, 5}, {stage, 6, 6}, {stage, 7, 7}}}));
+static_assert(plan_is<fp::CudaPlan<CifarCnn, fp::precision::Tf32>>(std::array<fp::CudaGroupInfo, 5>{
+    {{conv_maxpool, 0, 1}, {conv_maxpool, 2, 3}, {stage, 4, 4}, {stage, 5, 5}, {stage, 6, 6}}}));
+static_assert(plan_is<fp::CudaPlan<Mlp64, fp::precision::Tf32>>(std::array<fp::CudaGroupInfo, 1>{{{mlp, 0, 5}}}));
+static_assert(plan_is<fp::CudaPlan<Tail, fp::precision::Tf32>>(
+    std::array<fp::CudaGroupInfo, 2>{{{stage, 0, 0}, {mlp, 1, 3}}}));
+// Mixed: 0 conv, 1 pool<3> (not fused), 2 Flatten, 3 Linear+ReLU, 4 Linear+GELU (saves z), 5 Linear+ReLU,
+// 6 Linear: the run 5-6 fuses; 3 alone does not
+static_assert(plan_is<fp::CudaPlan<Mixed, fp::precision::Tf32>>(std::array<fp::CudaGroupInfo, 6>{
+    {{stage, 0, 0}, {stage, 1, 1}, {stage, 2, 2}, {stage, 3, 3}, {stage, 4, 4}, {mlp, 5, 6}}}));
+static_assert(fp::CudaPlan<Tail, fp::precision::Tf32>::mlp_gradient_elements ==
+              fp::align_elements(50) + fp::align_elements(37) + fp::align_elements(10));
+
+// The fused kernels of Spec against Host Linear stages in double: forward from the same inputs;
+// backward from the same saved outputs (the kernel's own y of each layer), so ReLU masks agree.
+template <class Spec>
+void check_fused_kernels(int batch, std::uint64_t stream) {
+  constexpr int n = Spec::count;
+  const fp::Cuda space{0};
+  REQUIRE(kc::mlp_supported<Spec>(space));
+  const fp::Host host{0};
+  const auto x = random_values(std::size_t(batch) * Spec::in, stream);
+  const auto dy = random_values(std::size_t(batch) * Spec::out, stream + 1);
+  std::array<std::vector<float>, n> w, b;
+  std::array<fp::DeviceBuffer<float>, n> wd, bd, yd, dzd, dwd, dbd;
+  std::array<std::vector<double>, n> y_ref, dw_ref, db_ref;
+  auto xd = upload(space, x), dyd = upload(space, dy);
+  auto dxd = poisoned<float>(space, std::size_t(batch) * Spec::in);
+  kc::MlpArgs<n> args{};
+  args.batch = batch;
+  args.x = xd.data();
+  args.dy = dyd.data();
+  args.dx = dxd.data();
+  float* dw_ptr[n];
+  float* db_ptr[n];
+  [&]<std::size_t... L>(std::index_sequence<L...>) {
+    (
+        [&] {
+          using Layer = typename Spec::template layer<L>;
+          const float scale = 1.0f / float(Layer::in);
+          w[L] = random_values(std::size_t(Layer::out) * Layer::in, stream + 10 + L, -3 * scale, 3 * scale);
+          b[L] = random_values(std::size_t(Layer::out), stream + 20 + L, -0.5f, 0.5f);
+          wd[L] = upload(space, w[L]);
+          bd[L] = upload(space, b[L]);
+          yd[L] = poisoned<float>(space, std::size_t(batch) * Layer::out);
+          dzd[L] = poisoned<float>(space, std::size_t(batch) * Layer::out);
+          dwd[L] = poisoned<float>(space, w[L].size());
+          dbd[L] = poisoned<float>(space, b[L].size());
+          args.w[L] = wd[L].data();
+          args.b[L] = bd[L].data();
+          args.y[L] = yd[L].data();
+          args.dz[L] = dzd[L].data();
+          dw_ptr[L] = dwd[L].data();
+          db_ptr[L] = dbd[L].data();
+        }(),
+        ...);
+  }(std::make_index_sequence<n>{});
+  fp::DeviceBuffer<float> scratch(kc::mlp_backward_scratch<Spec>(batch, space.sm_count()) + 1);
+
+  kc::mlp_forward<Spec>(space, args);
+  std::array<std::vector<float>, n> y;
+  std::vector<double> a(x.begin(), x.end());  // the reference chain's current activations
+  [&]<std::size_t... L>(std::index_sequence<L...>) {
+    (
+        [&] {
+          using Layer = typename Spec::template layer<L>;
+          std::vector<double> wl(w[L].begin(), w[L].end()), bl(b[L].begin(), b[L].end());
+          y_ref[L].resize(std::size_t(batch) * Layer::out);
+          double* none = nullptr;
+          fp::kernels::host::linear_forward<typename Layer::epilogue>(host, std::size_t(batch), Layer::in, Layer::out,
+                                                                     wl.data(), bl.data(), a.data(), y_ref[L].data(),
+                                                                     none);
+          y[L] = download(space, yd[L]);
+          FUSEDP_CHECK_CLOSE(y[L], y_ref[L], bound<fp::Cuda>(int(L) + 1), "forward y of layer " << L);
+          a = y_ref[L];
+        }(),
+        ...);
+  }(std::make_index_sequence<n>{});
+
+  kc::mlp_backward<Spec>(space, args, dw_ptr, db_ptr, scratch.data());
+  std::vector<double> g(dy.begin(), dy.end());  // gradient of the current layer's output
+  [&]<std::size_t... R>(std::index_sequence<R...>) {
+    (
+        [&] {
+          constexpr std::size_t L = n - 1 - R;
+          using Layer = typename Spec::template layer<L>;
+          std::vector<double> wl(w[L].begin(), w[L].end()), yl(y[L].begin(), y[L].end());
+          std::vector<double> input;
+          if constexpr (L == 0) input.assign(x.begin(), x.end());
+          else input.assign(y[L - 1].begin(), y[L - 1].end());
+          std::vector<double> dx(std::size_t(batch) * Layer::in);
+          dw_ref[L].resize(w[L].size());
+          db_ref[L].resize(b[L].size());
+          double* none = nullptr;
+          fp::kernels::host::linear_backward<typename Layer::epilogue>(host, std::size_t(batch), Layer::in, Layer::out,
+                                                                      wl.data(), input.data(), yl.data(), none,
+                                                                      g.data(), dx.data(), dw_ref[L].data(),
+                                                                      db_ref[L].data());
+          // layer L's gradients come through n - L GEMMs of the fused chain
+          FUSEDP_CHECK_CLOSE(download(space, dwd[L]), dw_ref[L], bound<fp::Cuda>(n - int(L)), "dW of layer " << L);
+          FUSEDP_CHECK_CLOSE(download(space, dbd[L]), db_ref[L], bound<fp::Cuda>(n - int(L)), "db of layer " << L);
+          g = dx;
+        }(),
+        ...);
+  }(std::make_index_sequence<n>{});
+  FUSEDP_CHECK_CLOSE(download(space, dxd), g, bound<fp::Cuda>(n), "dx of the run's input");
+}
+
+using fp::kernels::Relu;
+using fp::kernels::Sigmoid;
+using fp::kernels::Tanh;
+
+}  // namespace
+
+TEST_CASE("the fused MLP kernels match a chain of Host Linear stages") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  SUBCASE("6 layers of 64, ReLU, batch 1000 (not a multiple of the 128-row blocks)") {
+    using L = kc::MlpLayer<64, 64, Epilogue<Relu>>;
+    check_fused_kernels<kc::MlpSpec<L, L, L, L, L, kc::MlpLayer<64, 64, Epilogue<>>>>(1000, 100);
+  }
+  SUBCASE("128 wide, batch 300") {
+    using L = kc::MlpLayer<128, 128, Epilogue<Relu>>;
+    check_fused_kernels<kc::MlpSpec<L, L, kc::MlpLayer<128, 128, Epilogue<>>>>(300, 200);
+  }
+  SUBCASE("widths 100 -> 50 -> 37 -> 10 (padded to 16s), Tanh and Sigmoid, batch 77") {
+    check_fused_kernels<kc::MlpSpec<kc::MlpLayer<100, 50, Epilogue<Tanh>>, kc::MlpLayer<50, 37, Epilogue<Sigmoid>>,
+                                    kc::MlpLayer<37, 10, Epilogue<>>>>(77, 300);
+  }
+}
+
+TEST_CASE_TEMPLATE("MLP models match the Host model in double", Space, fp::Cuda, fp::CudaFp32) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  SUBCASE("a wide first layer feeding a fused run (Tanh, Sigmoid), cross-entropy, batch 333") {
+    std::vector<std::int32_t> labels(333);
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t((i * 7) % 10);
+    compare_with_host_double<Space, Tail, fp::SoftmaxCrossEntropy>(333, labels, 4, false, 400);
+  }
+  SUBCASE("the 64-wide MLP of the benchmark, MSE, batch 2000: outputs") {
+    // ReLU masks may flip under TF32, so only the forward (continuous in its inputs) gets the tight bound
+    const std::size_t batch = 2000;
+    const auto x = random_values(batch * 64, 500);
+    fp::Model<Mlp64, fp::Host, double> ref{fp::seed(9), fp::Host{0}};
+    std::vector<double> xd(x.begin(), x.end());
+    const auto out_ref = ref.predict(std::span<const double>(xd));
+    fp::Model<Mlp64, Space> m{fp::seed(9), make_space<Space>()};
+    const auto out = m.predict(std::span<const float>(x));
+    FUSEDP_CHECK_CLOSE(std::vector<float>(out.begin(), out.end()), out_ref, bound<Space>(6), "outputs");
+  }
+}

@@ -1,0 +1,158 @@
+// Whole models on Cuda against the Host model: a smooth CNN (Tanh, average pooling, GELU, a fused MLP
+// tail) where every gradient has a tight bound, LeNet (ReLU, fused conv + max-pooling) with bounds that
+// tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip; CUDA-graph replay
+// against direct launches (bit for bit); asynchronous steps; parameter transfer; bad input. One test
+// body for every space where it makes sense (Host runs it too, as a check of the harness).
+#include "gpu_test.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+namespace fp = fusedp;
+using namespace gpu_test;
+
+namespace {
+
+using Smooth = fp::Sequential<fp::Input<3, 12, 12>, fp::Conv2d<8, 3, 1, 1>, fp::Tanh, fp::AvgPool2d<2>,
+                              fp::Conv2d<12, 3>, fp::GELU, fp::Flatten, fp::Linear<40>, fp::Tanh, fp::Linear<30>,
+                              fp::Sigmoid, fp::Linear<10>>;
+using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
+                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
+                             fp::ReLU, fp::Linear<10>>;
+using Mlp = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
+                           fp::Linear<64>>;
+
+std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t classes, std::uint64_t stream) {
+  const auto u = random_values(batch, stream, 0.0f, 1.0f);
+  std::vector<std::int32_t> l(batch);
+  for (std::size_t i = 0; i < batch; ++i) l[i] = std::int32_t(std::size_t(u[i] * float(classes)) % classes);
+  return l;
+}
+
+}  // namespace
+
+#define FUSEDP_ALL_SPACES fp::Host, fp::CudaFp32, fp::Cuda, fp::CudaBf16
+
+TEST_CASE_TEMPLATE("a smooth CNN matches the Host model in double", Space, FUSEDP_ALL_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, Smooth, fp::SoftmaxCrossEntropy>(45, labels_for(45, 10, 1), 5, false, 10);
+}
+
+TEST_CASE_TEMPLATE("LeNet matches the Host model in double", Space, FUSEDP_ALL_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, LeNet, fp::SoftmaxCrossEntropy>(70, labels_for(70, 10, 2), 5, true, 20);
+}
+
+TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute", Space, fp::CudaFp32, fp::Cuda) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  SUBCASE("LeNet, SGD with momentum") {
+    const std::size_t batch = 50;
+    const auto x = random_values(batch * 784, 30);
+    const auto y = labels_for(batch, 10, 31);
+    fp::Model<LeNet, Space> graphed{fp::seed(3), make_space<Space>()}, direct{fp::seed(3), make_space<Space>()};
+    direct.use_graphs(false);
+    CHECK(graphed.uses_graphs());
+    fp::Sgd o1{{.lr = 0.05f, .momentum = 0.9f}}, o2 = o1;
+    for (int s = 0; s < 5; ++s) {
+      const float a = graphed.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+      const float b = direct.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+      CHECK(a == b);
+      CHECK(graphed.last_step_replayed() == (s >= 1));  // the second step records, then replays
+      CHECK_FALSE(direct.last_step_replayed());
+    }
+    CHECK(graphed.graph_failure().empty());
+    CHECK(params_on_host(graphed) == params_on_host(direct));
+  }
+  SUBCASE("a fused MLP, Adam, MSE, targets on the device") {
+    const Space space = make_space<Space>();
+    const std::size_t batch = 1000;
+    const auto x = random_values(batch * 64, 40), t = random_values(batch * 64, 41);
+    auto xd = upload(space, x), td = upload(space, t);
+    const fp::DeviceSpan<const float> xs{xd.data(), xd.size()}, ts{td.data(), td.size()};
+    fp::Model<Mlp, Space> graphed{fp::seed(4), space}, direct{fp::seed(4), space};
+    direct.use_graphs(false);
+    fp::Adam o1{{.lr = 1e-3f}}, o2 = o1;
+    for (int s = 0; s < 4; ++s) {
+      graphed.train_step_async(xs, ts, fp::MSE{}, o1);
+      direct.train_step_async(xs, ts, fp::MSE{}, o2);
+    }
+    CHECK(graphed.last_loss() == direct.last_loss());
+    CHECK(params_on_host(graphed) == params_on_host(direct));
+    std::vector<float> s1(graphed.optimizer_state().size()), s2(s1.size());
+    graphed.copy_optimizer_state_to_host(s1);
+    direct.copy_optimizer_state_to_host(s2);
+    CHECK(s1 == s2);
+  }
+}
+
+TEST_CASE("asynchronous steps and the deferred loss give what train_step gives") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const std::size_t batch = 64;
+  const auto x = random_values(batch * 784, 50);
+  const auto y = labels_for(batch, 10, 51);
+  fp::Model<LeNet, fp::Cuda> a{fp::seed(6), fp::Cuda{0}}, b{fp::seed(6), fp::Cuda{0}};
+  fp::Sgd oa{{.lr = 0.05f}}, ob = oa;
+  float last = 0;
+  for (int s = 0; s < 3; ++s) {
+    a.train_step_async(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, oa);
+    last = b.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, ob);
+  }
+  CHECK(a.last_loss() == last);
+  CHECK(a.steps() == 3);
+  CHECK(a.optimizer_steps() == 3);
+}
+
+TEST_CASE("parameters move between Host and Cuda models unchanged") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Model<LeNet, fp::Host> host{fp::seed(7), fp::Host{0}};
+  fp::Model<LeNet, fp::CudaFp32> dev{fp::seed(8), fp::CudaFp32{0}};
+  CHECK(params_on_host(dev) != std::vector<float>(host.params().begin(), host.params().end()));
+  dev.load_params(host.params());
+  CHECK(params_on_host(dev) == std::vector<float>(host.params().begin(), host.params().end()));
+  const auto x = random_values(33 * 784, 60);
+  const auto h = host.predict(std::span<const float>(x));
+  const std::vector<float> hv(h.begin(), h.end());
+  const auto d = dev.predict(std::span<const float>(x));
+  FUSEDP_CHECK_CLOSE(std::vector<float>(d.begin(), d.end()), hv, bound<fp::CudaFp32>(5), "predictions");
+  // a smaller batch after a larger one reuses the workspace
+  dev.reserve(100);
+  const auto d2 = dev.predict(std::span<const float>(x.data(), 10 * 784));
+  FUSEDP_CHECK_CLOSE(std::vector<float>(d2.begin(), d2.end()), std::vector<float>(hv.begin(), hv.begin() + 100),
+                     bound<fp::CudaFp32>(5), "predictions of the first 10");
+  const auto labels = labels_for(33, 10, 61);
+  const auto ev = dev.evaluate(std::span<const float>(x), std::span(labels), fp::SoftmaxCrossEntropy{});
+  CHECK(std::isfinite(ev.loss));
+  CHECK(ev.outputs.size() == 330);
+}
+
+TEST_CASE("bad input is refused with a clear error and changes nothing") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Model<LeNet, fp::Cuda> m{fp::seed(9), fp::Cuda{0}};
+  fp::Sgd opt{{.lr = 0.1f}};
+  const std::size_t batch = 16;
+  const auto x = random_values(batch * 784, 70);
+  auto y = labels_for(batch, 10, 71);
+  const auto before = params_on_host(m);
+
+  y[5] = 10;  // outside [0, 10)
+  CHECK_THROWS_AS(m.train_step(std::span<const float>(x), std::span(std::as_const(y)), fp::SoftmaxCrossEntropy{}, opt),
+                  fp::InvalidArgument);
+  CHECK_THROWS_AS(m.train_step(std::span<const float>(x.data(), x.size() - 1), std::span(std::as_const(y)),
+                               fp::SoftmaxCrossEntropy{}, opt),
+                  fp::InvalidArgument);
+  CHECK(params_on_host(m) == before);
+  CHECK(m.steps() == 0);
+
+  // labels already on the device are checked by the loss kernel and reported when the loss is read
+  const fp::Cuda space = m.space();
+  auto xd = upload(space, x);
+  auto yd = upload(space, y);
+  CHECK_THROWS_AS(m.train_step(fp::DeviceSpan<const float>{xd.data(), xd.size()},
+                               fp::DeviceSpan<const std::int32_t>{yd.data(), yd.size()}, fp::SoftmaxCrossEntropy{}, opt),
+                  fp::InvalidArgument);
+  // and the model still trains afterwards
+  y[5] = 3;
+  const float l = m.train_step(std::span<const float>(x), std::span(std::as_const(y)), fp::SoftmaxCrossEntropy{}, opt);
+  CHECK(std::isfinite(l));
+}
