@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# benchmarks/gpu/check.sh: the one-call GPU check of fusedp, for a machine with one NVIDIA GPU and no
+# network (it needs nvcc and python3 with a CUDA build of PyTorch; CMake >= 3.25 with ninja and
+# doctest for the tests, else it says what it skipped). In under 8 minutes it
+#
+#   1. prints the date, the GPU, the driver, CUDA, PyTorch and the commit;
+#   2. starts PyTorch (eager and torch.compile) on every benchmark configuration in the background, so
+#      torch.compile compiles and warms up while nvcc builds;
+#   3. configures for the present GPU's architecture only and builds the gpu tests (tests/gpu/*.cu) and
+#      the benchmark (benchmarks/gpu/train_step_gpu.cu);
+#   4. runs ctest -L gpu;
+#   5. times PyTorch, one configuration at a time with nothing else running, then fusedp's train step
+#      (CUDA events, warm-up, median of 100 steps each): LeNet and the CIFAR-10 CNN at batch 128,
+#      5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and 2^18;
+#   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
+#
+# Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
+# doctest.h), FUSEDP_COMMIT (when the tree is not a git checkout), FUSEDP_TORCH_PYTHON (default
+# python3), FUSEDP_CHECK_BUDGET (seconds, default 460), FUSEDP_COMPILE_MODE (torch.compile mode,
+# default "default"), FUSEDP_FASHION_MNIST_DIR (real data for the training test; synthetic otherwise),
+# FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi).
+#
+# Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test
+# failed; 3 when the tests found no usable device and skipped (benchmark numbers never fail it).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$(pwd)
+START=$(date +%s)
+BUDGET=${FUSEDP_CHECK_BUDGET:-460}
+OUT=${FUSEDP_CHECK_DIR:-$ROOT/build/gpu-check}
+PY=${FUSEDP_TORCH_PYTHON:-python3}
+COMPILE_MODE=${FUSEDP_COMPILE_MODE:-default}
+JOBS=$(nproc 2>/dev/null || echo 4)
+status=0
+skipped=0
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+log() { printf '[check %3ds] %s\n' "$(elapsed)" "$*"; }
+clamp() { local v=$1 lo=$2 hi=$3; (( v < lo )) && v=$lo; (( v > hi )) && v=$hi; echo "$v"; }
+
+mkdir -p "$OUT"
+rm -rf "$OUT/torch" "$OUT/fusedp.txt" "$OUT/header.txt"
+mkdir -p "$OUT/torch"
+
+# --- 1. the machine ---------------------------------------------------------------------------------
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if ! command -v nvidia-smi >/dev/null; then
+  log "nvidia-smi not found: is there an NVIDIA GPU and driver on this machine?"
+fi
+GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+if [[ -n "${FUSEDP_CHECK_ARCH:-}" ]]; then
+  ARCH=$FUSEDP_CHECK_ARCH  # e.g. 90; for a dry run on a machine without a GPU
+elif [[ -z "$CAP" ]]; then
+  ARCH=native  # CMake >= 3.24 and nvcc >= 11.5 resolve it to the present GPU
+  log "could not read the compute capability; building for CMAKE_CUDA_ARCHITECTURES=native"
+else
+  ARCH=$CAP
+fi
+if [[ -n "${FUSEDP_COMMIT:-}" ]]; then
+  COMMIT=$FUSEDP_COMMIT
+elif COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  git diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT (with uncommitted changes)"
+else
+  COMMIT="unknown (not a git checkout; set FUSEDP_COMMIT)"
+fi
+TORCH=$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available" if torch.cuda.is_available() else "NOT AVAILABLE")' 2>/dev/null || echo "not importable by $PY")
+{
+  echo "fusedp GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "GPU: ${GPU:-unknown} (sm_${ARCH})"
+  echo "CUDA: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1) (nvcc), PyTorch: $TORCH"
+  echo "commit: $COMMIT"
+  echo "host: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)"
+} > "$OUT/header.txt"
+cat "$OUT/header.txt"
+
+# --- 2. PyTorch: compile and warm up in the background ------------------------------------------------
+CONFIGS=(lenet:128 cifar:128 mlp64:16384 mlp64:262144 mlp128:16384 mlp128:262144)
+declare -A TORCH_PID
+torch_ok=0
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  torch_ok=1
+  for cfg in "${CONFIGS[@]}"; do
+    net=${cfg%%:*} batch=${cfg##*:}
+    for mode in eager compile; do
+      id="$mode-$net-$batch"
+      "$PY" "$ROOT/benchmarks/gpu/torch_bench.py" --net "$net" --batch "$batch" --mode "$mode" \
+        --compile-mode "$COMPILE_MODE" --steps 100 --warmup 10 --ready "$OUT/torch/$id.ready" \
+        --go "$OUT/torch/$id.go" --wait "$BUDGET" --out "$OUT/torch/$id.json" > "$OUT/torch/$id.log" 2>&1 &
+      TORCH_PID[$id]=$!
+    done
+  done
+  log "PyTorch: ${#TORCH_PID[@]} processes compiling and warming up in the background"
+else
+  log "PyTorch with CUDA is not available to $PY: the PyTorch columns stay empty"
+fi
+
+# --- 3. build -----------------------------------------------------------------------------------------
+DOCTEST_DIR=""
+for d in "${FUSEDP_DOCTEST_DIR:-}" "$ROOT/third_party/doctest" /usr/include/doctest /usr/local/include/doctest; do
+  if [[ -n "$d" && -f "$d/doctest.h" ]]; then DOCTEST_DIR=$d; break; fi
+done
+if [[ -z "$DOCTEST_DIR" ]]; then
+  log "doctest not found (FUSEDP_DOCTEST_DIR, third_party/doctest/doctest.h, /usr/include/doctest):"
+  log "  THE GPU TESTS ARE NOT BUILT OR RUN; only the benchmarks. Copy doctest.h to third_party/doctest/."
+fi
+
+# the benchmark: one translation unit, straight from nvcc (needs nothing but the CUDA toolkit)
+if [[ "$ARCH" == native ]]; then ARCH_FLAG=-arch=native; else ARCH_FLAG="-arch=sm_$ARCH"; fi
+log "building benchmarks/gpu/train_step_gpu.cu for $ARCH_FLAG"
+"$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
+  "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu" > "$OUT/bench_build.log" 2>&1 &
+BENCH_BUILD=$!
+
+TEST_MODE=none  # ctest, direct or none
+if [[ -n "$DOCTEST_DIR" ]]; then
+  cmake_ok=0
+  if command -v cmake >/dev/null && command -v ninja >/dev/null; then
+    doctest_flag=()
+    [[ "$DOCTEST_DIR" == "$ROOT/third_party/doctest" || "$DOCTEST_DIR" == /usr/include/doctest ]] || doctest_flag=(-DFUSEDP_DOCTEST_DIR="$DOCTEST_DIR")
+    log "configuring (CMAKE_CUDA_ARCHITECTURES=$ARCH)"
+    if cmake -S "$ROOT" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
+         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DFUSEDP_BUILD_TESTS=ON -DFUSEDP_BUILD_EXAMPLES=OFF \
+         -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_TEST_CONSUMERS=OFF -DFUSEDP_HEADER_TEST_CUDA=OFF \
+         -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF "${doctest_flag[@]}" > "$OUT/configure.log" 2>&1; then
+      mapfile -t GPU_TESTS < <(ctest --test-dir "$OUT/build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p')
+      if (( ${#GPU_TESTS[@]} > 0 )); then
+        cmake_ok=1
+        log "building ${#GPU_TESTS[@]} gpu tests with $JOBS jobs"
+        if cmake --build "$OUT/build" --target "${GPU_TESTS[@]}" -j "$JOBS" > "$OUT/build.log" 2>&1; then
+          TEST_MODE=ctest
+        else
+          log "BUILD FAILED (last lines of $OUT/build.log):"; tail -30 "$OUT/build.log"; status=1
+        fi
+      else
+        log "configured, but no gpu tests were registered (is CUDA enabled? see $OUT/configure.log)"
+      fi
+    else
+      log "cmake could not configure (see $OUT/configure.log; last lines:)"; tail -15 "$OUT/configure.log"
+    fi
+  else
+    log "cmake or ninja not found"
+  fi
+  if (( cmake_ok == 0 )); then
+    # Without CMake: each tests/gpu/*.cu straight from nvcc with doctest's main (fashion_mnist needs zlib).
+    log "building the gpu tests with nvcc directly"
+    mkdir -p "$OUT/direct"
+    printf '#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN\n#include <doctest/doctest.h>\n' > "$OUT/direct/main.cpp"
+    mkdir -p "$OUT/direct/include/doctest" && cp "$DOCTEST_DIR/doctest.h" "$OUT/direct/include/doctest/"
+    build_one() {
+      local src=$1 name; name=$(basename "$src" .cu)
+      local libs=()
+      if grep -q 'fusedp/data/' "$src"; then
+        [[ -f /usr/include/zlib.h ]] || { echo "skip $name (no zlib.h)"; return 0; }
+        libs=(-lz)
+      fi
+      "$NVCC" -std=c++20 -O2 "$ARCH_FLAG" -I"$ROOT/include" -I"$ROOT/tests/gpu" -isystem "$OUT/direct/include" \
+        -Xcompiler=-pthread "$OUT/direct/main.cpp" "$src" -o "$OUT/direct/test_gpu_$name" "${libs[@]}" \
+        > "$OUT/direct/$name.log" 2>&1 || { echo "FAILED $name"; tail -20 "$OUT/direct/$name.log"; return 1; }
+    }
+    export -f build_one; export NVCC ARCH_FLAG ROOT OUT
+    if ls "$ROOT"/tests/gpu/*.cu | xargs -P "$JOBS" -I{} bash -c 'build_one "$@"' _ {}; then
+      TEST_MODE=direct
+    else
+      status=1; TEST_MODE=direct
+    fi
+  fi
+fi
+if wait "$BENCH_BUILD"; then
+  log "benchmark built"
+else
+  log "BENCHMARK BUILD FAILED:"; tail -30 "$OUT/bench_build.log"; status=1
+fi
+
+# --- 4. tests -----------------------------------------------------------------------------------------
+test_limit=$(clamp $(( $(left) - 150 )) 60 240)
+case $TEST_MODE in
+  ctest)
+    log "ctest -L gpu (time limit ${test_limit}s)"
+    timeout "$test_limit" ctest --test-dir "$OUT/build" -L gpu -V --timeout "$test_limit" > "$OUT/ctest.log" 2>&1
+    rc=$?
+    grep -E "tests passed|tests failed|Test +#.*(Passed|Failed|Timeout|Skipped)|MESSAGE|accuracy|mean loss|data:|fusedp-gpu-skip|FUSEDP_TEST_SEED|ERROR" \
+      "$OUT/ctest.log" | sed 's/^[0-9]*: //' | uniq | tail -60
+    if grep -q "fusedp-gpu-skip" "$OUT/ctest.log"; then
+      log "WARNING: the gpu tests found no usable CUDA device and SKIPPED their GPU parts"; skipped=1
+    fi
+    if (( rc != 0 )); then log "GPU TESTS FAILED (rc $rc; full output in $OUT/ctest.log)"; tail -60 "$OUT/ctest.log"; status=1; fi
+    ;;
+  direct)
+    for t in "$OUT"/direct/test_gpu_*; do
+      [[ -x "$t" ]] || continue
+      log "$(basename "$t")"
+      if ! timeout "$test_limit" "$t" > "$t.out" 2>&1; then log "FAILED: $(basename "$t")"; tail -40 "$t.out"; status=1; fi
+      grep -E "test cases|MESSAGE|accuracy|mean loss" "$t.out" | tail -8
+      grep -q "fusedp-gpu-skip" "$t.out" && skipped=1
+    done
+    ;;
+  none) log "no gpu tests were run" ;;
+esac
+
+# --- 5. benchmarks: PyTorch one at a time, then fusedp ------------------------------------------------
+if (( torch_ok )); then
+  for cfg in "${CONFIGS[@]}"; do
+    net=${cfg%%:*} batch=${cfg##*:}
+    for mode in eager compile; do
+      id="$mode-$net-$batch"
+      pid=${TORCH_PID[$id]}
+      # wait for its warm-up, keeping time for fusedp's own benchmark and the report
+      while [[ ! -e "$OUT/torch/$id.ready" ]] && kill -0 "$pid" 2>/dev/null && (( $(left) > 75 )); do sleep 0.5; done
+      if [[ ! -e "$OUT/torch/$id.ready" ]]; then
+        kill "$pid" 2>/dev/null
+        log "PyTorch $id: not measured ($(kill -0 "$pid" 2>/dev/null && echo 'still warming up at the time limit' || echo "failed: $(tail -1 "$OUT/torch/$id.log")"))"
+        continue
+      fi
+      touch "$OUT/torch/$id.go"
+      for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill "$pid" 2>/dev/null
+      if [[ -s "$OUT/torch/$id.json" ]]; then log "PyTorch $id: $(cut -c1-110 "$OUT/torch/$id.json")"; else log "PyTorch $id: no result ($(tail -1 "$OUT/torch/$id.log"))"; fi
+    done
+  done
+fi
+for pid in "${TORCH_PID[@]}"; do kill "$pid" 2>/dev/null; done
+wait 2>/dev/null
+
+if [[ -x "$OUT/train_step_gpu" ]]; then
+  bench_limit=$(clamp $(( $(left) - 10 )) 20 150)
+  log "fusedp train steps (time limit ${bench_limit}s)"
+  timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
+fi
+
+# --- 6. the table -------------------------------------------------------------------------------------
+echo
+"$PY" "$ROOT/benchmarks/gpu/report.py" --fusedp "$OUT/fusedp.txt" --torch-dir "$OUT/torch" --header "$OUT/header.txt" \
+  --markdown "$OUT/results.md" || python3 "$ROOT/benchmarks/gpu/report.py" --fusedp "$OUT/fusedp.txt" \
+  --torch-dir "$OUT/torch" --header "$OUT/header.txt" --markdown "$OUT/results.md"
+if [[ $TEST_MODE == none ]]; then verdict="NOT BUILT OR RUN"
+elif (( status != 0 )); then verdict="FAILED (see above)"
+elif (( skipped )); then verdict="passed, but their GPU parts SKIPPED (no usable device)"
+else verdict="all passed"; fi
+echo "gpu tests: $verdict; total $(elapsed)s; table also in $OUT/results.md"
+(( status == 0 && skipped )) && status=3
+exit $status

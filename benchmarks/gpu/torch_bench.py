@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The PyTorch side of benchmarks/gpu/check.sh: one network, one batch size, eager or torch.compile, the
+same train step as fusedp's (forward, loss, backward, SGD with momentum 0.9, lr 0.01; TF32 allowed for
+matmuls and convolutions as fusedp's default precision uses it; data on the device; no loss read per
+step). Timing: CUDA events around each step on the current stream, warm-up first, median of the timed
+steps.
+
+To overlap torch.compile's compilation with the nvcc build, the script can prepare and warm up, then
+wait for a "go" file before timing (so nothing else uses the GPU or the CPU while it measures):
+
+    torch_bench.py --net lenet --batch 128 --mode compile --ready R --go G --out result.json
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def build(net, batch, device):
+    import torch
+    import torch.nn as nn
+    g = torch.Generator(device="cpu").manual_seed(1)
+    if net == "lenet":
+        model = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 3), nn.ReLU(),
+                              nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 60),
+                              nn.ReLU(), nn.Linear(60, 10))
+        x = torch.rand(batch, 1, 28, 28, generator=g) * 2 - 1
+        y = torch.arange(batch) % 10
+        loss = nn.CrossEntropyLoss()
+    elif net == "cifar":
+        model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                              nn.Linear(8192, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        x = torch.rand(batch, 3, 32, 32, generator=g) * 2 - 1
+        y = torch.arange(batch) % 10
+        loss = nn.CrossEntropyLoss()
+    elif net in ("mlp64", "mlp128"):
+        w = 64 if net == "mlp64" else 128
+        layers = []
+        for _ in range(5):
+            layers += [nn.Linear(w, w), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(w, w))
+        x = torch.rand(batch, w, generator=g) * 2 - 1
+        y = torch.rand(batch, w, generator=g)
+        loss = nn.MSELoss()
+    else:
+        sys.exit(f"torch_bench: unknown net {net}")
+    return model.to(device), x.to(device), y.to(device), loss
+
+
+def wait_for(path, timeout):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(f"torch_bench: gave up waiting for {path}")
+        time.sleep(0.05)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--net", required=True, choices=["lenet", "cifar", "mlp64", "mlp128"])
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    p.add_argument("--compile-mode", default="default", help="torch.compile mode (default, reduce-overhead, ...)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--ready", help="file to create when warmed up")
+    p.add_argument("--go", help="file to wait for before timing")
+    p.add_argument("--wait", type=float, default=900, help="seconds to wait for --go")
+    p.add_argument("--out", help="JSON result file (default: print)")
+    a = p.parse_args()
+
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("torch_bench: torch.cuda is not available")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    device = torch.device("cuda", 0)
+    model, x, y, loss_fn = build(a.net, a.batch, device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    forward = torch.compile(model, mode=a.compile_mode) if a.mode == "compile" else model
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(forward(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.monotonic()
+    for _ in range(max(a.warmup, 3)):  # the first calls compile (torch.compile) or pick algorithms (cudnn)
+        step()
+    torch.cuda.synchronize()
+    warm_s = time.monotonic() - t0
+    if a.ready:
+        open(a.ready, "w").close()
+    if a.go:
+        wait_for(a.go, a.wait)
+        for _ in range(3):  # back from waiting: one more warm step set
+            step()
+        torch.cuda.synchronize()
+
+    stream = torch.cuda.current_stream()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps)]
+    for i in range(a.steps):
+        starts[i].record(stream)
+        loss = step()
+        stops[i].record(stream)
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, stops))
+    impl = "torch-eager" if a.mode == "eager" else "torch-compile"
+    result = {"impl": impl, "net": a.net, "batch": a.batch, "median_ms": ms, "images_per_s": a.batch / (ms * 1e-3),
+              "loss": float(loss), "warmup_s": warm_s, "torch": torch.__version__,
+              "compile_mode": a.compile_mode if a.mode == "compile" else None}
+    text = json.dumps(result)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+// train_step_gpu: times fusedp's Cuda train step (forward, loss, backward, optimizer; recorded as a
+// CUDA graph after the first step) for the networks of benchmarks/gpu/check.sh. Data lives on the
+// device; each step is bracketed by CUDA events on the model's stream; warm-up steps first, then the
+// median of the timed steps. Prints one line per configuration:
+//
+//   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30
+//
+//   train_step_gpu --all                       the set check.sh runs
+//   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
+//
+// Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
+// -DFUSEDP_BENCH_ALL_PRECISIONS=1 adds fp32 and bf16.
+//
+// Written and compiled without a GPU; its numbers exist only once someone runs it on one.
+#include <fusedp/fusedp.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#ifndef FUSEDP_BENCH_ALL_PRECISIONS
+#define FUSEDP_BENCH_ALL_PRECISIONS 0
+#endif
+
+namespace fp = fusedp;
+
+namespace {
+
+using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
+                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
+                             fp::ReLU, fp::Linear<10>>;
+using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
+                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
+                                fp::ReLU, fp::Linear<10>>;
+// 5 hidden layers of width W, then an output layer of width W (tiny-cuda-nn's benchmark shape)
+template <int W>
+using Mlp = fp::Sequential<fp::Input<W>, fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU,
+                           fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU, fp::Linear<W>>;
+
+struct Options {
+  int steps = 100;
+  int warmup = 10;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class Net, class Space, class Loss, class Target>
+void run(const char* name, std::size_t batch, const Options& o, const Loss& loss, const std::vector<Target>& targets) {
+  Space space{0};
+  fp::Model<Net, Space> model{fp::seed(1), space};
+  fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
+  std::vector<float> x(batch * Net::input_shape::size);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(7, 0, i) - 1;
+  fp::DeviceBuffer<float> xd(x.size());
+  fp::DeviceBuffer<Target> td(targets.size());
+  fp::copy_async(xd.data(), x.data(), x.size(), space.stream());
+  fp::copy_async(td.data(), targets.data(), targets.size(), space.stream());
+  space.synchronize();
+  const fp::DeviceSpan<const float> xs{xd.data(), xd.size()};
+  const fp::DeviceSpan<const Target> ts{td.data(), td.size()};
+
+  for (int s = 0; s < o.warmup; ++s) model.train_step_async(xs, ts, loss, opt);
+  space.synchronize();
+  std::vector<cudaEvent_t> start(std::size_t(o.steps)), stop(std::size_t(o.steps));
+  for (int s = 0; s < o.steps; ++s) {
+    FUSEDP_CUDA_CHECK(cudaEventCreate(&start[std::size_t(s)]));
+    FUSEDP_CUDA_CHECK(cudaEventCreate(&stop[std::size_t(s)]));
+  }
+  for (int s = 0; s < o.steps; ++s) {
+    FUSEDP_CUDA_CHECK(cudaEventRecord(start[std::size_t(s)], space.stream()));
+    model.train_step_async(xs, ts, loss, opt);
+    FUSEDP_CUDA_CHECK(cudaEventRecord(stop[std::size_t(s)], space.stream()));
+  }
+  space.synchronize();
+  std::vector<double> ms(std::size_t(o.steps));
+  for (int s = 0; s < o.steps; ++s) {
+    float t = 0;
+    FUSEDP_CUDA_CHECK(cudaEventElapsedTime(&t, start[std::size_t(s)], stop[std::size_t(s)]));
+    ms[std::size_t(s)] = t;
+    cudaEventDestroy(start[std::size_t(s)]);
+    cudaEventDestroy(stop[std::size_t(s)]);
+  }
+  const float l = model.last_loss();
+  const double med = median(ms);
+  std::printf("RESULT impl=fusedp net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
+              name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
+              model.last_step_replayed() ? 1 : 0, double(l));
+  if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
+  std::fflush(stdout);
+}
+
+template <class Space>
+void run_net(const std::string& net, std::size_t batch, const Options& o) {
+  auto labels = [&](std::size_t classes) {
+    std::vector<std::int32_t> y(batch);
+    for (std::size_t i = 0; i < batch; ++i) y[i] = std::int32_t(i % classes);
+    return y;
+  };
+  auto targets = [&](std::size_t n) {
+    std::vector<float> t(batch * n);
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = fp::rng::uniform(8, 0, i);
+    return t;
+  };
+  if (net == "lenet") run<LeNet, Space>("lenet", batch, o, fp::SoftmaxCrossEntropy{}, labels(10));
+  else if (net == "cifar") run<CifarCnn, Space>("cifar", batch, o, fp::SoftmaxCrossEntropy{}, labels(10));
+  else if (net == "mlp64") run<Mlp<64>, Space>("mlp64", batch, o, fp::MSE{}, targets(64));
+  else if (net == "mlp128") run<Mlp<128>, Space>("mlp128", batch, o, fp::MSE{}, targets(128));
+  else throw fp::InvalidArgument("unknown --net " + net + " (lenet, cifar, mlp64, mlp128)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string net, precision = "tf32";
+  std::size_t batch = 0;
+  bool all = false;
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "train_step_gpu: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--all") all = true;
+    else if (a == "--net") net = value();
+    else if (a == "--batch") batch = std::size_t(std::strtoull(value().c_str(), nullptr, 10));
+    else if (a == "--steps") o.steps = std::atoi(value().c_str());
+    else if (a == "--warmup") o.warmup = std::atoi(value().c_str());
+    else if (a == "--precision") precision = value();
+    else {
+      std::fprintf(stderr,
+                   "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128 --batch N "
+                   "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]\n");
+      return 2;
+    }
+  }
+  if (o.steps < 1 || o.warmup < 0 || (!all && (net.empty() || batch == 0))) {
+    std::fprintf(stderr, "train_step_gpu: give --all, or --net and --batch (steps >= 1)\n");
+    return 2;
+  }
+  if (fp::cuda_device_count() == 0) {
+    std::fprintf(stderr, "train_step_gpu: no CUDA device: %s\n", fp::cuda_unavailable_reason().c_str());
+    return 77;
+  }
+  int failures = 0;
+  auto one = [&](const std::string& n, std::size_t b) {
+    try {
+      if (precision == "tf32") run_net<fp::Cuda>(n, b, o);
+#if FUSEDP_BENCH_ALL_PRECISIONS
+      else if (precision == "fp32") run_net<fp::CudaFp32>(n, b, o);
+      else if (precision == "bf16") run_net<fp::CudaBf16>(n, b, o);
+#endif
+      else throw fp::InvalidArgument("--precision " + precision + " is not built in (tf32; fp32 and bf16 need "
+                                     "-DFUSEDP_BENCH_ALL_PRECISIONS=1, which triples the compile time)");
+    } catch (const std::exception& e) {
+      std::printf("FAILED impl=fusedp net=%s batch=%zu: %s\n", n.c_str(), b, e.what());
+      std::fflush(stdout);
+      ++failures;
+    }
+  };
+  if (all) {
+    for (const auto& [n, b] : std::vector<std::pair<std::string, std::size_t>>{
+             {"lenet", 128}, {"cifar", 128}, {"mlp64", 1 << 14}, {"mlp64", 1 << 18}, {"mlp128", 1 << 14}, {"mlp128", 1 << 18}})
+      one(n, b);
+  } else {
+    one(net, batch);
+  }
+  return failures == 0 ? 0 : 1;
+}
