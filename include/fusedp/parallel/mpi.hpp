@@ -6,6 +6,7 @@
 #include "fusedp/core/config.hpp"
 
 #include <cstdlib>
+#include <initializer_list>
 
 namespace fusedp {
 /// Whether this process was started by mpirun/mpiexec (Open MPI, MPICH, Slurm's PMI) with more than
