@@ -23,6 +23,11 @@ using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, f
 using Mlp = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
                            fp::Linear<64>>;
 
+// Dropout's mask depends on the step, which a recorded graph would freeze: such models launch directly.
+using WithDropout = fp::Sequential<fp::Input<20>, fp::Linear<30>, fp::ReLU, fp::Dropout<0.2f>, fp::Linear<5>>;
+static_assert(!fp::Model<WithDropout, fp::Cuda>::graph_safe);
+static_assert(fp::Model<LeNet, fp::Cuda>::graph_safe && fp::Model<Mlp, fp::CudaBf16>::graph_safe);
+
 std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t classes, std::uint64_t stream) {
   const auto u = random_values(batch, stream, 0.0f, 1.0f);
   std::vector<std::int32_t> l(batch);

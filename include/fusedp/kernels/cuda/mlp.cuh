@@ -313,4 +313,5 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
 }
 
 }  // namespace fusedp::kernels::cuda
+#undef FUSEDP_MLP_TENSOR_CORES
 #endif  // FUSEDP_HAS_CUDA
