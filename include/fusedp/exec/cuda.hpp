@@ -50,10 +50,11 @@ inline void cuda_check(cudaError_t code, const char* call) {
   }
 }
 
-// Architectures this translation unit was compiled for, as nvcc lists them (e.g. "800,900").
+// Architectures this translation unit was compiled for, as nvcc lists them (e.g. "800,900"; the
+// list holds commas, hence the variadic stringizing).
 #if defined(__CUDA_ARCH_LIST__)
-#define FUSEDP_DETAIL_STR2(x) #x
-#define FUSEDP_DETAIL_STR(x) FUSEDP_DETAIL_STR2(x)
+#define FUSEDP_DETAIL_STR2(...) #__VA_ARGS__
+#define FUSEDP_DETAIL_STR(...) FUSEDP_DETAIL_STR2(__VA_ARGS__)
 inline constexpr const char* built_architectures = FUSEDP_DETAIL_STR(__CUDA_ARCH_LIST__);
 #undef FUSEDP_DETAIL_STR
 #undef FUSEDP_DETAIL_STR2

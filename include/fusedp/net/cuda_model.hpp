@@ -117,6 +117,14 @@ class Model<Net, CudaSpace<P>, T> {
     reset_parameters();
   }
   explicit Model(space_type space, Seed seed = {}) : Model(seed, std::move(space)) {}
+  Model(Model&&) noexcept = default;
+  Model& operator=(Model&&) noexcept = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  /// Waits for the model's queued work before its memory is freed.
+  ~Model() {
+    if (space_.stream() != nullptr) (void)cudaStreamSynchronize(space_.stream());
+  }
 
   /// Draws every weight and bias from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) on the host, exactly as the
   /// Host model does, and copies them to the device.
