@@ -32,16 +32,22 @@ void linear_forward(const Host& host, std::size_t batch, std::size_t in, std::si
 template <class Epi, class T>
 void linear_backward(const Host& host, std::size_t batch, std::size_t in, std::size_t out, const T* w, const T* x,
                      const T* y, const T* z, T* dy, T* dx, T* dw, T* db) {
-  if constexpr (!Epi::empty) {
-    host.parallel_for(batch * out, [&](std::size_t i0, std::size_t i1, int) {
-      for (std::size_t i = i0; i < i1; ++i) dy[i] *= Epi::derivative(z ? z[i] : y[i], y[i]);
-    });
-  }
-  host.parallel_for(out, [&](std::size_t j0, std::size_t j1, int) {
+  // dz = dy * Epi' and db = column sums of dz in one pass, threads over blocks of columns.
+  auto dz_and_db = [&](std::size_t j0, std::size_t j1, int) {
     for (std::size_t j = j0; j < j1; ++j) db[j] = T(0);
-    for (std::size_t n = 0; n < batch; ++n)
-      for (std::size_t j = j0; j < j1; ++j) db[j] += dy[n * out + j];
-  });
+    for (std::size_t n = 0; n < batch; ++n) {
+      T* row = dy + n * out;
+      if constexpr (!Epi::empty) {
+        const T* yr = y + n * out;
+        const T* zr = z ? z + n * out : yr;
+        for (std::size_t j = j0; j < j1; ++j) row[j] *= Epi::derivative(zr[j], yr[j]);
+      }
+      for (std::size_t j = j0; j < j1; ++j) db[j] += row[j];
+    }
+  };
+  // Below ~64 K values one thread is done before a parallel region would start.
+  if (batch * out < (std::size_t(1) << 16)) dz_and_db(0, out, 0);
+  else host.parallel_for(out, dz_and_db);
   // dW (out, in) = dz^T (out, batch) x (batch, in)
   gemm(host, out, in, batch, MatrixRef<T>{dy, 1, out}, row_major(x, in), dw, in, false);
   // dx (batch, in) = dz (batch, out) W (out, in)
