@@ -1,6 +1,11 @@
 #pragma once
-// Conv2d on the Host: per sample, an im2col matrix times the weights (NCHW, weights OIHW as PyTorch),
-// threads over samples, bias and activation applied in the GEMM epilogue.
+// Conv2d on the Host (NCHW, weights OIHW as PyTorch), as GEMMs per sample with threads over samples:
+//   forward   y (O x P) = W (O x K) col (K x P), bias and activation in the GEMM epilogue
+//   backward  dW (O x K) += dz (O x P) col^T (P x K)   (private per thread, summed in fixed order)
+//             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
+// with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
+// by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
+// im2col matrix is materialized and packed again.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
@@ -20,97 +25,427 @@ struct ConvGeometry {
   [[nodiscard]] constexpr std::size_t patch() const { return std::size_t(in_channels) * kernel * kernel; }
   // A 1x1 kernel with stride 1 and no padding reads the input as its own im2col matrix.
   [[nodiscard]] constexpr bool direct() const { return kernel == 1 && stride == 1 && pad == 0; }
-  // Per-thread scratch: im2col matrix, its gradient, and private weight and bias gradients.
+
+  // Scratch of one thread, in elements, for any tile shape of any target (bounds from gemm.hpp):
+  //   packed weights  W for forward, W^T for backward (thread 0's copy is shared by all threads)
+  //   col             im2col: packed B panels (forward) or the row-major matrix (backward)
+  //   dcol            the im2col gradient (backward)
+  //   dz panels       dz packed as B of the input-gradient GEMM, or dz transposed (direct path)
+  //   dW, db          this thread's weight and bias gradients (W^T with padded channels, direct path)
+  //   padded          the input with its zero border (when pad > 0)
+  [[nodiscard]] constexpr std::size_t packed_weights_size() const {
+    const std::size_t o = std::size_t(out_channels), k = patch();
+    // A shape's row count pads m to less than m + max_tile_rows (12 does not divide 16).
+    const std::size_t forward = (o + max_tile_rows) * k, backward = (k + max_tile_rows) * o;
+    return align_elements(std::max(forward, backward) + max_tile_cols);
+  }
+  [[nodiscard]] constexpr std::size_t col_size() const {
+    return align_elements(patch() * (out_pixels() + max_tile_cols));
+  }
+  [[nodiscard]] constexpr std::size_t dz_panels_size() const {
+    const std::size_t o = std::size_t(out_channels), p = out_pixels();
+    return align_elements(std::max(o * (p + max_tile_cols), p * (o + max_tile_rows)));
+  }
+  [[nodiscard]] constexpr std::size_t dw_size() const {
+    return align_elements((std::size_t(out_channels) + max_tile_rows) * patch());
+  }
+  [[nodiscard]] constexpr std::size_t padded_size() const {
+    return pad == 0 ? 0 : align_elements(std::size_t(in_channels) * (in_h + 2 * pad) * (in_w + 2 * pad));
+  }
   [[nodiscard]] constexpr std::size_t scratch_per_thread() const {
-    return 2 * align_elements(patch() * out_pixels()) + align_elements(std::size_t(out_channels) * patch()) +
-           align_elements(std::size_t(out_channels));
+    return packed_weights_size() + 2 * col_size() + dz_panels_size() + dw_size() +
+           align_elements(std::size_t(out_channels)) + padded_size();
   }
 };
 
-// col[(c, ky, kx), (oy, ox)] = x[c, oy*s - p + ky, ox*s - p + kx], zero outside the image.
+/// The input of one sample with its zero border, (C, H + 2 pad, W + 2 pad): im2col then reads every
+/// patch row as one run, with no bounds checks.
 template <class T>
-void im2col(const ConvGeometry& g, const T* FUSEDP_RESTRICT x, T* FUSEDP_RESTRICT col) {
-  const std::size_t pixels = g.out_pixels();
+FUSEDP_NO_LIBCALL_LOOPS void pad_input(const ConvGeometry& g, const T* FUSEDP_RESTRICT x, T* FUSEDP_RESTRICT padded) {
+  const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
+  for (int c = 0; c < g.in_channels; ++c) {
+    T* plane = padded + std::size_t(c) * hp * wp;
+    const T* in = x + std::size_t(c) * g.in_h * g.in_w;
+    simd::zero(plane, std::size_t(g.pad) * wp);
+    for (int iy = 0; iy < g.in_h; ++iy) {
+      T* row = plane + (std::size_t(iy) + std::size_t(g.pad)) * wp;
+      simd::zero(row, std::size_t(g.pad));
+      simd::copy(row + g.pad, in + std::size_t(iy) * g.in_w, std::size_t(g.in_w));
+      simd::zero(row + g.pad + g.in_w, std::size_t(g.pad));
+    }
+    simd::zero(plane + (std::size_t(g.in_h) + std::size_t(g.pad)) * wp, std::size_t(g.pad) * wp);
+  }
+}
+
+/// im2col: col(k, p) = x[c, oy*s - pad + ky, ox*s - pad + kx] for k = (c, ky, kx), p = (oy, ox), zero
+/// outside the image. Written to col + (p / width) * (K * width) + k * width + p % width: width = P
+/// gives the row-major matrix (K x P); width = a tile's NR gives the B panels of gemm_packed (the
+/// last panel zero-padded). `padded`: g.padded_size() elements of scratch, used when pad > 0.
+template <class T>
+FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTRICT x, T* FUSEDP_RESTRICT col,
+                                    std::size_t width, T* FUSEDP_RESTRICT padded) {
+  const std::size_t panel = g.patch() * width, stride = std::size_t(g.stride), out_w = std::size_t(g.out_w);
+  const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
+  const T* src = x;
+  if (g.pad > 0) {
+    pad_input(g, x, padded);
+    src = padded;
+  }
+  std::size_t k = 0;
   for (int c = 0; c < g.in_channels; ++c)
     for (int ky = 0; ky < g.kernel; ++ky)
-      for (int kx = 0; kx < g.kernel; ++kx) {
-        T* row = col + ((std::size_t(c) * g.kernel + ky) * g.kernel + kx) * pixels;
-        const T* plane = x + std::size_t(c) * g.in_h * g.in_w;
+      for (int kx = 0; kx < g.kernel; ++kx, ++k) {
+        const T* plane = src + std::size_t(c) * hp * wp + std::size_t(ky) * wp + std::size_t(kx);
+        T* out = col + k * width;
+        std::size_t room = width;  // left in the current panel's row
         for (int oy = 0; oy < g.out_h; ++oy) {
-          const int iy = oy * g.stride - g.pad + ky;
-          T* out = row + std::size_t(oy) * g.out_w;
-          if (iy < 0 || iy >= g.in_h) {
-            std::fill(out, out + g.out_w, T(0));
-            continue;
-          }
-          const T* in = plane + std::size_t(iy) * g.in_w;
-          if (g.stride == 1) {
-            const int lo = std::max(0, g.pad - kx), hi = std::min(g.out_w, g.in_w + g.pad - kx);
-            for (int ox = 0; ox < lo; ++ox) out[ox] = T(0);
-            for (int ox = lo; ox < hi; ++ox) out[ox] = in[ox - g.pad + kx];
-            for (int ox = std::max(lo, hi); ox < g.out_w; ++ox) out[ox] = T(0);
-          } else {
-            for (int ox = 0; ox < g.out_w; ++ox) {
-              const int ix = ox * g.stride - g.pad + kx;
-              out[ox] = (ix >= 0 && ix < g.in_w) ? in[ix] : T(0);
+          const T* in = plane + std::size_t(oy) * stride * wp;
+          // One output row, in runs that stay inside a panel.
+          for (std::size_t ox = 0; ox < out_w;) {
+            const std::size_t n = std::min(out_w - ox, room);
+            if (stride == 1) {
+              simd::copy(out, in + ox, n);
+            } else {
+              for (std::size_t j = 0; j < n; ++j) out[j] = in[(ox + j) * stride];
+            }
+            out += n;
+            ox += n;
+            room -= n;
+            if (room == 0) {
+              out += panel - width;
+              room = width;
             }
           }
         }
+        if (room != width) simd::zero(out, room);
       }
 }
 
-// The adjoint of im2col: dx[c, iy, ix] = sum of the col entries that read it.
+/// The adjoint of the row-major im2col: dx[c, iy, ix] = sum of the col entries that read it. Sums into
+/// the padded input (`padded`: g.padded_size() elements, used when pad > 0), so every patch row adds
+/// as one run with no bounds checks, then copies the inside out.
 template <class T>
-void col2im(const ConvGeometry& g, const T* FUSEDP_RESTRICT col, T* FUSEDP_RESTRICT dx) {
-  std::fill(dx, dx + g.in_size(), T(0));
-  const std::size_t pixels = g.out_pixels();
+FUSEDP_NO_LIBCALL_LOOPS void col2im(const ConvGeometry& g, const T* FUSEDP_RESTRICT col, T* FUSEDP_RESTRICT dx,
+                                    T* FUSEDP_RESTRICT padded) {
+  const std::size_t pixels = g.out_pixels(), stride = std::size_t(g.stride), out_w = std::size_t(g.out_w);
+  const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
+  T* dst = g.pad > 0 ? padded : dx;
+  simd::zero(dst, std::size_t(g.in_channels) * hp * wp);
+  std::size_t k = 0;
   for (int c = 0; c < g.in_channels; ++c)
     for (int ky = 0; ky < g.kernel; ++ky)
-      for (int kx = 0; kx < g.kernel; ++kx) {
-        const T* row = col + ((std::size_t(c) * g.kernel + ky) * g.kernel + kx) * pixels;
-        T* plane = dx + std::size_t(c) * g.in_h * g.in_w;
-        for (int oy = 0; oy < g.out_h; ++oy) {
-          const int iy = oy * g.stride - g.pad + ky;
-          if (iy < 0 || iy >= g.in_h) continue;
-          const T* in = row + std::size_t(oy) * g.out_w;
-          T* out = plane + std::size_t(iy) * g.in_w;
-          for (int ox = 0; ox < g.out_w; ++ox) {
-            const int ix = ox * g.stride - g.pad + kx;
-            if (ix >= 0 && ix < g.in_w) out[ix] += in[ox];
+      for (int kx = 0; kx < g.kernel; ++kx, ++k) {
+        const T* row = col + k * pixels;
+        T* plane = dst + std::size_t(c) * hp * wp + std::size_t(ky) * wp + std::size_t(kx);
+        for (std::size_t oy = 0; oy < std::size_t(g.out_h); ++oy) {
+          T* out = plane + oy * stride * wp;
+          const T* in = row + oy * out_w;
+          if (stride == 1) {
+            simd::accumulate(out, in, out_w);
+          } else {
+            for (std::size_t ox = 0; ox < out_w; ++ox) out[ox * stride] += in[ox];
           }
         }
       }
+  if (g.pad > 0)
+    for (int c = 0; c < g.in_channels; ++c)
+      for (int iy = 0; iy < g.in_h; ++iy)
+        simd::copy(dx + (std::size_t(c) * g.in_h + iy) * g.in_w,
+                   padded + std::size_t(c) * hp * wp + (std::size_t(iy) + g.pad) * wp + g.pad, std::size_t(g.in_w));
 }
+
+namespace detail {
+
+// Sum of n values with lanes-wide partial sums (a single running sum is one add per 4 cycles).
+template <class T>
+T sum(const T* FUSEDP_RESTRICT p, std::size_t n) {
+  constexpr std::size_t L = simd::lanes<T>;
+  simd::vec<T> a0{}, a1{};
+  std::size_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    a0 += simd::load(p + i);
+    a1 += simd::load(p + i + L);
+  }
+  a0 += a1;
+  T s = T(0);
+  if constexpr (L == 1) {
+    s = a0;
+  } else {
+    for (std::size_t l = 0; l < L; ++l) s += a0[l];
+  }
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+// Sums `count` values at `offset` of every thread's scratch (stride apart) into out, in thread order:
+// the result is the same on every run with the same thread count.
+template <class T>
+void reduce_threads(const Host& host, const T* scratch, std::size_t stride, std::size_t offset, std::size_t count,
+                    T* out) {
+  const int threads = host.threads();
+  auto body = [&](std::size_t i0, std::size_t i1, int) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      T s = scratch[offset + i];
+      for (int t = 1; t < threads; ++t) s += scratch[std::size_t(t) * stride + offset + i];
+      out[i] = s;
+    }
+  };
+  // A parallel region costs a few microseconds; below ~64 K values one thread is done sooner.
+  if (count < (std::size_t(1) << 16)) body(0, count, 0);
+  else host.parallel_for(count, body);
+}
+
+// --- Direct convolution with the output channels in the vector lanes -----------------------------
+// For few output channels (LeNet: 6 and 16) im2col writes K values per output pixel to be used by only
+// O multiply-adds, and costs more than the product (65% of LeNet's second conv forward). Here each
+// input value is broadcast from the (padded) image straight into the multiply-adds: a register tile
+// holds R output pixels of one row by NV vectors of W channels, and each tap (c, ky, kx) costs NV
+// weight loads and R x NV FMAs. The tile is then written transposed into the NCHW output.
+
+// Output channels per vector for O channels: the target's vector, or a narrower one for O below half
+// of it (6 channels in 8 lanes rather than 16).
+template <class T>
+constexpr std::size_t direct_width(std::size_t o) {
+  std::size_t w = simd::lanes<T>;
+  while (w > 1 && w / 2 >= o) w /= 2;
+  return w;
+}
+
+// True where the direct path runs: stride 1 (any padding), kernels up to 7 and at most two vectors
+// of output channels.
+template <class T>
+constexpr bool use_direct(const ConvGeometry& g) {
+  return FUSEDP_VECTOR_EXTENSIONS && g.stride == 1 && g.kernel <= 7 &&
+         std::size_t(g.out_channels) <= 2 * simd::lanes<T>;
+}
+
+// Calls f.template operator()<W, NV>() with the channel vectors of the direct path for O channels.
+template <class T, class F>
+void with_direct_width(std::size_t outs, F&& f) {
+  constexpr std::size_t L = simd::lanes<T>;
+  if (outs > L) f.template operator()<L, 2>();
+  else if (direct_width<T>(outs) == L) f.template operator()<L, 1>();
+  else if constexpr (L >= 2) {
+    if (direct_width<T>(outs) == L / 2) f.template operator()<L / 2, 1>();
+    else if constexpr (L >= 4) {
+      if (direct_width<T>(outs) == L / 4) f.template operator()<L / 4, 1>();
+      else f.template operator()<(L >= 8 ? L / 8 : 1), 1>();
+    }
+  }
+}
+
+// Calls f.template operator()<K>() for a kernel size 1..7.
+template <class F>
+void with_kernel(int k, F&& f) {
+  switch (k) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    default: return f.template operator()<7>();
+  }
+}
+
+// tile[r][0, NV*W) = sum over taps of image(c, ky, r + kx) * wt[tap][...], for R pixels starting at
+// `at` (the padded image at channel 0, the tile's first input row and column).
+template <class T, std::size_t W, std::size_t NV, std::size_t R>
+FUSEDP_ALWAYS_INLINE void direct_tile(const T* FUSEDP_RESTRICT at, std::size_t plane, std::size_t wp, int channels,
+                                      int kernel, const T* FUSEDP_RESTRICT wt, T* FUSEDP_RESTRICT tile) {
+  using V = simd::vec_n<T, W>;
+  V acc[R][NV];
+  FUSEDP_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    FUSEDP_UNROLL(2)
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int c = 0; c < channels; ++c)
+    for (int ky = 0; ky < kernel; ++ky) {
+      const T* row = at + std::size_t(c) * plane + std::size_t(ky) * wp;
+      for (int kx = 0; kx < kernel; ++kx, wt += NV * W) {
+        V wv[NV];
+        FUSEDP_UNROLL(2)
+        for (std::size_t v = 0; v < NV; ++v) wv[v] = simd::load_as<V>(wt + v * W);
+        FUSEDP_UNROLL(16)
+        for (std::size_t r = 0; r < R; ++r) {
+          const T a = row[r + std::size_t(kx)];
+          FUSEDP_UNROLL(2)
+          for (std::size_t v = 0; v < NV; ++v) acc[r][v] += a * wv[v];
+        }
+      }
+    }
+  FUSEDP_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    FUSEDP_UNROLL(2)
+    for (std::size_t v = 0; v < NV; ++v) simd::store(tile + (r * NV + v) * W, acc[r][v]);
+}
+
+// One sample: y (O x P) before the epilogue, which epi(o, p0, &y[o][p0], count) applies per row
+// segment. `src`: the padded input; wt: the weights as (K x NV*W), channels zero-padded.
+template <class T, std::size_t W, std::size_t NV, class Epi>
+FUSEDP_BROADCAST_LOADS void direct_forward_sample(const ConvGeometry& g, const T* src, const T* wt, T* y, const Epi& epi) {
+  const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad);
+  const std::size_t plane = (std::size_t(g.in_h) + 2 * std::size_t(g.pad)) * wp;
+  const std::size_t outs = std::size_t(g.out_channels), pixels = g.out_pixels(), out_w = std::size_t(g.out_w);
+  // At most 24 accumulators: 16 pixels of one vector of channels, 8 of two.
+  constexpr std::size_t most = NV == 1 ? 16 : 8;
+  alignas(64) T tile[most * NV * W];
+  for (std::size_t oy = 0; oy < std::size_t(g.out_h); ++oy) {
+    std::size_t ox = 0;
+    auto segment = [&]<std::size_t R>() {
+      direct_tile<T, W, NV, R>(src + oy * wp + ox, plane, wp, g.in_channels, g.kernel, wt, tile);
+      T* base = y + oy * out_w + ox;
+      for (std::size_t o = 0; o < outs; ++o) {
+        T* row = base + o * pixels;
+        FUSEDP_UNROLL(16)
+        for (std::size_t r = 0; r < R; ++r) row[r] = tile[r * NV * W + o];
+        epi(o, oy * out_w + ox, row, R);
+      }
+      ox += R;
+    };
+    while (out_w - ox >= most) segment.template operator()<most>();
+    if constexpr (most >= 16) if (out_w - ox >= 8) segment.template operator()<8>();
+    if (out_w - ox >= 4) segment.template operator()<4>();
+    if (out_w - ox >= 2) segment.template operator()<2>();
+    if (out_w - ox >= 1) segment.template operator()<1>();
+  }
+}
+
+// dzt (P x NV*W) = dz (O x P) transposed, channels zero-padded: the pixel-major gradient whose rows
+// the direct weight gradient multiplies by broadcast image values.
+template <class T, std::size_t W, std::size_t NV>
+FUSEDP_NO_LIBCALL_LOOPS void transpose_dz(const T* FUSEDP_RESTRICT dz, std::size_t outs, std::size_t pixels,
+                                          T* FUSEDP_RESTRICT dzt) {
+  using V = simd::vec_n<T, W>;
+  constexpr std::size_t NW = NV * W;
+  for (std::size_t p0 = 0; p0 < pixels; p0 += W) {
+    const std::size_t np = std::min(W, pixels - p0);
+    FUSEDP_UNROLL(2)
+    for (std::size_t v = 0; v < NV; ++v) {
+      V blk[W];
+      for (std::size_t r = 0; r < W; ++r) {
+        const std::size_t o = v * W + r;
+        if (o >= outs) {
+          blk[r] = V{};
+        } else if (np == W) {
+          blk[r] = simd::load_as<V>(dz + o * pixels + p0);
+        } else {
+          alignas(sizeof(V)) T tmp[W] = {};
+          for (std::size_t j = 0; j < np; ++j) tmp[j] = dz[o * pixels + p0 + j];
+          blk[r] = simd::load_as<V>(tmp);
+        }
+      }
+      simd::transpose<T, W>(blk);
+      for (std::size_t j = 0; j < np; ++j) simd::store(dzt + (p0 + j) * NW + v * W, blk[j]);
+    }
+  }
+}
+
+// dwt[kx][0, NV*W) += sum over output pixels of image(c, oy + ky, ox + kx) * dzt[pixel] for the K
+// taps of one (c, ky); `src` is the padded image at (c, ky, 0). K x NV accumulators in registers,
+// each image value broadcast from memory.
+template <class T, std::size_t W, std::size_t NV, std::size_t K>
+FUSEDP_ALWAYS_INLINE void direct_dw_row(const T* FUSEDP_RESTRICT src, std::size_t wp, std::size_t out_h,
+                                        std::size_t out_w, const T* FUSEDP_RESTRICT dzt, T* FUSEDP_RESTRICT dwt) {
+  using V = simd::vec_n<T, W>;
+  constexpr std::size_t NW = NV * W;
+  V acc[K][NV];
+  FUSEDP_UNROLL(8)
+  for (std::size_t kx = 0; kx < K; ++kx)
+    FUSEDP_UNROLL(2)
+    for (std::size_t v = 0; v < NV; ++v) acc[kx][v] = V{};
+  for (std::size_t oy = 0; oy < out_h; ++oy) {
+    const T* row = src + oy * wp;
+    const T* d = dzt + oy * out_w * NW;
+    for (std::size_t ox = 0; ox < out_w; ++ox, d += NW) {
+      V dv[NV];
+      FUSEDP_UNROLL(2)
+      for (std::size_t v = 0; v < NV; ++v) dv[v] = simd::load_as<V>(d + v * W);
+      FUSEDP_UNROLL(8)
+      for (std::size_t kx = 0; kx < K; ++kx) {
+        const T a = row[ox + kx];
+        FUSEDP_UNROLL(2)
+        for (std::size_t v = 0; v < NV; ++v) acc[kx][v] += a * dv[v];
+      }
+    }
+  }
+  FUSEDP_UNROLL(8)
+  for (std::size_t kx = 0; kx < K; ++kx)
+    FUSEDP_UNROLL(2)
+    for (std::size_t v = 0; v < NV; ++v) {
+      T* p = dwt + kx * NW + v * W;
+      simd::store(p, V(simd::load_as<V>(p) + acc[kx][v]));
+    }
+}
+
+// One sample's weight gradient, added to dwt (K_total x NV*W): `src` the padded input.
+template <class T, std::size_t W, std::size_t NV, std::size_t K>
+FUSEDP_BROADCAST_LOADS void direct_dw_sample(const ConvGeometry& g, const T* src, const T* dzt, T* dwt) {
+  const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad);
+  const std::size_t plane = (std::size_t(g.in_h) + 2 * std::size_t(g.pad)) * wp;
+  for (std::size_t c = 0; c < std::size_t(g.in_channels); ++c)
+    for (std::size_t ky = 0; ky < K; ++ky)
+      direct_dw_row<T, W, NV, K>(src + c * plane + ky * wp, wp, std::size_t(g.out_h), std::size_t(g.out_w), dzt,
+                                 dwt + (c * K + ky) * K * NV * W);
+}
+
+}  // namespace detail
 
 /// y = Epi(conv(x, w) + b) for `batch` samples; z receives the values before the epilogue when the
 /// epilogue needs them in backward (else null). scratch: threads x g.scratch_per_thread() elements.
 template <class Epi, class T>
 void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* b,
                     const T* x, T* y, T* z, T* scratch) {
-  const std::size_t pixels = g.out_pixels(), patch = g.patch();
-  host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
-    T* col = scratch + std::size_t(thread) * g.scratch_per_thread();
-    for (std::size_t n = n0; n < n1; ++n) {
-      const T* xn = x + n * g.in_size();
-      T* yn = y + n * g.out_size();
-      T* zn = z ? z + n * g.out_size() : nullptr;
-      if (!g.direct()) im2col(g, xn, col);
-      const T* cols = g.direct() ? xn : col;
-      gemm(std::size_t(g.out_channels), pixels, patch, row_major(w, patch), row_major(cols, pixels), yn, pixels, false,
-           [&](std::size_t o, std::size_t j0, T* p, std::size_t cnt) {
-             const T bias = b[o];
-             if constexpr (Epi::saves_input) {
-               T* zp = zn + (p - yn);
-               for (std::size_t j = 0; j < cnt; ++j) {
-                 zp[j] = p[j] + bias;
-                 p[j] = Epi::apply(zp[j]);
-               }
-             } else {
-               for (std::size_t j = 0; j < cnt; ++j) p[j] = Epi::apply(p[j] + bias);
-             }
-             (void)j0;
-           });
+  const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
+  const std::size_t stride = g.scratch_per_thread();
+  auto epilogue = [&](T* yn, T* zn) {
+    return [=](std::size_t o, std::size_t, T* p, std::size_t cnt) {
+      const T bias = b[o];
+      if constexpr (Epi::saves_input) {
+        T* zp = zn + (p - yn);
+        for (std::size_t j = 0; j < cnt; ++j) {
+          zp[j] = p[j] + bias;
+          p[j] = Epi::apply(zp[j]);
+        }
+      } else {
+        for (std::size_t j = 0; j < cnt; ++j) p[j] = Epi::apply(p[j] + bias);
+      }
+    };
+  };
+  if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
+    if (detail::use_direct<T>(g)) {
+      detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() {
+        // W^T (K x NV*W), channels zero-padded: thread 0's packed-weight scratch, read by all.
+        T* wt = scratch;
+        for (std::size_t k = 0; k < patch; ++k)
+          for (std::size_t o = 0; o < NV * W; ++o) wt[k * NV * W + o] = o < outs ? w[o * patch + k] : T(0);
+        host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
+          T* padded = scratch + std::size_t(thread + 1) * stride - g.padded_size();
+          for (std::size_t n = n0; n < n1; ++n) {
+            const T* xn = x + n * g.in_size();
+            if (g.pad > 0) pad_input(g, xn, padded);
+            T* yn = y + n * g.out_size();
+            detail::direct_forward_sample<T, W, NV>(g, g.pad > 0 ? padded : xn, wt, yn,
+                                                    epilogue(yn, z ? z + n * g.out_size() : nullptr));
+          }
+        });
+      });
+      return;
     }
+  }
+  with_tile(choose_tile<T>(outs, pixels), [&]<class S>() {
+    T* packed_w = scratch;  // thread 0's, read by all
+    pack_a<S>(row_major(w, patch), 0, outs, 0, patch, packed_w);
+    host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
+      T* panels = scratch + std::size_t(thread) * stride + g.packed_weights_size();
+      T* padded = scratch + std::size_t(thread + 1) * stride - g.padded_size();
+      for (std::size_t n = n0; n < n1; ++n) {
+        T* yn = y + n * g.out_size();
+        im2col(g, x + n * g.in_size(), panels, S::template nr<T>, padded);
+        gemm_packed<S>(outs, pixels, patch, packed_w, panels, yn, pixels, false,
+                       epilogue(yn, z ? z + n * g.out_size() : nullptr));
+      }
+    });
   });
 }
 
@@ -120,53 +455,83 @@ template <class Epi, class T>
 void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* x, const T* y,
                      const T* z, T* dy, T* dx, T* dw, T* db, T* scratch) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
-  const std::size_t col_size = align_elements(patch * pixels), dw_size = align_elements(outs * patch);
+  const std::size_t stride = g.scratch_per_thread(), weights = g.packed_weights_size();
+  const std::size_t col_at = weights, dcol_at = col_at + g.col_size(), dz_at = dcol_at + g.col_size();
+  const std::size_t dw_at = dz_at + g.dz_panels_size(), db_at = dw_at + g.dw_size();
   const int threads = host.threads();
-  host.run_on_all([&](int thread) {
-    T* col = scratch + std::size_t(thread) * g.scratch_per_thread();
-    T* dcol = col + col_size;
-    T* dw_t = dcol + col_size;
-    T* db_t = dw_t + dw_size;
-    std::fill(dw_t, dw_t + outs * patch, T(0));
-    std::fill(db_t, db_t + outs, T(0));
-    const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);
-    const std::size_t n1 = batch * (std::size_t(thread) + 1) / std::size_t(threads);
-    for (std::size_t n = n0; n < n1; ++n) {
-      T* dzn = dy + n * g.out_size();
-      const T* yn = y + n * g.out_size();
-      const T* zn = z ? z + n * g.out_size() : yn;
-      for (std::size_t o = 0; o < outs; ++o) {
-        T s = T(0);
-        for (std::size_t p = o * pixels; p < (o + 1) * pixels; ++p) {
-          dzn[p] *= Epi::derivative(zn[p], yn[p]);
-          s += dzn[p];
+  const bool direct = detail::use_direct<T>(g);
+  // The weight gradient: dW (O x K) += dz (O x P) col^T (P x K) by GEMM, or (direct path) dW^T with
+  // channels in the lanes. `width`: the channel columns of the direct path's dW^T, 0 for the GEMM.
+  std::size_t width = 0;
+  auto weight_gradient = [&](const T* dzn, const T* xn, T* col, T* dz_panels, T* padded, T* dw_t) {
+    if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
+      if (direct) {
+        detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() {
+          detail::transpose_dz<T, W, NV>(dzn, outs, pixels, dz_panels);
+          if (g.pad > 0) pad_input(g, xn, padded);
+          detail::with_kernel(g.kernel, [&]<std::size_t K>() {
+            detail::direct_dw_sample<T, W, NV, K>(g, g.pad > 0 ? padded : xn, dz_panels, dw_t);
+          });
+        });
+        return;
+      }
+    }
+    if (!g.direct()) im2col(g, xn, col, pixels, padded);
+    const T* cols = g.direct() ? xn : col;
+    gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
+  };
+  if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
+  // The input gradient's tile shape; W^T (K x O) is W read column-major, packed once.
+  with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
+    T* packed_wt = scratch;
+    if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+    // One index per thread (its samples, its scratch); parallel_for lets the caller take over the
+    // index of a late worker.
+    host.parallel_for(std::size_t(threads), [&](std::size_t, std::size_t, int thread) {
+      T* own = scratch + std::size_t(thread) * stride;
+      T* col = own + col_at;
+      T* dcol = own + dcol_at;
+      T* dz_panels = own + dz_at;
+      T* dw_t = own + dw_at;
+      T* db_t = own + db_at;
+      T* padded = own + stride - g.padded_size();
+      simd::zero(dw_t, direct ? patch * width : outs * patch);
+      simd::zero(db_t, outs);
+      const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);
+      const std::size_t n1 = batch * (std::size_t(thread) + 1) / std::size_t(threads);
+      for (std::size_t n = n0; n < n1; ++n) {
+        T* dzn = dy + n * g.out_size();
+        if constexpr (!Epi::empty) {
+          const T* yn = y + n * g.out_size();
+          const T* zn = z ? z + n * g.out_size() : yn;
+          for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
         }
-        db_t[o] += s;
+        for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
+        const T* xn = x + n * g.in_size();
+        weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
+        if (dx) {
+          // dcol (K x P) = W^T (K x O) dz (O x P)
+          T* dxn = dx + n * g.in_size();
+          T* target = g.direct() ? dxn : dcol;
+          pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
+          gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
+          if (!g.direct()) col2im(g, dcol, dxn, padded);
+        }
       }
-      const T* xn = x + n * g.in_size();
-      if (!g.direct()) im2col(g, xn, col);
-      const T* cols = g.direct() ? xn : col;
-      // dW (outs x patch) += dz (outs x pixels) * col^T (pixels x patch)
-      gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
-      if (dx) {
-        T* dxn = dx + n * g.in_size();
-        // dcol (patch x pixels) = W^T (patch x outs) * dz (outs x pixels)
-        T* target = g.direct() ? dxn : dcol;
-        gemm(patch, pixels, outs, MatrixRef<T>{w, 1, patch}, row_major<T>(dzn, pixels), target, pixels, false);
-        if (!g.direct()) col2im(g, dcol, dxn);
+    });
+  });
+  if (direct) {
+    // dW[o][k] = sum over threads of dW^T[k][o], in thread order.
+    for (std::size_t o = 0; o < outs; ++o)
+      for (std::size_t k = 0; k < patch; ++k) {
+        T s = scratch[dw_at + k * width + o];
+        for (int t = 1; t < threads; ++t) s += scratch[std::size_t(t) * stride + dw_at + k * width + o];
+        dw[o * patch + k] = s;
       }
-    }
-  });
-  // Fixed order over threads: the sum is the same on every run with the same thread count.
-  const std::size_t stride = g.scratch_per_thread();
-  host.parallel_for(outs * patch + outs, [&](std::size_t i0, std::size_t i1, int) {
-    for (std::size_t i = i0; i < i1; ++i) {
-      const std::size_t off = i < outs * patch ? 2 * col_size + i : 2 * col_size + dw_size + (i - outs * patch);
-      T s = T(0);
-      for (int t = 0; t < threads; ++t) s += scratch[std::size_t(t) * stride + off];
-      (i < outs * patch ? dw[i] : db[i - outs * patch]) = s;
-    }
-  });
+  } else {
+    detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
+  }
+  detail::reduce_threads(host, scratch, stride, db_at, outs, db);
 }
 
 }  // namespace fusedp::kernels::host

@@ -1,0 +1,158 @@
+// The Host convolution kernels (include/fusedp/kernels/host/conv2d.hpp) against
+// naive double-precision loops: forward (im2col into packed panels, shared packed weights, the
+// epilogue per tile) and backward (weight, bias and input gradients) at geometries that are multiples
+// of nothing (kernel 1 direct, 2, 3, 5; stride 1-3; padding 0-2; the LeNet and CIFAR shapes), with
+// epilogues that save z or not, for 1 to 3 threads.
+#include <fusedp/kernels/activation.hpp>
+#include <fusedp/kernels/host/conv2d.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace kh = fusedp::kernels::host;
+namespace k = fusedp::kernels;
+
+namespace {
+
+double value(std::size_t which, std::size_t i) {
+  std::size_t h = (i + 1) * 0x9E3779B97F4A7C15ull + which * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 32;
+  return double(h % 2001) / 1000.0 - 1.0;
+}
+
+kh::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
+  return {c, h, w, kernel, stride, pad, o, (h + 2 * pad - kernel) / stride + 1, (w + 2 * pad - kernel) / stride + 1};
+}
+
+// |got - ref| within tol * (magnitude + 1), counted.
+struct Mismatches {
+  double tol;
+  std::size_t bad = 0;
+  double worst = 0;
+  void check(double got, double ref, double magnitude) {
+    const double err = std::abs(got - ref) / (magnitude + 1.0);
+    worst = std::max(worst, err);
+    if (!(err <= tol)) ++bad;
+  }
+};
+
+template <class Epi, class T>
+void check_conv(const kh::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
+  CAPTURE(g.in_channels);
+  CAPTURE(g.in_h);
+  CAPTURE(g.in_w);
+  CAPTURE(g.kernel);
+  CAPTURE(g.stride);
+  CAPTURE(g.pad);
+  CAPTURE(g.out_channels);
+  CAPTURE(batch);
+  CAPTURE(threads);
+  const fusedp::Host host{threads};
+  const std::size_t O = std::size_t(g.out_channels), K = g.patch(), P = g.out_pixels();
+  std::vector<T> w(O * K), b(O), x(batch * g.in_size()), y(batch * g.out_size()), z(batch * g.out_size());
+  std::vector<T> dy(batch * g.out_size()), dx(batch * g.in_size()), dw(O * K), db(O);
+  std::vector<T> scratch(std::size_t(threads) * g.scratch_per_thread());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = T(value(1, i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(value(2, i));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(value(3, i));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = T(value(4, i));
+  // Garbage in the outputs and the scratch: every kernel must overwrite, not accumulate.
+  std::fill(y.begin(), y.end(), T(7));
+  std::fill(dx.begin(), dx.end(), T(7));
+  std::fill(scratch.begin(), scratch.end(), T(-3));
+  const std::vector<T> dy_in = dy;
+
+  kh::conv2d_forward<Epi>(host, g, batch, w.data(), b.data(), x.data(), y.data(), Epi::saves_input ? z.data() : nullptr,
+                          scratch.data());
+  std::fill(scratch.begin(), scratch.end(), T(-3));
+  kh::conv2d_backward<Epi>(host, g, batch, w.data(), x.data(), y.data(), Epi::saves_input ? z.data() : nullptr,
+                           dy.data(), first_layer ? nullptr : dx.data(), dw.data(), db.data(), scratch.data());
+
+  const double tol = sizeof(T) == 4 ? 2e-6 * double(K + 8) : 1e-13 * double(K + 8);
+  Mismatches fwd{tol}, grad{tol * 4};
+  // Forward and dz = dy * Epi'(z) in double.
+  std::vector<double> dz(batch * g.out_size());
+  std::vector<double> ddx(batch * g.in_size(), 0.0), mag_dx(batch * g.in_size(), 0.0);
+  std::vector<double> ddw(O * K, 0.0), mag_dw(O * K, 0.0), ddb(O, 0.0), mag_db(O, 0.0);
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t o = 0; o < O; ++o)
+      for (int oy = 0; oy < g.out_h; ++oy)
+        for (int ox = 0; ox < g.out_w; ++ox) {
+          double acc = double(b[o]), mag = std::abs(double(b[o]));
+          for (int c = 0; c < g.in_channels; ++c)
+            for (int ky = 0; ky < g.kernel; ++ky)
+              for (int kx = 0; kx < g.kernel; ++kx) {
+                const int iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
+                if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
+                const double t = double(w[(o * std::size_t(g.in_channels) + c) * g.kernel * g.kernel + ky * g.kernel + kx]) *
+                                 double(x[n * g.in_size() + (std::size_t(c) * g.in_h + iy) * g.in_w + ix]);
+                acc += t;
+                mag += std::abs(t);
+              }
+          const std::size_t at = n * g.out_size() + o * P + std::size_t(oy) * g.out_w + ox;
+          const double yr = Epi::apply(acc);
+          fwd.check(double(y[at]), yr, mag);
+          if constexpr (Epi::saves_input) fwd.check(double(z[at]), acc, mag);
+          dz[at] = double(dy_in[at]) * Epi::derivative(acc, yr);
+          grad.check(double(dy[at]), dz[at], std::abs(dz[at]));
+        }
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t o = 0; o < O; ++o)
+      for (int oy = 0; oy < g.out_h; ++oy)
+        for (int ox = 0; ox < g.out_w; ++ox) {
+          const double d = dz[n * g.out_size() + o * P + std::size_t(oy) * g.out_w + ox];
+          ddb[o] += d;
+          mag_db[o] += std::abs(d);
+          for (int c = 0; c < g.in_channels; ++c)
+            for (int ky = 0; ky < g.kernel; ++ky)
+              for (int kx = 0; kx < g.kernel; ++kx) {
+                const int iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
+                if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
+                const std::size_t wi = (o * std::size_t(g.in_channels) + c) * g.kernel * g.kernel + ky * g.kernel + kx;
+                const std::size_t xi = n * g.in_size() + (std::size_t(c) * g.in_h + iy) * g.in_w + ix;
+                ddw[wi] += d * double(x[xi]);
+                mag_dw[wi] += std::abs(d * double(x[xi]));
+                ddx[xi] += d * double(w[wi]);
+                mag_dx[xi] += std::abs(d * double(w[wi]));
+              }
+        }
+  for (std::size_t i = 0; i < O * K; ++i) grad.check(double(dw[i]), ddw[i], mag_dw[i]);
+  for (std::size_t o = 0; o < O; ++o) grad.check(double(db[o]), ddb[o], mag_db[o]);
+  if (!first_layer)
+    for (std::size_t i = 0; i < dx.size(); ++i) grad.check(double(dx[i]), ddx[i], mag_dx[i]);
+  CAPTURE(fwd.worst);
+  CAPTURE(grad.worst);
+  CHECK(fwd.bad == 0);
+  CHECK(grad.bad == 0);
+}
+
+const kh::ConvGeometry geometries[] = {
+    geometry(1, 28, 28, 5, 1, 0, 6),    // LeNet conv1
+    geometry(6, 12, 12, 3, 1, 0, 16),   // LeNet conv2
+    geometry(3, 32, 32, 3, 1, 1, 64),   // CIFAR conv1
+    geometry(5, 7, 9, 1, 1, 0, 3),      // 1x1: the direct path
+    geometry(3, 9, 11, 3, 2, 1, 13),    // stride 2, pad 1
+    geometry(2, 10, 8, 4, 3, 2, 5),     // kernel 4, stride 3, pad 2
+    geometry(4, 6, 7, 5, 1, 2, 17),     // 5x5 'same', odd channel count
+    geometry(7, 5, 13, 2, 1, 0, 29),    // kernel 2, rows that cross panels unevenly
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("conv2d forward and backward match a double reference", T, float, double) {
+  for (const auto& g : geometries)
+    for (int threads = 1; threads <= 3; ++threads) {
+      check_conv<k::Epilogue<>, T>(g, 5, threads, false);
+      check_conv<k::Epilogue<k::Tanh>, T>(g, 3, threads, threads == 2);
+      check_conv<k::Epilogue<k::Sigmoid, k::Gelu>, T>(g, 4, threads, false);
+    }
+}
+
+TEST_CASE("conv2d at the CIFAR-10 CNN's second layer (float, 2 threads)") {
+  check_conv<k::Epilogue<k::Tanh>, float>(geometry(64, 16, 16, 3, 1, 1, 128), 3, 2, false);
+}
