@@ -6,6 +6,7 @@ machine state. Prints each median and the ratio.
     python3 benchmarks/cpu_vs_torch.py --bench build/ci/benchmarks/train_step_bench --net lenet
 """
 import argparse
+import os
 import platform
 import re
 import statistics
@@ -85,11 +86,16 @@ def main():
     steps = a.steps or (200 if a.net == "lenet" else 15)
     warmup = max(2, steps // 10)
     ours, theirs = [], []
+    load_before = os.getloadavg()[0]
     for _ in range(a.rounds):
         ours.append(fusedp_ms(a.bench, a.net, a.batch, a.threads, steps, warmup))
         theirs.append(torch_ms(a.net, a.batch, a.threads, steps, warmup))
     f, t = statistics.median(ours), statistics.median(theirs)
     print(f"CPU: {cpu_model()}, {a.threads} threads; PyTorch {torch.__version__}; {a.net}, batch {a.batch}")
+    # Both sides share the machine; a load average above the core count means other processes took
+    # part of it (PyTorch's OpenMP threads spin at every barrier and suffer most from that).
+    print(f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs; "
+          f"rounds: fusedp {' '.join(f'{x:.3f}' for x in ours)}, pytorch {' '.join(f'{x:.3f}' for x in theirs)}")
     print(f"{'':8} {'ms/step':>10} {'images/s':>10}")
     print(f"{'fusedp':8} {f:10.3f} {a.batch / f * 1e3:10.0f}")
     print(f"{'pytorch':8} {t:10.3f} {a.batch / t * 1e3:10.0f}")

@@ -1,0 +1,72 @@
+// gemm_bench: GFLOP/s of the Host GEMM (kernels/host/gemm.hpp) on the products a train step of the seed
+// networks runs, with their operand layouts (N: row-major, T: transposed), on one thread or split over
+// threads. Each case reports the best of many repetitions, so a busy machine lowers fewer numbers.
+//
+//   gemm_bench [threads=1] [seconds per case=0.3]
+#include <fusedp/kernels/host/gemm.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace kh = fusedp::kernels::host;
+
+namespace {
+
+struct Case {
+  const char* name;
+  std::size_t m, n, k;
+  bool ta, tb;  // A stored as (k x m), B stored as (n x k)
+};
+
+// (batch 64) CIFAR-10 CNN: conv2 per sample and linear1 over the batch; LeNet: per sample and batch.
+constexpr Case cases[] = {
+    {"cifar conv2 fwd   W*col", 128, 256, 576, false, false},
+    {"cifar conv2 dW    dz*col^T", 128, 576, 256, false, true},
+    {"cifar conv2 dx    W^T*dz", 576, 256, 128, true, false},
+    {"cifar conv1 fwd   W*col", 64, 1024, 27, false, false},
+    {"cifar conv1 dW    dz*col^T", 64, 27, 1024, false, true},
+    {"cifar fc1 fwd     x*W^T", 64, 1024, 8192, false, true},
+    {"cifar fc1 dW      dz^T*x", 1024, 8192, 64, true, false},
+    {"cifar fc1 dx      dz*W", 64, 8192, 1024, false, false},
+    {"lenet conv1 fwd   W*col", 6, 576, 25, false, false},
+    {"lenet conv1 dW    dz*col^T", 6, 25, 576, false, true},
+    {"lenet conv2 fwd   W*col", 16, 100, 54, false, false},
+    {"lenet conv2 dW    dz*col^T", 16, 54, 100, false, true},
+    {"lenet conv2 dx    W^T*dz", 54, 100, 16, true, false},
+    {"lenet fc1 fwd     x*W^T", 64, 120, 400, false, true},
+    {"lenet fc1 dW      dz^T*x", 120, 400, 64, true, false},
+    {"lenet fc1 dx      dz*W", 64, 400, 120, false, false},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  const double seconds = argc > 2 ? std::atof(argv[2]) : 0.3;
+  const fusedp::Host host{threads};
+  std::printf("%-28s %6s %6s %6s %5s %9s %9s\n", "product", "m", "n", "k", "tile", "us", "GFLOP/s");
+  for (const Case& c : cases) {
+    std::vector<float> a(c.m * c.k), b(c.k * c.n), out(c.m * c.n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) * 0.1f - 0.3f;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) * 0.1f - 0.2f;
+    const kh::MatrixRef<float> ar = c.ta ? kh::MatrixRef<float>{a.data(), 1, c.m} : kh::row_major(a.data(), c.k);
+    const kh::MatrixRef<float> br = c.tb ? kh::MatrixRef<float>{b.data(), 1, c.k} : kh::row_major(b.data(), c.n);
+    auto once = [&] { kh::gemm(host, c.m, c.n, c.k, ar, br, out.data(), c.n, false); };
+    once();
+    double best = 1e30, total = 0;
+    while (total < seconds) {
+      const auto t0 = std::chrono::steady_clock::now();
+      once();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::min(best, dt);
+      total += dt;
+    }
+    const auto s = kh::choose_tile<float>(c.m, c.n);
+    std::printf("%-28s %6zu %6zu %6zu %2zux%zu %9.1f %9.1f\n", c.name, c.m, c.n, c.k, kh::detail::shapes[s].mr,
+                kh::detail::shapes[s].nv, best * 1e6, 2.0 * double(c.m * c.n * c.k) / best / 1e9);
+  }
+  return 0;
+}
