@@ -63,8 +63,9 @@ template <>
 struct Operand<precision::Tf32> {
   using type = float;
   static constexpr int pad = 4;
-  // Rounded to nearest once, on the way into shared memory: the tensor cores then read exact TF32
-  // values (the low 13 bits are zero), and rounding costs one instruction per element, not per load.
+  // Rounded to nearest (cvt.rna) once, on the way into shared memory, so each element is rounded by
+  // one instruction rather than at every fragment load; the tensor cores ignore the low 13 bits of
+  // what they read. Only the MMA reads these values (the row sums use the registers' fp32 values).
   __device__ static float convert(float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     return nvcuda::wmma::__float_to_tf32(v);
