@@ -2,6 +2,9 @@
 #include "fusedp/data/idx.hpp"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <initializer_list>
 #include <iterator>
 #include <random>
@@ -153,6 +157,37 @@ TEST_CASE("read_idx rejects bad files with a DataError naming the file and the p
   SUBCASE("a directory") {
     fs::create_directory(tmp.path / "dir");
     check_read_fails(tmp.file("dir"), {"directory"});
+  }
+
+  SUBCASE("a FIFO is refused, not waited on") {
+    const std::string fifo = tmp.file("fifo");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    // Read in another thread: a reader that opened the FIFO would wait for a writer forever. After
+    // 5 s the test becomes that writer (opening without blocking, then closing), so the reader sees
+    // an empty file and the test fails instead of hanging.
+    auto reading = std::async(std::launch::async, [&]() -> std::string {
+      try {
+        (void)fusedp::data::read_idx(fifo);
+      } catch (const DataError& e) {
+        return e.what();
+      } catch (const std::exception& e) {
+        return std::string("another exception: ") + e.what();
+      }
+      return "no exception";
+    });
+    bool blocked = false;
+    if (reading.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      blocked = true;
+      while (reading.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+      }
+    }
+    const std::string message = reading.get();
+    INFO("message: " << message);
+    CHECK_FALSE(blocked);
+    CHECK(contains(message, fifo));
+    CHECK(contains(message, "not a regular file"));
   }
 
   SUBCASE("empty file, plain and gzip") {

@@ -210,3 +210,29 @@ TEST_CASE("structural problems are DataErrors naming the file and the problem") 
   CHECK(error_of([&] { (void)ft::read_safetensors(dir.path.string()); }).find("not a regular file") !=
         std::string::npos);
 }
+
+TEST_CASE("a header nested deeper than the format's 3 levels is refused as it is parsed") {
+  TempDir dir("fusedp_st");
+  const std::string path = dir.file("deep.safetensors");
+  auto message = [&](const std::string& header) {
+    write_bytes(path, raw_file(header, {}));
+    return error_of([&] { (void)ft::read_safetensors(path); });
+  };
+  // One level too deep, in a tensor and in the metadata.
+  std::string m = message(R"({"a": {"dtype": "F32", "shape": [[2]], "data_offsets": [0, 8]}})");
+  CAPTURE(m);
+  CHECK(m.rfind(path + ": ", 0) == 0);
+  CHECK(m.find("nests JSON deeper than the 3 levels") != std::string::npos);
+  m = message(R"({"__metadata__": {"k": {"x": []}}})");
+  CHECK(m.find("nests JSON deeper than the 3 levels") != std::string::npos);
+  // A crafted header of a million nested arrays (well-formed JSON, 2 MB): refused at the fourth
+  // level, not after a document of a million arrays was built and found not to be a tensor.
+  const std::size_t levels = 1'000'000;
+  m = message("{\"a\": " + std::string(levels, '[') + std::string(levels, ']') + "}");
+  CHECK(m.rfind(path + ": ", 0) == 0);
+  CHECK(m.find("nests JSON deeper than the 3 levels") != std::string::npos);
+  // Three levels are what the format uses, and read.
+  write_bytes(path, raw_file(R"({"__metadata__": {"k": "v"}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+                             floats({1, 2})));
+  CHECK_NOTHROW((void)ft::read_safetensors(path));
+}

@@ -125,6 +125,8 @@ inline std::string join_dims(const std::vector<std::size_t>& dims) {
   const auto status = fs::status(path, ec);
   if (!fs::exists(status)) throw DataError(path, "file does not exist");
   if (fs::is_directory(status)) throw DataError(path, "is a directory, not an IDX file");
+  // A FIFO, socket or device would block or never end; only a regular file holds an IDX file.
+  if (!fs::is_regular_file(status)) throw DataError(path, "is not a regular file (expected an IDX file)");
 
   detail::GzFile file{gzopen(path.c_str(), "rb")};
   if (!file) {

@@ -41,6 +41,8 @@ namespace fusedp::train {
 
 /// Largest header accepted (the limit of the reference implementation).
 inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+/// Deepest JSON nesting a header may have: the header object, a tensor's object, its shape or offsets.
+inline constexpr int safetensors_max_header_depth = 3;
 /// Metadata key of fusedp's checksum.
 inline constexpr std::string_view checksum_key = "fusedp.crc32";
 
@@ -207,9 +209,20 @@ inline std::vector<std::uint8_t> read_whole_file(const std::string& path, const 
   f.data_start = 8 + std::size_t(header_len);
   const std::size_t data_size = size - f.data_start;
 
+  // A valid header nests 3 levels deep (the object, a tensor, its shape); deeper nesting is refused
+  // as it is met, before it is built: parsed whole, a 100 MB header of nested arrays would cost
+  // about 40 bytes of memory per byte. The callback's depth counts the containers around the one
+  // that starts.
+  const json::parser_callback_t depth_limit = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= safetensors_max_header_depth)
+      fail("header nests JSON deeper than the " + std::to_string(safetensors_max_header_depth) +
+           " levels of the format (not a safetensors header)");
+    return true;
+  };
   json header;
   try {
-    header = json::parse(f.bytes.begin() + 8, f.bytes.begin() + std::ptrdiff_t(f.data_start));
+    header = json::parse(f.bytes.begin() + 8, f.bytes.begin() + std::ptrdiff_t(f.data_start), depth_limit);
   } catch (const json::exception& e) {
     fail(std::string("header is not valid JSON: ") + e.what());
   }
