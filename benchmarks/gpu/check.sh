@@ -18,7 +18,10 @@
 # doctest.h), FUSEDP_COMMIT (when the tree is not a git checkout), FUSEDP_TORCH_PYTHON (default
 # python3), FUSEDP_CHECK_BUDGET (seconds, default 460), FUSEDP_COMPILE_MODE (torch.compile mode,
 # default "default"), FUSEDP_FASHION_MNIST_DIR (real data for the training test; synthetic otherwise),
-# FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi).
+# FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi),
+# FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu built elsewhere for this GPU's
+# architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU: nothing is built here,
+# which saves the minutes of device time nvcc takes), FUSEDP_TORCH_MODES (default "eager compile").
 #
 # Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test
 # failed; 3 when the tests found no usable device and skipped (benchmark numbers never fail it).
@@ -30,6 +33,8 @@ BUDGET=${FUSEDP_CHECK_BUDGET:-460}
 OUT=${FUSEDP_CHECK_DIR:-$ROOT/build/gpu-check}
 PY=${FUSEDP_TORCH_PYTHON:-python3}
 COMPILE_MODE=${FUSEDP_COMPILE_MODE:-default}
+read -r -a TORCH_MODES <<< "${FUSEDP_TORCH_MODES:-eager compile}"
+PREBUILT=${FUSEDP_PREBUILT_DIR:-}
 JOBS=$(nproc 2>/dev/null || echo 4)
 status=0
 skipped=0
@@ -83,7 +88,7 @@ if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'
   torch_ok=1
   for cfg in "${CONFIGS[@]}"; do
     net=${cfg%%:*} batch=${cfg##*:}
-    for mode in eager compile; do
+    for mode in "${TORCH_MODES[@]}"; do
       id="$mode-$net-$batch"
       "$PY" "$ROOT/benchmarks/gpu/torch_bench.py" --net "$net" --batch "$batch" --mode "$mode" \
         --compile-mode "$COMPILE_MODE" --steps 100 --warmup 10 --ready "$OUT/torch/$id.ready" \
@@ -97,6 +102,12 @@ else
 fi
 
 # --- 3. build -----------------------------------------------------------------------------------------
+TEST_MODE=none  # ctest, direct, prebuilt or none
+if [[ -n "$PREBUILT" ]]; then
+  log "using the binaries in $PREBUILT (built elsewhere; nothing is compiled here)"
+  ls "$PREBUILT"/test_gpu_* >/dev/null 2>&1 && TEST_MODE=prebuilt || log "no test_gpu_* in $PREBUILT"
+  [[ -x "$PREBUILT/train_step_gpu" ]] && cp "$PREBUILT/train_step_gpu" "$OUT/train_step_gpu"
+else
 DOCTEST_DIR=""
 for d in "${FUSEDP_DOCTEST_DIR:-}" "$ROOT/third_party/doctest" /usr/include/doctest /usr/local/include/doctest; do
   if [[ -n "$d" && -f "$d/doctest.h" ]]; then DOCTEST_DIR=$d; break; fi
@@ -113,7 +124,6 @@ log "building benchmarks/gpu/train_step_gpu.cu for $ARCH_FLAG"
   "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu" > "$OUT/bench_build.log" 2>&1 &
 BENCH_BUILD=$!
 
-TEST_MODE=none  # ctest, direct or none
 if [[ -n "$DOCTEST_DIR" ]]; then
   cmake_ok=0
   if command -v cmake >/dev/null && command -v ninja >/dev/null; then
@@ -172,6 +182,7 @@ if wait "$BENCH_BUILD"; then
 else
   log "BENCHMARK BUILD FAILED:"; tail -30 "$OUT/bench_build.log"; status=1
 fi
+fi  # not prebuilt
 
 # --- 4. tests -----------------------------------------------------------------------------------------
 test_limit=$(clamp $(( $(left) - 150 )) 60 240)
@@ -187,13 +198,15 @@ case $TEST_MODE in
     fi
     if (( rc != 0 )); then log "GPU TESTS FAILED (rc $rc; full output in $OUT/ctest.log)"; tail -60 "$OUT/ctest.log"; status=1; fi
     ;;
-  direct)
-    for t in "$OUT"/direct/test_gpu_*; do
+  direct|prebuilt)
+    [[ $TEST_MODE == direct ]] && tdir="$OUT/direct" || tdir="$PREBUILT"
+    for t in "$tdir"/test_gpu_*; do
       [[ -x "$t" ]] || continue
       log "$(basename "$t")"
-      if ! timeout "$test_limit" "$t" > "$t.out" 2>&1; then log "FAILED: $(basename "$t")"; tail -40 "$t.out"; status=1; fi
-      grep -E "test cases|MESSAGE|accuracy|mean loss" "$t.out" | tail -8
-      grep -q "fusedp-gpu-skip" "$t.out" && skipped=1
+      tout="$OUT/$(basename "$t").out"
+      if ! FUSEDP_SOURCE_DIR="$ROOT" timeout "$test_limit" "$t" > "$tout" 2>&1; then log "FAILED: $(basename "$t")"; tail -40 "$tout"; status=1; fi
+      grep -E "test cases|MESSAGE|accuracy|mean loss|data:" "$tout" | tail -8
+      grep -q "fusedp-gpu-skip" "$tout" && skipped=1
     done
     ;;
   none) log "no gpu tests were run" ;;
@@ -203,7 +216,7 @@ esac
 if (( torch_ok )); then
   for cfg in "${CONFIGS[@]}"; do
     net=${cfg%%:*} batch=${cfg##*:}
-    for mode in eager compile; do
+    for mode in "${TORCH_MODES[@]}"; do
       id="$mode-$net-$batch"
       pid=${TORCH_PID[$id]}
       # wait for its warm-up, keeping time for fusedp's own benchmark and the report

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu and train_step_gpu) for one
+# GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
+# not compiling. The binaries link the CUDA runtime statically; they need an x86-64 Linux with a driver
+# at least as new as this nvcc, libstdc++ and zlib.
+#
+#   benchmarks/gpu/prebuild.sh [ARCH] [DIR]     ARCH default 90 (H100/H200), DIR default build/gpu-prebuilt
+#
+# then, on the GPU machine:  FUSEDP_PREBUILT_DIR=DIR benchmarks/gpu/check.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ARCH=${1:-90}
+DIR=${2:-build/gpu-prebuilt}
+BUILD=build/gpu$ARCH
+JOBS=$(nproc 2>/dev/null || echo 2)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DFUSEDP_BUILD_TESTS=ON -DFUSEDP_BUILD_EXAMPLES=OFF -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_TEST_CONSUMERS=OFF \
+  -DFUSEDP_HEADER_TEST_CUDA=OFF -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF > /dev/null
+mapfile -t tests < <(ninja -C "$BUILD" -t targets all | sed -n 's/^\(test_gpu_[A-Za-z0-9_]*\): phony$/\1/p')
+echo "prebuild: ${tests[*]} and train_step_gpu for sm_$ARCH with $JOBS jobs"
+ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
+mkdir -p "$DIR"
+for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
+nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
+du -sh "$DIR"
