@@ -12,6 +12,7 @@
 #include "fusedp/net/model.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
 #include "fusedp/parallel/mpi.hpp"
+#include "fusedp/parallel/nccl.hpp"
 #include "fusedp/parallel/policy.hpp"
 #include "fusedp/parallel/shards.hpp"
 
@@ -19,9 +20,11 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -29,6 +32,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fusedp {
@@ -41,12 +45,28 @@ struct Replicas {
 };
 constexpr Replicas replicas(int count, int threads_per_replica = 0) { return {count, threads_per_replica}; }
 
+/// Cuda replicas in this process: one on each listed device (`fp::Devices{0, 1, 2, 3}`).
+struct Devices {
+  std::vector<int> ids;
+  Devices(std::initializer_list<int> list) : ids(list) {}
+  explicit Devices(std::vector<int> list) : ids(std::move(list)) {}
+};
+/// `devices(0, 1)`: the same as Devices{0, 1}.
+template <class... Ids>
+Devices devices(Ids... ids) {
+  return Devices{int(ids)...};
+}
+
 struct ParallelOptions {
   /// MPI: Host threads of this rank's replica (0: the hardware threads divided among the ranks of
   /// this machine).
   int threads = 0;
-  /// MPI: how long the start-up check waits for every rank before the job is aborted.
+  /// MPI: how long the start-up check waits for every rank before the job is aborted. Cuda: also how
+  /// long NCCL's start-up and each step's collectives may take before the communicator is aborted and
+  /// the step throws (a dead peer never hangs the job).
   std::chrono::milliseconds timeout{60000};
+  /// Cuda with MPI: this rank's device (-1: its rank among the ranks of its machine).
+  int device = -1;
   /// Any value that every rank must share, e.g. a hash of the command line's flags.
   std::uint64_t agree_on = 0;
 };
@@ -67,8 +87,8 @@ struct GlobalEvaluation {
 template <Network Net, class Space, class... Policies>
 class Parallel {
   static_assert(std::is_same_v<Space, Host>,
-                "fusedp::Parallel: replicas on the Cuda space (NCCL) need the Cuda Model, which is not there yet; "
-                "Parallel runs on Host today");
+                "fusedp::Parallel: replicas on the Cuda space need nvcc and NCCL (<nccl.h> on the include path: "
+                "link NCCL::NCCL or fusedp::cuda); this primary template is the Host one");
 
  public:
   using policy = parallel::Policy<Space, Policies...>;
@@ -533,3 +553,432 @@ class Parallel {
 };
 
 }  // namespace fusedp
+
+#if FUSEDP_HAS_CUDA && FUSEDP_HAS_NCCL
+// Parallel<Net, CudaSpace<P>, Policies...>: replicas on GPUs, gradients through NCCL. Two process
+// models, as on Host: one process driving one replica per listed device (a thread each), or one replica
+// per MPI rank (mpirun; the NCCL unique id travels over MPI, each rank takes the device of its rank
+// among the ranks of its machine). Gradients are summed in the compile-time buckets of BucketPlan on a
+// communication stream of each replica: with Overlap, a bucket's collective is queued as soon as the
+// Cuda model's stage hook says backward has queued its last gradient (an event orders it after those
+// kernels); the optimizer waits for the last one (another event). Shards scale their gradient by
+// (shard / global batch) first, so every reduction is a plain sum, as on Host.
+// Available on Cuda: AllReduce, ReduceBroadcast, Deterministic (an all-gather and a sum in rank order,
+// the Host's order and bits), Average/Sum, every scatter policy. Not yet: ReduceScatter, Compress<bf16>,
+// Guarded optimizers (static_asserts say so). Steps do not replay CUDA graphs (the NCCL calls sit
+// between the model's kernels); each step waits for its update before returning the loss.
+namespace fusedp {
+
+namespace parallel::detail {
+// g[i] *= s: a shard's share of the mean over the global batch.
+template <int = 0>
+__global__ void scale_kernel(float* g, std::size_t n, float s) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    g[i] *= s;
+}
+// out[i] = all[0 * n + i] + all[1 * n + i] + ... in rank order, from 0: the Host's reduce_local, bit for bit.
+template <int = 0>
+__global__ void sum_in_rank_order_kernel(const float* __restrict__ all, float* __restrict__ out, std::size_t n, int world) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    float s = 0;
+    for (int r = 0; r < world; ++r) s += all[std::size_t(r) * n + i];
+    out[i] = s;
+  }
+}
+inline unsigned elementwise_blocks(std::size_t n) { return unsigned(std::min<std::size_t>((n + 255) / 256, 8192)); }
+
+struct StreamDeleter {
+  void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
+};
+struct CudaEventDeleter {
+  void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+};
+using CudaEvent = std::unique_ptr<CUevent_st, CudaEventDeleter>;
+inline CudaEvent make_event() {
+  cudaEvent_t e = nullptr;
+  FUSEDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return CudaEvent(e);
+}
+}  // namespace parallel::detail
+
+/// Data-parallel training of Net on GPUs (see the comment above and parallel/policy.hpp).
+/// @tparam Net a Sequential<...>
+/// @tparam P the precision policy of every replica's CudaSpace
+/// @tparam Policies scatter, reduce, comm and knob tags, in any order
+template <Network Net, class P, class... Policies>
+class Parallel<Net, CudaSpace<P>, Policies...> {
+ public:
+  using space_type = CudaSpace<P>;
+  using policy = parallel::Policy<space_type, Policies...>;
+  using value_type = float;
+  using model_type = Model<Net, space_type, float>;
+  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
+  static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
+  static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+
+  static_assert(reduce_kind != parallel::detail::ReduceKind::reduce_scatter,
+                "fusedp::Parallel: reduce::ReduceScatter (ZeRO-1) is not yet available on the Cuda space (category "
+                "reduce: use AllReduce or ReduceBroadcast on Cuda; ReduceScatter runs on Host)");
+  static_assert(!policy::compress,
+                "fusedp::Parallel: Compress<bf16> is not yet available on the Cuda space (gradients travel in fp32 "
+                "there); it runs on Host");
+
+  /// `r.count` replicas in this process on devices 0 .. r.count - 1 (r.threads_per_replica is unused).
+  /// More replicas than visible devices is an error.
+  explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
+      : Parallel(Devices(first_devices(r.count)), seed, options) {}
+
+  /// One replica on each of `d`'s devices, in this process, started from the same parameters (drawn
+  /// from `seed`, then broadcast from the first device over NCCL).
+  explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(check_devices(d.ids)) {
+    world_ = d.ids.size();
+    std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
+    replicas_.reserve(world_);
+    for (std::size_t i = 0; i < world_; ++i) replicas_.emplace_back(seed, d.ids[i], std::move(comms[i]), world_);
+    broadcast_parameters();
+  }
+
+#if FUSEDP_HAS_MPI
+  /// One replica on each rank of `world` (mpirun), on device options.device or, by default, the device
+  /// numbered by the rank's place among the ranks of its machine. Every rank checks that all ranks run
+  /// the same network, policies, world size and options.agree_on, and that each has its device; then
+  /// NCCL is bootstrapped over MPI and rank 0's parameters are broadcast.
+  explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(1), mpi_(std::in_place, world) {
+    world_ = std::size_t(world.size());
+    rank_ = world.rank();
+    handshake();
+    const int device = agree_on_devices(world);
+    replicas_.emplace_back(seed, device, parallel::NcclCommunicator::from_mpi(world, device, options.timeout), world_);
+    broadcast_parameters();
+  }
+#endif
+
+  Parallel(const Parallel&) = delete;
+  Parallel& operator=(const Parallel&) = delete;
+  /// Waits for queued collectives (unless their communicator was aborted) before memory is freed.
+  ~Parallel() {
+    for (auto& rep : replicas_)
+      if (rep.comm.valid()) (void)cudaStreamSynchronize(rep.comm_stream.get());
+  }
+
+  /// Replicas taking part in all (ranks times local replicas).
+  [[nodiscard]] std::size_t world_size() const noexcept { return world_; }
+  /// This process's rank (0 without MPI).
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] bool is_root() const noexcept { return rank_ == 0; }
+  /// Replicas in this process.
+  [[nodiscard]] std::size_t local_replicas() const noexcept { return replicas_.size(); }
+  /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
+  [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
+  [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }
+  /// The NCCL communicator of local replica `i`.
+  [[nodiscard]] parallel::NcclCommunicator& communicator(std::size_t i = 0) { return replicas_.at(i).comm; }
+
+  /// Run-time weights of scatter::Weighted, one per replica (world_size()).
+  void set_weights(std::span<const double> weights) {
+    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
+    require(weights.size() == world_, "Parallel::set_weights: ", weights.size(), " weights for ", world_, " replicas");
+    for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
+    weights_.assign(weights.begin(), weights.end());
+  }
+
+  /// One data-parallel step (host inputs, as on Host: the global batch with Even or Weighted, this
+  /// process's own data with Sharded). Returns the mean loss over the global batch once the update
+  /// has run on every local replica. A collective that does not finish within options.timeout aborts
+  /// the communicator and throws DeviceError naming the rank.
+  template <class Loss, class Opt>
+  float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                   const Loss& loss, Opt& opt) {
+    static_assert(!requires { typename Opt::on_nonfinite; },
+                  "fusedp::Parallel: Guarded optimizers are not yet available on the Cuda space (the Cuda model has "
+                  "no gradient statistics yet); use the bare optimizer there, or the Host space");
+    opt.validate();
+    const std::size_t in = model_type::input_size, out = model_type::output_size;
+    require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
+            " input values are not a whole number of samples of ", in, " values");
+    const std::size_t batch = inputs.size() / in;
+    Loss::validate(targets, batch, out);
+    const std::vector<parallel::Shard> shards = local_shards(batch);
+    std::size_t local = 0;
+    for (const auto& sh : shards) local += sh.count;
+    const std::size_t global = global_count(local, batch);
+    const std::size_t per_target = targets.size() / batch;
+
+    std::vector<float> losses(replicas_.size());
+    auto run = [&](std::size_t r) {
+      Replica& rep = replicas_[r];
+      const parallel::Shard& s = shards[r];
+      rep.model.space().activate();
+      // Average: this shard's gradient becomes its share of the mean over the global batch.
+      rep.factor = policy::sum || s.count == global ? 1.0f : float(double(s.count) / double(global));
+      rep.launched.fill(false);
+      losses[r] = rep.model.compute_gradients(inputs.subspan(s.offset * in, s.count * in),
+                                              targets.subspan(s.offset * per_target, s.count * per_target), loss,
+                                              [&](std::size_t stage) { stage_done(rep, stage); });
+      for (std::size_t b = 0; b < plan::count; ++b)
+        if (!rep.launched[b]) launch_bucket(rep, b);
+      finish(rep, global_index(r), opt);
+    };
+    if (replicas_.size() == 1) run(0);
+    else pool_.run_on_all([&](int r) { run(std::size_t(r)); });
+
+    double weighted_loss = 0;
+    for (std::size_t r = 0; r < replicas_.size(); ++r) weighted_loss += double(losses[r]) * double(shards[r].count);
+#if FUSEDP_HAS_MPI
+    if (mpi_) mpi_->all_reduce_sum(&weighted_loss, 1);
+#endif
+    return float(weighted_loss / double(global));
+  }
+
+  /// Evaluates this process's samples on local replica 0 and sums loss and correct predictions over
+  /// all ranks (a collective; see the Host Parallel).
+  template <class Loss>
+  GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                            const Loss& loss) {
+    GlobalEvaluation local;
+    if (!inputs.empty()) {
+      const std::size_t batch = inputs.size() / model_type::input_size;
+      replicas_[0].model.space().activate();
+      const auto e = replicas_[0].model.evaluate(inputs, targets, loss);
+      local.loss_sum = double(e.loss) * double(batch);
+      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
+        local.correct = count_correct(e.outputs, targets);
+      local.count = batch;
+    }
+    return sum_over_ranks(local);
+  }
+
+  /// Adds up every rank's evaluation sums (a collective).
+  [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
+    [[maybe_unused]] std::array<double, 3> sums{local.loss_sum, double(local.correct), double(local.count)};
+#if FUSEDP_HAS_MPI
+    if (mpi_) {
+      mpi_->all_reduce_sum(sums.data(), sums.size());
+      return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
+    }
+#endif
+    return local;
+  }
+
+  /// The smallest of every rank's `local` (steps per epoch), so no rank waits for one out of data.
+  [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
+#if FUSEDP_HAS_MPI
+    if (mpi_) {
+      std::vector<std::uint64_t> all(world_);
+      const std::uint64_t mine = local;
+      mpi_->all_gather(&mine, all.data(), 1);
+      return std::size_t(*std::min_element(all.begin(), all.end()));
+    }
+#endif
+    return local;
+  }
+
+ private:
+  // The largest bucket, in elements (Deterministic gathers one bucket of every rank at a time).
+  static constexpr std::size_t largest_bucket = [] {
+    std::size_t most = 0;
+    for (const auto& b : plan::buckets) most = std::max(most, b.end - b.begin);
+    return most;
+  }();
+
+  struct Replica {
+    model_type model;
+    parallel::NcclCommunicator comm;
+    std::unique_ptr<CUstream_st, parallel::detail::StreamDeleter> comm_stream;
+    std::array<parallel::detail::CudaEvent, plan::count> ready;  // bucket b's gradients are final
+    parallel::detail::CudaEvent reduced;                         // the collectives queued so far are done
+    parallel::detail::CudaEvent stepped;                         // the root's update is done
+    DeviceBuffer<float> gathered;                                // Deterministic: world x largest bucket
+    std::array<bool, plan::count> launched{};
+    float factor = 1;
+
+    Replica(Seed seed, int device, parallel::NcclCommunicator c, std::size_t world)
+        : model(seed, space_type{device}), comm(std::move(c)) {
+      model.space().activate();
+      // The collectives get the highest priority, so a bucket's reduction is not queued behind the
+      // rest of backward.
+      int least = 0, greatest = 0;
+      FUSEDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      cudaStream_t s = nullptr;
+      FUSEDP_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+      comm_stream.reset(s);
+      for (auto& e : ready) e = parallel::detail::make_event();
+      reduced = parallel::detail::make_event();
+      stepped = parallel::detail::make_event();
+      if constexpr (policy::deterministic) gathered = DeviceBuffer<float>(world * largest_bucket);
+    }
+  };
+
+  static std::vector<int> first_devices(int count) {
+    require(count >= 1, "Parallel: replica count must be >= 1, got ", count);
+    std::vector<int> list;
+    for (int i = 0; i < count; ++i) list.push_back(i);
+    return list;
+  }
+  static int check_devices(const std::vector<int>& ids) {
+    require(!ids.empty(), "Parallel: no devices given");
+    const int count = cuda_device_count();
+    if (count == 0)
+      throw DeviceError("Parallel on Cuda", int(cudaErrorNoDevice), "no CUDA device: " + cuda_unavailable_reason());
+    require(ids.size() <= std::size_t(count), "Parallel: ", ids.size(), " replicas on the Cuda space need ", ids.size(),
+            " devices (one replica per device), but ", count, " CUDA device(s) are visible; use at most ", count,
+            " replicas, or the Host space");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      require(ids[i] >= 0 && ids[i] < count, "Parallel: device ", ids[i], " does not exist (", count,
+              " CUDA device(s) are visible)");
+      for (std::size_t j = 0; j < i; ++j)
+        require(ids[j] != ids[i], "Parallel: device ", ids[i], " is listed twice; NCCL needs one replica per device");
+    }
+    return int(ids.size());
+  }
+
+#if FUSEDP_HAS_MPI
+  void handshake() {
+    const std::array<std::uint64_t, 7> mine{0x66757365647031ull /* "fusedp1" */,
+                                            FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
+                                            Net::fingerprint,
+                                            Net::param_count,
+                                            policy::hash ^ (std::uint64_t(P::name[0]) << 56)  // and the precision,
+                                            world_,
+                                            options_.agree_on};
+    static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
+                                           "policy hash", "world size",      "agree_on value"};
+    std::vector<std::uint64_t> all(mine.size() * world_);
+    mpi_->all_gather_or_abort(mine.data(), all.data(), mine.size(), options_.timeout, "Parallel start-up check");
+    std::ostringstream diff;
+    for (std::size_t r = 1; r < world_; ++r)
+      for (std::size_t k = 0; k < mine.size(); ++k)
+        if (all[r * mine.size() + k] != all[k])
+          diff << "\n  rank " << r << " has " << what[k] << " " << all[r * mine.size() + k] << ", rank 0 has " << all[k];
+    if (!diff.str().empty())
+      throw InvalidArgument("Parallel: the ranks were not started with the same network and settings:" + diff.str());
+  }
+
+  // This rank's device; every rank learns whether every rank has one, so all fail together.
+  int agree_on_devices(const MpiWorld& world) {
+    const int count = cuda_device_count();
+    const int device = options_.device >= 0 ? options_.device : world.local_rank();
+    const std::array<std::uint64_t, 2> mine{std::uint64_t(device), std::uint64_t(count)};
+    std::vector<std::uint64_t> all(2 * world_);
+    mpi_->all_gather_or_abort(mine.data(), all.data(), 2, options_.timeout, "Parallel device check");
+    std::ostringstream bad;
+    for (std::size_t r = 0; r < world_; ++r)
+      if (all[2 * r] >= all[2 * r + 1])
+        bad << "\n  rank " << r << " wants device " << all[2 * r] << " but sees " << all[2 * r + 1] << " CUDA device(s)";
+    if (!bad.str().empty())
+      throw InvalidArgument("Parallel on Cuda: one replica per device, and some ranks have none (start at most as "
+                            "many ranks per machine as it has GPUs, or set ParallelOptions::device):" + bad.str());
+    return device;
+  }
+#endif
+
+  // Rank 0's parameters (local replica 0, or MPI rank 0) on every replica, before the first step.
+  void broadcast_parameters() {
+    {
+      parallel::NcclGroup group(rank_);
+      for (auto& rep : replicas_)
+        rep.comm.broadcast(rep.model.params().data(), Net::param_storage, 0, rep.comm_stream.get());
+      group.end();
+    }
+    for (auto& rep : replicas_) {
+      rep.comm.wait_ready("ncclBroadcast of the parameters");
+      rep.comm.wait(rep.comm_stream.get(), "Parallel start-up: the broadcast of rank 0's parameters");
+    }
+  }
+
+  std::vector<parallel::Shard> local_shards(std::size_t batch) const {
+    if (sharded) return parallel::even_shards(batch, replicas_.size());
+    std::vector<parallel::Shard> all =
+        weighted ? parallel::weighted_shards(batch, weights_.empty() ? std::vector<double>(world_, 1.0) : weights_)
+                 : parallel::even_shards(batch, world_);
+    if (mpi_) return {all[std::size_t(rank_)]};
+    return all;
+  }
+
+  std::size_t global_count(std::size_t local, std::size_t batch) const {
+    if (!sharded) return batch;
+#if FUSEDP_HAS_MPI
+    if (mpi_) {
+      std::uint64_t n = local;
+      mpi_->all_reduce_sum(&n, 1);
+      return std::size_t(n);
+    }
+#endif
+    return local;
+  }
+
+  std::size_t global_index(std::size_t local) const { return mpi_ ? std::size_t(rank_) : local; }
+
+  void stage_done([[maybe_unused]] Replica& rep, [[maybe_unused]] std::size_t stage) {
+    if constexpr (policy::overlap) {
+      for (std::size_t b = 0; b < plan::count; ++b)
+        if (plan::buckets[b].ready_after == stage && !rep.launched[b]) launch_bucket(rep, b);
+    }
+  }
+
+  // Queues bucket b's reduction on the communication stream, after the kernels queued so far on the
+  // model's stream (which include every kernel writing the bucket).
+  void launch_bucket(Replica& rep, std::size_t b) {
+    const parallel::GradientBucket& bucket = plan::buckets[b];
+    float* g = rep.model.grads().data() + bucket.begin;
+    const std::size_t n = bucket.end - bucket.begin;
+    cudaStream_t ms = rep.model.space().stream(), cs = rep.comm_stream.get();
+    if (rep.factor != 1.0f) {
+      parallel::detail::scale_kernel<><<<parallel::detail::elementwise_blocks(n), 256, 0, ms>>>(g, n, rep.factor);
+      FUSEDP_CUDA_CHECK_LAUNCH("scale_kernel (Parallel: a shard's share of the global mean)");
+    }
+    FUSEDP_CUDA_CHECK(cudaEventRecord(rep.ready[b].get(), ms));
+    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.ready[b].get(), 0));
+    if constexpr (policy::deterministic) {
+      rep.comm.all_gather(g, rep.gathered.data(), n, cs);
+      parallel::detail::sum_in_rank_order_kernel<><<<parallel::detail::elementwise_blocks(n), 256, 0, cs>>>(
+          rep.gathered.data(), g, n, int(world_));
+      FUSEDP_CUDA_CHECK_LAUNCH("sum_in_rank_order_kernel (Parallel: Deterministic)");
+    } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
+      rep.comm.reduce_sum(g, n, 0, cs);
+    } else {
+      rep.comm.all_reduce_sum(g, n, cs);
+    }
+    rep.launched[b] = true;
+  }
+
+  // After the last bucket: the update waits for the reductions; ReduceBroadcast steps on the root and
+  // broadcasts its parameters. Then waits for it all, polling NCCL (see NcclCommunicator::wait).
+  template <class Opt>
+  void finish(Replica& rep, std::size_t global, Opt& opt) {
+    cudaStream_t ms = rep.model.space().stream(), cs = rep.comm_stream.get();
+    FUSEDP_CUDA_CHECK(cudaEventRecord(rep.reduced.get(), cs));
+    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(ms, rep.reduced.get(), 0));
+    if constexpr (reduce_kind == parallel::detail::ReduceKind::all_reduce) {
+      rep.model.step(opt);
+    } else {
+      // Only the root holds the summed gradient and the optimizer state.
+      if (global == 0) rep.model.step(opt);
+      else rep.model.set_step_counters(rep.model.steps() + 1, rep.model.optimizer_steps() + 1);
+      FUSEDP_CUDA_CHECK(cudaEventRecord(rep.stepped.get(), ms));
+      FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.stepped.get(), 0));
+      rep.comm.broadcast(rep.model.params().data(), Net::param_storage, 0, cs);
+      FUSEDP_CUDA_CHECK(cudaEventRecord(rep.reduced.get(), cs));
+      FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(ms, rep.reduced.get(), 0));
+    }
+    rep.comm.wait(ms, "Parallel::train_step (gradient reduction and update)");
+  }
+
+  ParallelOptions options_;
+  Host pool_;  // one thread per local replica
+  std::vector<Replica> replicas_;
+  std::size_t world_ = 1;
+  int rank_ = 0;
+  std::vector<double> weights_;
+#if FUSEDP_HAS_MPI
+  std::optional<parallel::MpiCommunicator> mpi_;
+#else
+  std::optional<int> mpi_;  // never engaged without MPI
+#endif
+};
+
+}  // namespace fusedp
+#endif  // FUSEDP_HAS_CUDA && FUSEDP_HAS_NCCL

@@ -1,0 +1,192 @@
+// Parallel<Net, Cuda> over NCCL and the NCCL communicator itself, with the devices this machine has.
+// With one device (world size 1) a Parallel run must reproduce Model<Net, Cuda>::train_step with the
+// same batch: bit for bit in fp32 (the collectives sum one rank, the shard scale is 1), within the TF32
+// bound with TF32, for every policy set that runs on Cuda (buckets, Overlap, Deterministic,
+// ReduceBroadcast). With two or more devices, 2 replicas with B/2 samples each reproduce 1 replica with
+// B. A communicator whose peer never arrives gives up after its timeout instead of hanging.
+#include "gpu_test.hpp"
+
+#include <fusedp/parallel/parallel.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if !FUSEDP_HAS_NCCL
+#error "tests/gpu/nccl.cu needs <nccl.h> (tests/CMakeLists.txt builds it only where NCCL::NCCL exists)"
+#endif
+
+namespace fp = fusedp;
+using namespace gpu_test;
+
+namespace {
+
+using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
+                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
+                             fp::ReLU, fp::Linear<10>>;
+// 4 KiB buckets: LeNet's 57k parameters make many buckets, several per stage for the Linear layers.
+using Small = fp::Bucket<4096>;
+static_assert(fp::parallel::BucketPlan<LeNet, Small::bytes>::count > 4);
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+};
+Batch batch_of(std::size_t size, std::uint64_t step) {
+  Batch b{random_values(size * LeNet::input_shape::size, 100 + step), std::vector<std::int32_t>(size)};
+  const auto u = random_values(size, 200 + step, 0.0f, 1.0f);
+  for (std::size_t i = 0; i < size; ++i) b.y[i] = std::int32_t(std::size_t(u[i] * 10.0f) % 10);
+  return b;
+}
+
+constexpr int steps = 20;
+constexpr std::size_t batch = 32;
+const fp::Sgd sgd_options{{.lr = 0.05f, .momentum = 0.9f}};
+
+// Losses and final parameters of `steps` steps of a trainer (a Model or a Parallel).
+struct Run {
+  std::vector<float> losses;
+  std::vector<float> params;
+};
+template <class Trainer>
+Run train(Trainer& t, std::size_t size) {
+  fp::Sgd opt = sgd_options;
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = batch_of(size, std::uint64_t(s));
+    r.losses.push_back(
+        t.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, opt));
+  }
+  if constexpr (requires { t.model(0); }) r.params = params_on_host(t.model(0));
+  else r.params = params_on_host(t);
+  return r;
+}
+
+template <class Space, class... Policies>
+void world_one_reproduces_model(const char* what) {
+  INFO(what);
+  fp::Model<LeNet, Space> single{fp::seed(7), Space{0}};
+  const Run want = train(single, batch);
+  fp::Parallel<LeNet, Space, Policies...> dp{fp::replicas(1), fp::seed(7)};
+  REQUIRE(dp.world_size() == 1);
+  const Run got = train(dp, batch);
+  CHECK(dp.model().steps() == std::uint64_t(steps));
+  if constexpr (std::is_same_v<Space, fp::CudaFp32>) {
+    for (int s = 0; s < steps; ++s) CHECK_MESSAGE(got.losses[std::size_t(s)] == want.losses[std::size_t(s)], "step " << s);
+    CHECK(got.params == want.params);
+  } else {
+    // TF32 kernels are deterministic too, so this is usually exact; the bound is what is promised.
+    CHECK(relative_error(got.losses, want.losses) < bound<Space>(8));
+    CHECK(relative_error(got.params, want.params) < bound<Space>(8));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("NcclCommunicator: one rank sums, gathers and broadcasts in place") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space{0};
+  fp::parallel::NcclCommunicator comm(fp::parallel::NcclCommunicator::unique_id(), 0, 1, 0, std::chrono::seconds(60));
+  CHECK(comm.valid());
+  CHECK(comm.size() == 1);
+  const std::vector<float> values = random_values(1000, 1);
+  fp::DeviceBuffer<float> d = upload(space, values), all(1000);
+  comm.all_reduce_sum(d.data(), d.size(), space.stream());
+  comm.all_gather(d.data(), all.data(), d.size(), space.stream());
+  comm.broadcast(d.data(), d.size(), 0, space.stream());
+  comm.reduce_sum(d.data(), d.size(), 0, space.stream());
+  comm.wait(space.stream(), "the test's collectives");
+  CHECK(download(space, d) == values);
+  CHECK(download(space, all) == values);
+}
+
+TEST_CASE("NcclCommunicator: a rank whose peer never arrives gives up after its timeout") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    fp::parallel::NcclCommunicator comm(fp::parallel::NcclCommunicator::unique_id(), 0, 2, 0, std::chrono::seconds(3));
+  } catch (const fp::DeviceError& e) {
+    message = e.what();
+    CHECK(e.rank() == 0);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("gave up after " << seconds << " s: " << message);
+  CHECK(message.find("rank 0") != std::string::npos);
+  CHECK(message.find("aborted") != std::string::npos);
+  CHECK(seconds < 60);
+}
+
+TEST_CASE("Parallel on Cuda, world size 1, reproduces Model<Net, Cuda> with the same batch") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  world_one_reproduces_model<fp::CudaFp32>("fp32, AllReduce, one bucket");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::AllReduce<Small>>("fp32, small buckets after backward");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::AllReduce<Small, fp::Overlap>>("fp32, small buckets, Overlap");
+  world_one_reproduces_model<fp::CudaFp32, fp::Overlap>("fp32, one bucket, Overlap");
+  world_one_reproduces_model<fp::CudaFp32, Small, fp::Overlap, fp::Deterministic>("fp32, Deterministic");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::ReduceBroadcast<Small, fp::Overlap>>("fp32, ReduceBroadcast");
+  world_one_reproduces_model<fp::CudaFp32, fp::scatter::Sharded, fp::Sum, Small>("fp32, Sharded, Sum");
+  world_one_reproduces_model<fp::Cuda, fp::reduce::AllReduce<Small, fp::Overlap>>("tf32, small buckets, Overlap");
+}
+
+TEST_CASE("Parallel on Cuda: more replicas than devices is an error that says so") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const int devices = fp::cuda_device_count();
+  using DP = fp::Parallel<LeNet, fp::Cuda>;
+  std::string message;
+  try {
+    DP dp{fp::replicas(devices + 1)};
+  } catch (const fp::InvalidArgument& e) {
+    message = e.what();
+  }
+  MESSAGE(message);
+  CHECK(message.find(std::to_string(devices + 1) + " replicas") != std::string::npos);
+  CHECK(message.find(std::to_string(devices) + " CUDA device(s) are visible") != std::string::npos);
+  CHECK_THROWS_AS(DP(fp::Devices{devices}), fp::InvalidArgument);  // no such device
+  CHECK_THROWS_AS(DP(fp::replicas(0)), fp::InvalidArgument);
+}
+
+TEST_CASE("Parallel on Cuda: evaluation counts every sample once") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Parallel<LeNet, fp::Cuda, Small, fp::Overlap> dp{fp::replicas(1), fp::seed(3)};
+  const Batch b = batch_of(20, 9);
+  const auto e = dp.evaluate(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{});
+  CHECK(e.count == 20);
+  CHECK(e.correct <= 20);
+  CHECK(std::isfinite(e.loss()));
+}
+
+TEST_CASE("Parallel on Cuda: 2 replicas with B/2 samples each reproduce 1 replica with B") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  if (fp::cuda_device_count() < 2) {
+    MESSAGE("skipped: needs 2 CUDA devices, " << fp::cuda_device_count() << " visible");
+    return;
+  }
+  fp::Model<LeNet, fp::CudaFp32> single{fp::seed(11), fp::CudaFp32{0}};
+  const Run want = train(single, batch);
+  auto compare = [&](const Run& got, const char* what) {
+    INFO(what);
+    // fp32 with another summation order (two half-batch GEMMs, a scale and a sum): a few ulps per step.
+    CHECK(relative_error(got.losses, want.losses) < 1e-4);
+    CHECK(relative_error(got.params, want.params) < 1e-4);
+  };
+  {
+    fp::Parallel<LeNet, fp::CudaFp32, Small, fp::Overlap> dp{fp::Devices{0, 1}, fp::seed(11)};
+    compare(train(dp, batch), "AllReduce, small buckets, Overlap");
+    CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
+  }
+  {
+    fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceBroadcast<>> dp{fp::replicas(2), fp::seed(11)};
+    compare(train(dp, batch), "ReduceBroadcast");
+    CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
+  }
+  {
+    using DP = fp::Parallel<LeNet, fp::CudaFp32, Small, fp::Overlap, fp::Deterministic>;
+    DP a{fp::replicas(2), fp::seed(11)}, b{fp::replicas(2), fp::seed(11)};
+    const Run ra = train(a, batch), rb = train(b, batch);
+    compare(ra, "Deterministic");
+    CHECK(ra.params == rb.params);  // bit for bit, run to run
+    CHECK(ra.losses == rb.losses);
+  }
+}
