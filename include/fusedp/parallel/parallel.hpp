@@ -841,7 +841,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
                                             FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
                                             Net::fingerprint,
                                             Net::param_count,
-                                            policy::hash ^ (std::uint64_t(P::name[0]) << 56)  // and the precision,
+                                            policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
                                             world_,
                                             options_.agree_on};
     static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
