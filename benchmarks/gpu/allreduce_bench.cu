@@ -7,12 +7,16 @@
 //
 //   RESULT bench=allreduce net=lenet world=1 plan=bucket_1048576 buckets=1 bytes=228224 median_us=12.3 algbw_GBps=18.5 busbw_GBps=0.0
 //
+// Plans: `whole` (one in-place ncclAllReduce of the buffer), `bucket_<bytes>` (BucketPlan<Net, bytes>,
+// in place, as Parallel reduces), and `whole_out_of_place` (into another buffer).
 // algbw = bytes / time; busbw = algbw * 2 (world - 1) / world (NCCL's bus bandwidth, comparable
-// across world sizes). With one GPU an all-reduce moves nothing between devices: the figure is then a
-// launch-and-copy bandwidth, and busbw is 0 (the program says so).
+// across world sizes). With one GPU an all-reduce moves nothing between devices: in place it is the
+// cost of queuing a no-op (the algbw figure is then meaningless), out of place a device copy; busbw
+// is 0 (the program says so). Measured on one H200 (NCCL 2.28.9): in place 1.3 us (LeNet, 1 bucket) to
+// 2.5 us (3-5 buckets): a bucket costs about 0.5 us of queuing.
 //
-//   nvcc -std=c++20 -O3 -arch=sm_90 -Iinclude -Xcompiler=-pthread benchmarks/gpu/allreduce_bench.cu -lnccl \
-//        -o build/allreduce_bench
+//   nvcc -std=c++20 -O3 -arch=sm_90 -Iinclude -Xcompiler=-pthread benchmarks/gpu/allreduce_bench.cu -lnccl
+//        -o build/allreduce_bench      (one line)
 //   LD_LIBRARY_PATH=<dir of libnccl.so.2>:$LD_LIBRARY_PATH build/allreduce_bench [--reps 50] [--warmup 10]
 #include <fusedp/fusedp.hpp>
 #include <fusedp/parallel/bucket_plan.hpp>
@@ -55,7 +59,7 @@ double median(std::vector<double> v) {
 }
 
 struct Device {
-  int id;
+  int id = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   fp::DeviceBuffer<float> grads;
@@ -64,6 +68,38 @@ struct Device {
 struct Span {
   std::size_t begin, end;
 };
+
+// Median time in microseconds of one out-of-place ncclAllReduce of every device's whole buffer into
+// `out`: with one GPU, a real device-to-device copy (in place, NCCL has nothing to do).
+double time_out_of_place(std::vector<Device>& devs, std::vector<fp::parallel::NcclCommunicator>& comms,
+                         std::vector<fp::DeviceBuffer<float>>& out, const Options& o) {
+  std::vector<double> us;
+  for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
+    for (auto& d : devs) {
+      FUSEDP_CUDA_CHECK(cudaSetDevice(d.id));
+      FUSEDP_CUDA_CHECK(cudaEventRecord(d.start, d.stream));
+    }
+    {
+      fp::parallel::NcclGroup group;
+      for (std::size_t i = 0; i < devs.size(); ++i)
+        fp::parallel::detail::nccl_check(ncclAllReduce(devs[i].grads.data(), out[i].data(), devs[i].grads.size(),
+                                                       ncclFloat, ncclSum, comms[i].get(), devs[i].stream),
+                                         "ncclAllReduce (out of place)", int(i), comms[i].get());
+      group.end();
+    }
+    double slowest = 0;
+    for (std::size_t i = 0; i < devs.size(); ++i) {
+      FUSEDP_CUDA_CHECK(cudaSetDevice(devs[i].id));
+      FUSEDP_CUDA_CHECK(cudaEventRecord(devs[i].stop, devs[i].stream));
+      comms[i].wait(devs[i].stream, "allreduce_bench");
+      float ms = 0;
+      FUSEDP_CUDA_CHECK(cudaEventElapsedTime(&ms, devs[i].start, devs[i].stop));
+      slowest = std::max(slowest, double(ms) * 1000.0);
+    }
+    if (rep >= o.warmup) us.push_back(slowest);
+  }
+  return median(us);
+}
 
 // Median time in microseconds of all-reducing `buckets` of every device's buffer, one group per repetition.
 double time_buckets(std::vector<Device>& devs, std::vector<fp::parallel::NcclCommunicator>& comms,
@@ -109,7 +145,8 @@ void bench(const char* name, const std::vector<int>& ids, const Options& o) {
   std::vector<Device> devs;
   for (int id : ids) {
     FUSEDP_CUDA_CHECK(cudaSetDevice(id));
-    Device d{id};
+    Device d;
+    d.id = id;
     FUSEDP_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
     FUSEDP_CUDA_CHECK(cudaEventCreate(&d.start));
     FUSEDP_CUDA_CHECK(cudaEventCreate(&d.stop));
@@ -118,8 +155,7 @@ void bench(const char* name, const std::vector<int>& ids, const Options& o) {
   }
   const std::size_t bytes = Net::param_storage * sizeof(float);
   const int world = int(ids.size());
-  auto report = [&](const std::string& plan, const std::vector<Span>& buckets) {
-    const double us = time_buckets(devs, comms, buckets, o);
+  auto report = [&](const std::string& plan, const std::vector<Span>& buckets, double us) {
     const double algbw = double(bytes) / (us * 1e-6) / 1e9;
     const double busbw = algbw * 2.0 * double(world - 1) / double(world);
     std::printf("RESULT bench=allreduce net=%s world=%d plan=%s buckets=%zu bytes=%zu median_us=%.2f algbw_GBps=%.2f "
@@ -127,11 +163,22 @@ void bench(const char* name, const std::vector<int>& ids, const Options& o) {
                 name, world, plan.c_str(), buckets.size(), bytes, us, algbw, busbw);
     std::fflush(stdout);
   };
-  report("whole", {{0, Net::param_storage}});
-  report("bucket_65536", plan_of<Net, 64 << 10>());
-  report("bucket_1048576", plan_of<Net, 1 << 20>());
-  report("bucket_4194304", plan_of<Net, 4 << 20>());
-  report("bucket_26214400", plan_of<Net, 25 << 20>());  // PyTorch DDP's default bucket_cap_mb
+  auto in_place = [&](const std::string& plan, const std::vector<Span>& buckets) {
+    report(plan, buckets, time_buckets(devs, comms, buckets, o));
+  };
+  in_place("whole", {{0, Net::param_storage}});
+  in_place("bucket_65536", plan_of<Net, 64 << 10>());
+  in_place("bucket_1048576", plan_of<Net, 1 << 20>());
+  in_place("bucket_4194304", plan_of<Net, 4 << 20>());
+  in_place("bucket_26214400", plan_of<Net, 25 << 20>());  // PyTorch DDP's default bucket_cap_mb
+  {
+    std::vector<fp::DeviceBuffer<float>> out;
+    for (const auto& d : devs) {
+      FUSEDP_CUDA_CHECK(cudaSetDevice(d.id));
+      out.emplace_back(Net::param_storage);
+    }
+    report("whole_out_of_place", {{0, Net::param_storage}}, time_out_of_place(devs, comms, out, o));
+  }
   for (auto& d : devs) {
     FUSEDP_CUDA_CHECK(cudaSetDevice(d.id));
     cudaEventDestroy(d.start);
@@ -165,7 +212,8 @@ int main(int argc, char** argv) {
                 NCCL_PATCH);
     if (n == 1)
       std::printf("NOTE allreduce_bench: world size 1: nothing crosses an interconnect; the figures are the cost of "
-                  "queuing and running NCCL's single-rank all-reduce (a copy at most), busbw is 0 by definition\n");
+                  "queuing NCCL's single-rank all-reduce (in place: nothing to do; out of place: a device copy), busbw is 0 by "
+                  "definition\n");
     std::vector<int> ids;
     for (int i = 0; i < n; ++i) ids.push_back(i);
     bench<LeNet>("lenet", ids, o);
