@@ -27,15 +27,19 @@ FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T
   return log_s - (logits[label] - m);
 }
 
+/// Squared error of one value: returns (y - t)^2; when dy is not null writes scale * 2 (y - t) there.
+template <class T>
+FUSEDP_HD T squared_error_element(T y, T target, T* dy, T scale) {
+  const T d = y - target;
+  if (dy) *dy = scale * T(2) * d;
+  return d * d;
+}
+
 /// Squared error of one row: returns sum (y - t)^2; when dy is not null writes scale * 2 (y - t).
 template <class T>
 FUSEDP_HD T squared_error_row(const T* y, const T* target, int n, T* dy, T scale) {
   T s = T(0);
-  for (int i = 0; i < n; ++i) {
-    const T d = y[i] - target[i];
-    s += d * d;
-    if (dy) dy[i] = scale * T(2) * d;
-  }
+  for (int i = 0; i < n; ++i) s += squared_error_element(y[i], target[i], dy ? dy + i : nullptr, scale);
   return s;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Losses on Cuda: one thread per row runs the row function both spaces share (kernels/loss.hpp),
-// writing the row's gradient and its loss in one pass; a CUB block reduction sums each block's losses
+// Losses on Cuda: one thread per row (softmax cross-entropy) or per value (squared error) runs the
+// function both spaces share (kernels/loss.hpp), writing the gradient and the loss in one pass; a CUB block reduction sums each block's losses
 // and one more block sums those in a fixed order, so the mean loss is deterministic (cub::BlockReduce
 // adds every thread's value in a fixed pattern). Including CUB costs about 2.5 s of nvcc CPU time in
 // each translation unit that sees a loss header (measured with nvcc 13.0 on the 2-core CI machine). A label outside
@@ -74,17 +74,27 @@ struct SoftmaxCrossEntropyRow {
   }
 };
 
-struct SquaredErrorRow {
+// The squared error is a sum over values, not rows: one thread per value (grid-stride, so reads and
+// writes are coalesced whatever the row width), then the same two-level fixed-order reduction.
+struct SquaredErrorValues {
   const float* y;
   const float* targets;
   float* dy;
-  int outputs;
+  std::size_t n;
   float scale;
-  __device__ float operator()(int row) const {
-    const std::size_t o = std::size_t(row) * outputs;
-    return squared_error_row(y + o, targets + o, outputs, dy ? dy + o : nullptr, scale);
-  }
 };
+
+template <int = 0>
+__global__ void __launch_bounds__(loss_threads) squared_error_kernel(SquaredErrorValues v, float* block_sums) {
+  using Reduce = cub::BlockReduce<float, loss_threads>;
+  __shared__ typename Reduce::TempStorage temp;
+  float s = 0.0f;
+  const std::size_t stride = std::size_t(gridDim.x) * loss_threads;
+  for (std::size_t i = std::size_t(blockIdx.x) * loss_threads + threadIdx.x; i < v.n; i += stride)
+    s += squared_error_element(v.y[i], v.targets[i], v.dy ? v.dy + i : nullptr, v.scale);
+  const float total = Reduce(temp).Sum(s);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
+}
 
 template <class RowLoss>
 void run_loss(cudaStream_t stream, std::size_t batch, const RowLoss& row_loss, float scale, const LossOutput& out) {
@@ -110,7 +120,12 @@ inline void softmax_cross_entropy(cudaStream_t stream, std::size_t batch, std::s
 inline void mean_squared_error(cudaStream_t stream, std::size_t batch, std::size_t outputs, const float* y,
                                const float* targets, float* dy, const LossOutput& out) {
   const float scale = 1.0f / float(batch * outputs);
-  detail::run_loss(stream, batch, detail::SquaredErrorRow{y, targets, dy, int(outputs), scale}, scale, out);
+  const int blocks = loss_blocks(batch);  // no more than LossOutput::block_sums holds
+  detail::squared_error_kernel<<<blocks, loss_threads, 0, stream>>>(
+      detail::SquaredErrorValues{y, targets, dy, batch * outputs, scale}, out.block_sums);
+  FUSEDP_CUDA_CHECK_LAUNCH("squared_error_kernel");
+  detail::loss_total<<<1, loss_threads, 0, stream>>>(out.block_sums, blocks, scale, out.value);
+  FUSEDP_CUDA_CHECK_LAUNCH("loss_total");
 }
 
 }  // namespace fusedp::kernels::cuda
