@@ -104,6 +104,14 @@ inline std::vector<float> random_values(std::size_t n, std::uint64_t stream, flo
 
 /// ||got - want|| / ||want||, infinite when got holds a NaN or an infinity (e.g. an unwritten poisoned
 /// element) or the sizes differ.
+/// `batch` random class labels in [0, classes) from stream `stream`.
+inline std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t classes, std::uint64_t stream) {
+  const auto u = random_values(batch, stream, 0.0f, 1.0f);
+  std::vector<std::int32_t> l(batch);
+  for (std::size_t i = 0; i < batch; ++i) l[i] = std::int32_t(std::size_t(u[i] * float(classes)) % classes);
+  return l;
+}
+
 template <class A, class B>
 double relative_error(const A& got, const B& want) {
   if (std::size(got) != std::size(want)) return INFINITY;

@@ -28,13 +28,6 @@ using WithDropout = fp::Sequential<fp::Input<20>, fp::Linear<30>, fp::ReLU, fp::
 static_assert(!fp::Model<WithDropout, fp::Cuda>::graph_safe);
 static_assert(fp::Model<LeNet, fp::Cuda>::graph_safe && fp::Model<Mlp, fp::CudaBf16>::graph_safe);
 
-std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t classes, std::uint64_t stream) {
-  const auto u = random_values(batch, stream, 0.0f, 1.0f);
-  std::vector<std::int32_t> l(batch);
-  for (std::size_t i = 0; i < batch; ++i) l[i] = std::int32_t(std::size_t(u[i] * float(classes)) % classes);
-  return l;
-}
-
 }  // namespace
 
 #define FUSEDP_ALL_SPACES fp::Host, fp::CudaFp32, fp::Cuda, fp::CudaBf16

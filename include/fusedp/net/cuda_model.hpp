@@ -9,7 +9,8 @@
 //   - train_step returns the loss (one synchronization per step); train_step_async queues the step and
 //     returns at once, last_loss() reads the loss of the latest step when wanted.
 //   - the training step (forward, loss, backward, optimizer) is recorded as a CUDA graph on the second
-//     step with the same batch size, buffers, loss and optimizer, and replayed from then on: a replay
+//     step with the same batch size, buffers, loss and optimizer, and replayed from then on (two such
+//     graphs are kept, so batches alternating between a DeviceLoader's two slots replay): a replay
 //     allocates nothing and synchronizes nothing. Networks with Dropout launch directly (its mask
 //     depends on the step number, which a graph would freeze).
 //   - stages run as the groups of CudaPlan<Net, P> (net/cuda_plan.hpp): conv + max-pooling fused, runs
@@ -17,8 +18,8 @@
 // Parameters are initialized on the host with the same Philox numbers as on Host, then copied, so a
 // Host and a Cuda model built from the same seed start identical.
 //
-// Nothing here has run on a GPU yet (none was available while it was written); tests/gpu/ compare every
-// piece against the Host model and skip where there is no device.
+// tests/gpu/ compare every piece against the Host model (and skip where there is no device); they
+// passed on an H200 (benchmarks/RESULTS.md says which commit).
 #include "fusedp/net/model.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -35,6 +36,7 @@
 #include "fusedp/net/sequential.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -275,7 +277,7 @@ class Model<Net, CudaSpace<P>, T> {
     require(batch * widest < (std::size_t(1) << 31), "Model on Cuda: a batch of ", batch,
             " needs indices beyond 2^31 (", widest, " values per sample in one tensor)");
     space_.synchronize();  // nothing in flight may use what is freed below
-    graph_.reset();
+    drop_graphs();
     workspace_ = buffer<T>(batch * (Net::workspace_elements_per_sample + plan::mlp_gradient_elements));
     scratch_ = buffer<float>(scratch_elements(batch));
     loss_ = buffer<float>(1 + std::size_t(kernels::cuda::loss_blocks(batch)));
@@ -307,11 +309,11 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] const char* optimizer_name() const noexcept { return state_owner_; }
 
   /// Copies the parameters (param_storage values) to host memory (waits).
-  void copy_params_to_host(std::span<T> out) { to_host(out, params_.data(), Net::param_storage, "copy_params_to_host"); }
+  void copy_params_to_host(std::span<T> out) const { to_host(out, params_.data(), Net::param_storage, "copy_params_to_host"); }
   /// Copies the gradients (param_storage values) to host memory (waits).
-  void copy_grads_to_host(std::span<T> out) { to_host(out, grads_.data(), Net::param_storage, "copy_grads_to_host"); }
+  void copy_grads_to_host(std::span<T> out) const { to_host(out, grads_.data(), Net::param_storage, "copy_grads_to_host"); }
   /// Copies the optimizer state (optimizer_state().size() values) to host memory (waits).
-  void copy_optimizer_state_to_host(std::span<T> out) {
+  void copy_optimizer_state_to_host(std::span<T> out) const {
     to_host(out, state_.data(), state_.size(), "copy_optimizer_state_to_host");
   }
   /// Replaces the parameters with param_storage values from host memory (waits).
@@ -344,7 +346,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// network whose layers are not graph-safe, such as Dropout).
   void use_graphs(bool on) noexcept {
     graphs_ = on && graph_safe;
-    if (!graphs_) graph_.reset();
+    if (!graphs_) drop_graphs();
   }
   [[nodiscard]] bool uses_graphs() const noexcept { return graphs_; }
   /// Whether the latest train step was a graph replay (for tests and benchmarks).
@@ -381,7 +383,7 @@ class Model<Net, CudaSpace<P>, T> {
     return reinterpret_cast<const typename Loss::template target<T>*>(targets_.data());
   }
 
-  void to_host(std::span<T> out, const T* src, std::size_t n, const char* what) {
+  void to_host(std::span<T> out, const T* src, std::size_t n, const char* what) const {
     require(out.size() == n, "Model::", what, ": a span of ", out.size(), " values for ", n);
     copy_async(out.data(), src, n, space_.stream());
     space_.synchronize();
@@ -447,35 +449,62 @@ class Model<Net, CudaSpace<P>, T> {
     };
     const detail::GraphKey key{batch, x, targets, workspace_.data(), state.data(), Loss::name, Opt::name};
     replayed_ = false;
-    if (graphs_ && graph_ && key == graph_key_) {
-      FUSEDP_CUDA_CHECK(cudaGraphLaunch(graph_.get(), space_.stream()));
-      replayed_ = true;
-    } else if (graphs_ && key == warm_key_) {
+    if (!graphs_) {
+      body();
+      ++steps_;
+      return;
+    }
+    // A step is recorded the second time its key is seen and replayed from then on. Two keys are kept,
+    // so batches that alternate between two device buffers (DeviceLoader's slots) replay too.
+    CachedGraph* entry = nullptr;
+    for (CachedGraph& g : graphs_cache_)
+      if (g.seen && g.key == key) entry = &g;
+    if (entry == nullptr) {
+      entry = &graphs_cache_[0];
+      for (CachedGraph& g : graphs_cache_)
+        if (g.last_used < entry->last_used) entry = &g;
+      entry->exec.reset();
+      entry->key = key;
+      entry->seen = true;
+      entry->last_used = ++graph_clock_;
+      body();
+      ++steps_;
+      return;
+    }
+    entry->last_used = ++graph_clock_;
+    if (!entry->exec) {
       try {
-        record(body);
+        entry->exec = record(body);
       } catch (const DeviceError& e) {
         // A step that cannot be recorded still runs, launched directly; the reason is kept.
         graph_failure_ = e.what();
         graphs_ = false;
-        graph_.reset();
+        drop_graphs();
         body();
         ++steps_;
         return;
       }
-      graph_key_ = key;
-      FUSEDP_CUDA_CHECK(cudaGraphLaunch(graph_.get(), space_.stream()));
-    } else {
-      graph_.reset();
-      body();
-      warm_key_ = key;
     }
+    FUSEDP_CUDA_CHECK(cudaGraphLaunch(entry->exec.get(), space_.stream()));
+    replayed_ = true;  // the step ran as a graph (recorded just now, or before)
     ++steps_;
+  }
+
+  using GraphExec = std::unique_ptr<CUgraphExec_st, detail::GraphExecDeleter>;
+  struct CachedGraph {
+    detail::GraphKey key{};
+    bool seen = false;           // the key has run once (directly)
+    std::uint64_t last_used = 0;
+    GraphExec exec;              // recorded on the key's second step
+  };
+
+  void drop_graphs() noexcept {
+    for (CachedGraph& g : graphs_cache_) g = CachedGraph{};
   }
 
   // Records everything `body` queues on the stream as a graph (nothing runs while recording).
   template <class Body>
-  void record(Body& body) {
-    graph_.reset();
+  GraphExec record(Body& body) {
     cudaGraph_t graph = nullptr;
     FUSEDP_CUDA_CHECK(cudaStreamBeginCapture(space_.stream(), cudaStreamCaptureModeThreadLocal));
     try {
@@ -490,7 +519,7 @@ class Model<Net, CudaSpace<P>, T> {
     const cudaError_t code = cudaGraphInstantiateWithFlags(&exec, graph, 0);
     cudaGraphDestroy(graph);
     FUSEDP_CUDA_CHECK(code);
-    graph_.reset(exec);
+    return GraphExec(exec);
   }
 
   std::size_t scratch_elements(std::size_t batch) const {
@@ -706,9 +735,8 @@ class Model<Net, CudaSpace<P>, T> {
   PinnedBuffer<float> loss_host_;
   PinnedBuffer<int> status_host_;
   std::unique_ptr<CUevent_st, detail::EventDeleter> staged_;
-  std::unique_ptr<CUgraphExec_st, detail::GraphExecDeleter> graph_;
-  detail::GraphKey graph_key_{};
-  detail::GraphKey warm_key_{};
+  std::array<CachedGraph, 2> graphs_cache_{};
+  std::uint64_t graph_clock_ = 0;
   bool graphs_ = graph_safe;
   bool replayed_ = false;
   std::string graph_failure_;
