@@ -14,10 +14,8 @@
 // number): prefetching, thread timing and the slot a batch is written to change nothing.
 //
 // Memory: `prefetch + 1` batch slots are allocated when the loader is made; after that no batch
-// allocates. The slots are plain host memory here; a Cuda loader would allocate them pinned
-// (cudaHostAlloc) and let the worker queue each finished slot's cudaMemcpyAsync on a copy stream,
-// with an event per slot that the consumer waits on before the slot is refilled — the slot ring
-// and the hand-over below are already the shape that needs.
+// allocates. `Storage` is the slots' buffer type: HostBuffer (DataLoader) or, for batches bound for a
+// GPU, PinnedBuffer (data/device_loader.hpp), so that the copies to the device are asynchronous.
 #include "fusedp/core/buffer.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
@@ -62,12 +60,14 @@ struct Batch {
   [[nodiscard]] std::size_t size() const noexcept { return indices.size(); }
 };
 
-class DataLoader {
+/// The loader, with its batch slots in `Storage<T>` buffers (move-only, zeroed, data() and size()).
+template <template <class> class Storage>
+class BasicDataLoader {
  public:
   using Options = LoaderOptions;
 
   /// Batches of `data` (which must outlive the loader and not change) in `sampler`'s order.
-  DataLoader(const Dataset& data, DistributedSampler sampler, Options options)
+  BasicDataLoader(const Dataset& data, DistributedSampler sampler, Options options)
       : data_(&data), sampler_(std::move(sampler)), options_(std::move(options)) {
     validate(data, "DataLoader dataset");
     require(sampler_.size() == data.count, "DataLoader: the sampler is for ", sampler_.size(),
@@ -82,21 +82,21 @@ class DataLoader {
     const std::size_t capacity = std::min(options_.batch, per_rank);
     slots_.resize(options_.prefetch + 1);
     for (Slot& s : slots_) {
-      s.images = HostBuffer<float>(capacity * data.sample_size());
-      s.labels.resize(data.regression() ? 0 : capacity);
-      s.targets = HostBuffer<float>(capacity * data.target_size);
+      s.images = Storage<float>(capacity * data.sample_size());
+      s.labels = Storage<std::int32_t>(data.regression() ? 0 : capacity);
+      s.targets = Storage<float>(capacity * data.target_size);
     }
     if (options_.prefetch > 0) worker_ = std::thread([this] { work(); });
   }
 
   /// A single-process loader (world size 1) whose sampler takes `sampling`.
-  DataLoader(const Dataset& data, Options options, SamplerOptions sampling = {})
-      : DataLoader(data, DistributedSampler{data.count, 1, 0, sampling}, std::move(options)) {}
+  BasicDataLoader(const Dataset& data, Options options, SamplerOptions sampling = {})
+      : BasicDataLoader(data, DistributedSampler{data.count, 1, 0, sampling}, std::move(options)) {}
 
-  DataLoader(const DataLoader&) = delete;
-  DataLoader& operator=(const DataLoader&) = delete;
+  BasicDataLoader(const BasicDataLoader&) = delete;
+  BasicDataLoader& operator=(const BasicDataLoader&) = delete;
 
-  ~DataLoader() {
+  ~BasicDataLoader() {
     if (!worker_.joinable()) return;
     {
       std::lock_guard lock(mutex_);
@@ -158,9 +158,9 @@ class DataLoader {
   static constexpr std::size_t no_batch = ~std::size_t(0);
 
   struct Slot {
-    HostBuffer<float> images;
-    std::vector<std::int32_t> labels;
-    HostBuffer<float> targets;
+    Storage<float> images;
+    Storage<std::int32_t> labels;
+    Storage<float> targets;
     std::span<const std::size_t> indices;
     std::size_t count = 0;
     std::size_t batch = no_batch;  // which batch the slot holds (no_batch: none yet)
@@ -252,5 +252,8 @@ class DataLoader {
   std::size_t given_ = 0;      // batches handed out by next() this epoch
   std::thread worker_;
 };
+
+/// The loader of host batches.
+using DataLoader = BasicDataLoader<HostBuffer>;
 
 }  // namespace fusedp::data
