@@ -17,6 +17,8 @@
 // between the two renames) takes the fsync'd temporary weights the state names by checksum, and the
 // next save finishes the rename first. Everything is read and verified (checksums, network,
 // optimizer, shapes) before the model is touched; any problem is a DataError naming the file.
+// Host and Cuda models read and write the same files (a device model's tensors are staged through
+// host memory), so a run can be saved on a GPU and resumed on the CPU, or the other way round.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
@@ -133,9 +135,47 @@ template <class Model>
 constexpr void check_model() {
   static_assert(std::is_same_v<typename Model::value_type, float>,
                 "fusedp checkpoints hold float32 parameters: use a Model<Net, Space, float>");
-  static_assert(std::is_same_v<typename Model::space_type, Host>,
-                "fusedp checkpoints read and write Host models; copy a device model's parameters to a Host "
-                "model first (a Cuda path would stage through pinned memory here)");
+}
+
+// A model's parameters and optimizer state as host memory: a Host model's own spans; a device model's
+// (Model<Net, Cuda>) copied into `staging`. Writing them back goes through load_params and
+// load_optimizer_state there.
+template <class Model>
+inline constexpr bool on_host = std::is_same_v<typename Model::space_type, Host>;
+
+template <class Model>
+std::span<const float> host_params(const Model& model, std::vector<float>& staging) {
+  if constexpr (on_host<Model>) {
+    return model.params();
+  } else {
+    staging.resize(model.params().size());
+    model.copy_params_to_host(staging);
+    return staging;
+  }
+}
+template <class Model>
+std::span<const float> host_optimizer_state(const Model& model, std::vector<float>& staging) {
+  if constexpr (on_host<Model>) {
+    return model.optimizer_state();
+  } else {
+    staging.resize(model.optimizer_state().size());
+    model.copy_optimizer_state_to_host(staging);
+    return staging;
+  }
+}
+template <class Model>
+void store_params(Model& model, std::span<const float> values) {
+  if constexpr (on_host<Model>) std::memcpy(model.params().data(), values.data(), values.size() * sizeof(float));
+  else model.load_params(values);
+}
+template <class Opt, class Model>
+void store_optimizer_state(Model& model, std::span<const float> values) {
+  if constexpr (on_host<Model>) {
+    const std::span<float> dst = model.template optimizer_state<Opt>();
+    std::memcpy(dst.data(), values.data(), values.size() * sizeof(float));
+  } else {
+    model.template load_optimizer_state<Opt>(values);
+  }
 }
 
 // Checks that `f` holds exactly the parameters of Net (names, F32, shapes) and, when it says which
@@ -187,7 +227,8 @@ template <class Model>
 std::vector<std::uint8_t> encode_weights(const Model& model, std::uint32_t* crc = nullptr) {
   check_model<Model>();
   using Net = typename Model::network;
-  const std::span<const float> params = model.params();
+  std::vector<float> staging;
+  const std::span<const float> params = host_params(model, staging);
   std::vector<TensorToWrite> tensors;
   for (const ParamTensor& t : Net::param_layout)
     tensors.push_back({tensor_name(t), tensor_shape(t), params.subspan(t.offset, t.size)});
@@ -315,7 +356,8 @@ void save_checkpoint(const std::string& dir, const Model& model, TrainingState s
   meta.emplace_back("weights.crc32", detail::hex32(weights_crc));
   for (const auto& [key, value] : state.extra) meta.emplace_back("user." + key, value);
 
-  const std::span<const float> opt_state = model.optimizer_state();
+  std::vector<float> staging;
+  const std::span<const float> opt_state = host_optimizer_state(model, staging);
   const std::size_t slots = opt_state.size() / Net::param_storage;
   const std::vector<std::string> names = slot_names(state.optimizer, slots);
   std::vector<TensorToWrite> tensors;
@@ -367,7 +409,7 @@ void load_weights(const std::string& path, Model& model) {
     const ParamTensor& t = Net::param_layout[i];
     f.read_f32(*found[i], {staged.data() + t.offset, t.size});
   }
-  std::memcpy(model.params().data(), staged.data(), staged.size() * sizeof(float));
+  detail::store_params(model, staged);
 }
 
 /// Saves `model` (weights, optimizer state, step counters) and `state` into the folder `dir`
@@ -455,13 +497,12 @@ TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& o
   }
 
   // Everything checked: now change the model.
-  std::memcpy(model.params().data(), params.data(), params.size() * sizeof(float));
+  detail::store_params(model, params);
   if (slots > 0) {
-    const std::span<float> dst = model.template optimizer_state<Opt>();
-    std::memcpy(dst.data(), opt_state.data(), opt_state.size() * sizeof(float));
+    detail::store_optimizer_state<Opt>(model, opt_state);
   } else if (model.optimizer_name() != nullptr) {
-    const std::span<float> dst = model.template optimizer_state<Opt>();
-    std::fill(dst.begin(), dst.end(), 0.0f);
+    opt_state.assign(model.optimizer_state().size(), 0.0f);
+    detail::store_optimizer_state<Opt>(model, opt_state);
   }
   model.set_step_counters(state.steps, state.optimizer_steps);
   return state;
