@@ -1,6 +1,6 @@
-// cifar10_cnn: trains the CNN of PyTorch's second multi-GPU tutorial on CIFAR-10 on the CPU, with the
-// usual augmentation (random crop with 4 pixels of padding, horizontal flip) and per-channel
-// normalization, evaluating on the test batch after each epoch.
+// cifar10_cnn: trains the CNN of PyTorch's second multi-GPU tutorial on CIFAR-10 on the CPU or a GPU
+// (--device cuda), with the usual augmentation (random crop with 4 pixels of padding, horizontal flip)
+// and per-channel normalization, evaluating on the test batch after each epoch.
 //
 //   cifar10_cnn --data ~/cifar-10-batches-bin --epochs 10 --metrics cifar.jsonl --checkpoint ckpt
 //   cifar10_cnn --synthetic 2048 --epochs 1     # speed run on random images, no download
@@ -74,10 +74,10 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
     fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
     if (launch.root())
       std::printf("fusedp %s: CIFAR-10 CNN (%zu parameters) on %s, %zu train / %zu test images, %s, %d process(es) x "
-                  "%d replica(s), %d threads per process\n",
+                  "%d replica(s), %s\n",
                   FUSEDP_VERSION_STRING, CifarCnn::param_count, o.synthetic > 0 ? "synthetic data" : o.data.c_str(),
                   train.count, test.count, o.augment ? "crop+flip augmentation" : "no augmentation", launch.world(),
-                  o.train.replicas, threads);
+                  o.train.replicas, example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
   });
   return 0;

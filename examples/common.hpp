@@ -1,10 +1,15 @@
 // What every example shares, so that each example file shows only its network, its data and its
-// optimizer: the common flags, turning any error into a clear message and exit code 1, how the run is
-// spread (one model; --replicas N in this process, DataParallel style; one replica per rank under
-// mpirun, DistributedDataParallel style), and the training loop (epochs, progress line, evaluation,
-// metrics, checkpoints, resume).
+// optimizer: the common flags, turning any error into a clear message and exit code 1, where the run
+// goes (--device cpu or cuda[:N]) and how it is spread (one model; --replicas N in this process,
+// DataParallel style; one replica per rank under mpirun, DistributedDataParallel style), and the
+// training loop (epochs, progress line, evaluation, metrics, checkpoints, resume).
+//
+// Where CUDA is enabled, examples/CMakeLists.txt builds each example twice: <name> by the C++ compiler
+// (the Host kernels at full vector width) and <name>_cuda by nvcc (FUSEDP_EXAMPLE_GPU_PART). run_main
+// hands a --device cuda run of <name> to <name>_cuda beside it (exec, same arguments).
 #pragma once
 
+#include <fusedp/data/device_loader.hpp>
 #include <fusedp/data/loader.hpp>
 #include <fusedp/fusedp.hpp>
 #include <fusedp/parallel/parallel.hpp>
@@ -17,6 +22,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,8 +32,10 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace example {
 
@@ -44,6 +52,11 @@ struct TrainFlags {
   std::uint64_t seed = 42;
   int threads = 0;
   int replicas = 1;        // in this process
+#if defined(FUSEDP_EXAMPLE_GPU_PART)
+  std::string device = "cuda";  // cpu, cuda or cuda:N
+#else
+  std::string device = "cpu";
+#endif
   std::string metrics;     // JSON lines, one per epoch
   std::string checkpoint;  // folder written after every epoch
   std::string resume;      // folder to continue from
@@ -64,6 +77,8 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "replica per rank instead)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--device", f.device, "where to train: cpu, or cuda[:N] (GPU N, default 0; a build with CUDA)")
+      ->capture_default_str();
   app.add_option("--metrics", f.metrics, "write one JSON object per epoch to this file (scripts/plot_metrics.py plots it)");
   app.add_option("--checkpoint", f.checkpoint,
                  "save weights (model.safetensors, loadable by PyTorch) and training state into this folder after "
@@ -73,8 +88,25 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
 
 /// Parses the command line and runs `body`. Help exits 0; a bad flag prints CLI11's message and exits 1;
 /// any error from the run prints "<name>: error: <what>" (which names the file or flag) and exits 1.
+inline bool wants_gpu(int argc, char** argv);
+
+/// Replaces this process with `program` from this program's folder, with the same arguments (a
+/// --device cuda run of an example built by the C++ compiler). Returns only on failure.
+inline int exec_sibling(const char* name, const char* program, char** argv) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string path = ((ec ? std::filesystem::path(argv[0]) : self).parent_path() / program).string();
+  ::execv(path.c_str(), argv);
+  std::fprintf(stderr, "%s: error: --device: cannot start %s, the CUDA build of this example: %s\n", name,
+               path.c_str(), std::generic_category().message(errno).c_str());
+  return 1;
+}
+
 template <class Body>
 int run_main(const char* name, CLI::App& app, int argc, char** argv, Body&& body) {
+#if defined(FUSEDP_EXAMPLE_CUDA_PROGRAM)
+  if (wants_gpu(argc, argv)) return exec_sibling(name, FUSEDP_EXAMPLE_CUDA_PROGRAM, argv);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -184,23 +216,64 @@ class Launch {
 template <class Net>
 using DataParallel = fp::Parallel<Net, fp::Host, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>;
 
-/// The one model of a trainer (replica 0 of a Parallel).
+#if defined(FUSEDP_EXAMPLE_GPU_PART) && FUSEDP_HAS_NCCL
+/// The same on GPUs: one replica per GPU, gradients all-reduced by NCCL in 4 MiB buckets while
+/// backward continues.
 template <class Net>
-fp::Model<Net, fp::Host>& model_of(fp::Model<Net, fp::Host>& m) {
+using GpuDataParallel =
+    fp::Parallel<Net, fp::Cuda, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>;
+#endif
+
+/// The one model of a trainer (replica 0 of a Parallel).
+template <class Net, class S>
+fp::Model<Net, S>& model_of(fp::Model<Net, S>& m) {
   return m;
 }
-template <class Net, class... P>
-fp::Model<Net, fp::Host>& model_of(fp::Parallel<Net, fp::Host, P...>& dp) {
+template <class Net, class S, class... P>
+fp::Model<Net, S>& model_of(fp::Parallel<Net, S, P...>& dp) {
   return dp.model(0);
 }
 /// Calls f on every model the trainer holds in this process.
-template <class Net, class F>
-void for_each_model(fp::Model<Net, fp::Host>& m, F&& f) {
+template <class Net, class S, class F>
+void for_each_model(fp::Model<Net, S>& m, F&& f) {
   f(m);
 }
-template <class Net, class... P, class F>
-void for_each_model(fp::Parallel<Net, fp::Host, P...>& dp, F&& f) {
+template <class Net, class S, class... P, class F>
+void for_each_model(fp::Parallel<Net, S, P...>& dp, F&& f) {
   for (std::size_t r = 0; r < dp.local_replicas(); ++r) f(dp.model(r));
+}
+
+/// Whether a trainer's models live on a CUDA device.
+template <class Trainer>
+inline constexpr bool on_gpu = !std::is_same_v<typename std::remove_reference_t<
+                                                   decltype(model_of(std::declval<Trainer&>()))>::space_type,
+                                               fp::Host>;
+
+/// Where the run trains, for the examples' first line: "GPU cuda:0" or "CPU, 4 threads per process".
+inline std::string where(const TrainFlags& f, int threads) {
+  if (f.device != "cpu") return "GPU " + (f.device == "cuda" ? std::string("cuda:0") : f.device);
+  return "CPU, " + std::to_string(threads) + " threads per process";
+}
+
+/// Whether the command line asks for --device other than cpu.
+inline bool wants_gpu(int argc, char** argv) {
+  bool gpu = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) gpu = std::string(argv[i + 1]) != "cpu";
+    else if (a.rfind("--device=", 0) == 0) gpu = a.substr(9) != "cpu";
+  }
+  return gpu;
+}
+
+/// The GPU number of --device: -1 for cpu, N for cuda or cuda:N.
+inline int device_number(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+      device.find_first_not_of("0123456789", 5) == std::string::npos && device.size() < 10)
+    return std::stoi(device.substr(5));
+  throw fp::InvalidArgument("--device " + device + ": expected cpu, cuda or cuda:N");
 }
 
 /// A hash of the command line: ranks started with different flags refuse to train together.
@@ -220,6 +293,40 @@ template <class Net, class Body>
 void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree_on, Body&& body) {
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = f.threads > 0 ? f.threads : hw;
+  const int gpu = device_number(f.device);
+#if defined(FUSEDP_EXAMPLE_GPU_PART)
+  if (gpu < 0)
+    throw fp::InvalidArgument("--device cpu: this is the CUDA build of the example; run the program without the "
+                              "_cuda suffix for the CPU");
+  if (launch.mpi() || f.replicas > 1) {
+#if FUSEDP_HAS_NCCL
+    if (launch.mpi()) {
+      if (f.replicas > 1)
+        throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
+      if (f.device != "cuda")
+        throw fp::InvalidArgument("--device " + f.device + ": under mpirun each rank takes the GPU of its place "
+                                  "among the ranks of its machine; use --device cuda");
+      GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on}};
+      body(dp, threads);
+    } else {
+      std::vector<int> ids;
+      for (int i = 0; i < f.replicas; ++i) ids.push_back(gpu + i);
+      GpuDataParallel<Net> dp{fp::Devices(ids), fp::seed(f.seed)};
+      body(dp, threads);
+    }
+#else
+    throw fp::InvalidArgument("--replicas and mpirun with --device " + f.device +
+                              " need NCCL, which this program was built without (install NCCL, then reconfigure)");
+#endif
+    return;
+  }
+  (void)agree_on;
+  fp::Model<Net, fp::Cuda> model{fp::seed(f.seed), fp::Cuda{gpu}};
+  body(model, threads);
+#else
+  if (gpu >= 0)
+    throw fp::InvalidArgument("--device " + f.device + ": this program was built without CUDA (configure with nvcc "
+                              "on the PATH, or CMAKE_CUDA_COMPILER set)");
   if (launch.mpi()) {
 #if FUSEDP_HAS_MPI
     if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
@@ -234,6 +341,7 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
     fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads}};
     body(model, threads);
   }
+#endif
 }
 
 /// Mean loss over a dataset, and the accuracy for classification.
@@ -268,13 +376,34 @@ Evaluation evaluate(Trainer& trainer, fd::DataLoader& loader, const Loss& loss) 
   return e;
 }
 
+template <class Trainer, class Opt, class Loss, class TrainLoader>
+void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, fd::DataLoader& test,
+              const TrainFlags& f, const std::optional<ft::TrainingState>& resumed, const Launch& launch);
+
 /// Trains for epochs 1..flags.epochs (or from the checkpoint of --resume on), evaluating on `test`
 /// after each epoch, printing a progress line and a summary per epoch, writing --metrics and saving
 /// --checkpoint (rank 0 only). The loaders' sampler and augmentation seeds must be flags.seed, and
-/// their samplers this rank's share (Launch::train_sampler, eval_sampler).
+/// their samplers this rank's share (Launch::train_sampler, eval_sampler). On a GPU the training
+/// batches go through a DeviceLoader made from `train`'s dataset, sampler and options.
 template <class Trainer, class Opt, class Loss>
 void fit(Trainer& trainer, Opt& opt, const Loss& loss, fd::DataLoader& train, fd::DataLoader& test, const TrainFlags& f,
          const std::optional<ft::TrainingState>& resumed, const Launch& launch) {
+#if FUSEDP_HAS_CUDA
+  // A Parallel splits each host batch among its GPUs; one model takes whole batches from the device.
+  if constexpr (on_gpu<Trainer> && std::is_same_v<Trainer, std::remove_reference_t<decltype(model_of(trainer))>>) {
+    // The same batches, prepared into pinned memory and copied to the GPU while it computes.
+    fd::DeviceLoader device_train{train.dataset(), train.sampler(), train.options(), model_of(trainer).space()};
+    fit_with(trainer, opt, loss, device_train, test, f, resumed, launch);
+    return;
+  }
+#endif
+  fit_with(trainer, opt, loss, train, test, f, resumed, launch);
+}
+
+/// fit's loop over a host DataLoader or a DeviceLoader.
+template <class Trainer, class Opt, class Loss, class TrainLoader>
+void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, fd::DataLoader& test,
+              const TrainFlags& f, const std::optional<ft::TrainingState>& resumed, const Launch& launch) {
   const bool root = launch.root();
   const std::size_t dataset_size = train.dataset().count;
   std::uint64_t first_epoch = 1;

@@ -1,7 +1,9 @@
 // lenet_mnist: trains the LeNet of PyTorch's multi-GPU tutorial on Fashion-MNIST (or any folder of
-// MNIST-format IDX files) on the CPU, reports progress, evaluates on the test set after each epoch.
+// MNIST-format IDX files) on the CPU or a GPU, reports progress, evaluates on the test set after each
+// epoch.
 //
 //   lenet_mnist                          # Debian's Fashion-MNIST, 2 epochs
+//   lenet_mnist --device cuda            # on GPU 0 (a build with CUDA)
 //   lenet_mnist --data ~/mnist --epochs 5 --metrics run.jsonl
 //   lenet_mnist --epochs 10 --checkpoint ckpt          # save after every epoch
 //   lenet_mnist --epochs 20 --resume ckpt --checkpoint ckpt   # continue from epoch 11
@@ -48,9 +50,9 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
     fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
     if (launch.root())
       std::printf("fusedp %s: LeNet (%zu parameters) on %s, %zu train / %zu test images, %d process(es) x %d "
-                  "replica(s), %d threads per process\n",
+                  "replica(s), %s\n",
                   FUSEDP_VERSION_STRING, LeNet::param_count, o.data.c_str(), train.count, test.count, launch.world(),
-                  o.train.replicas, threads);
+                  o.train.replicas, example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
   });
   return 0;

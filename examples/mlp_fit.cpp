@@ -83,9 +83,9 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
     fp::Adam opt{{.lr = f.lr}};
     if (launch.root())
       std::printf("fusedp %s: MLP 2-64-64-64-1 (%zu parameters) fitting a %zux%zu image from %zu random points, "
-                  "MSE + Adam, %d process(es) x %d replica(s), %d threads per process\n",
+                  "MSE + Adam, %d process(es) x %d replica(s), %s\n",
                   FUSEDP_VERSION_STRING, Mlp::param_count, o.side, o.side, train.count, launch.world(),
-                  o.train.replicas, threads);
+                  o.train.replicas, example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::MSE{}, train_loader, test_loader, f, resumed, launch);
     if (!o.image.empty() && launch.root()) write_pgm(o.image, example::model_of(trainer), test, o.side);
   });
