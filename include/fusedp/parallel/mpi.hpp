@@ -2,11 +2,24 @@
 // MPI between processes and machines: the world (initialized once per process), and a communicator with
 // the collectives Parallel<> needs, each checked: a failure throws DeviceError naming the call, the MPI
 // error code and text, and the rank. Compiled only where <mpi.h> is on the include path (link
-// fusedp::mpi, or MPI::MPI_CXX); elsewhere this header declares nothing.
+// fusedp::mpi, or MPI::MPI_CXX); elsewhere this header declares only launched_by_mpirun and
+// collective_timeout.
+//
+// A collective never waits forever: each runs as a non-blocking MPI call polled against a deadline
+// (collective_timeout). When it errors or times out, this rank asks every other rank, over a side
+// channel of its own, which collective it waits in; ranks that do not answer are named ("rank 1
+// stopped responding"). The message is printed on stderr and thrown as DeviceError; the world is then
+// broken: later collectives throw at once, and the MpiWorld, when destroyed, aborts the job
+// (MPI_Abort) instead of finalizing, which would wait for the missing rank.
 #include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
 
 namespace fusedp {
 /// Whether this process was started by mpirun/mpiexec (Open MPI, MPICH, Slurm's PMI) with more than
@@ -16,10 +29,24 @@ inline bool launched_by_mpirun() {
     if (const char* v = std::getenv(var)) return std::atoi(v) > 1;
   return false;
 }
+
+/// How long a collective may wait for the other ranks: FUSEDP_COLLECTIVE_TIMEOUT (seconds, a
+/// positive number, fractions allowed) when it is set, which overrides the program's choice, else
+/// `fallback` (ParallelOptions::timeout, 60 s unless the program says otherwise). A malformed value
+/// throws InvalidArgument naming the variable.
+inline std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback) {
+  const char* v = std::getenv("FUSEDP_COLLECTIVE_TIMEOUT");
+  if (v == nullptr || *v == 0) return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(v, &end);
+  if (end == v || *end != 0 || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7)
+    throw InvalidArgument(std::string("FUSEDP_COLLECTIVE_TIMEOUT='") + v +
+                          "': expected a positive number of seconds (e.g. 60 or 0.5)");
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000)));
+}
 }  // namespace fusedp
 
 #if __has_include(<mpi.h>)
-#include "fusedp/core/error.hpp"
 #include "fusedp/kernels/bf16.hpp"
 
 // Only MPI's C API is used; its deprecated C++ bindings would only add warnings.
@@ -32,12 +59,13 @@ inline bool launched_by_mpirun() {
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <string>
+#include <deque>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -54,14 +82,256 @@ inline int mpi_world_rank() noexcept {
   if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
-inline void mpi_check(int code, const char* call) {
-  if (code == MPI_SUCCESS) return;
+inline std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  throw DeviceError(call, code, length > 0 ? std::string(text, std::size_t(length)) : "unknown MPI error",
-                    mpi_world_rank());
+  return length > 0 ? std::string(text, std::size_t(length)) : "unknown MPI error";
 }
+inline void mpi_check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  throw DeviceError(call, code, mpi_error_text(code), mpi_world_rank());
+}
+
+/// The collectives fusedp issues; the index travels in the side channel's messages.
+enum class MpiCall : std::uint64_t { allreduce, reduce, bcast, allgather, allgatherv, reduce_scatter, count };
+inline const char* mpi_call_name(std::uint64_t call) noexcept {
+  constexpr const char* names[] = {"MPI_Iallreduce",  "MPI_Ireduce",     "MPI_Ibcast",
+                                   "MPI_Iallgather", "MPI_Iallgatherv", "MPI_Ireduce_scatter"};
+  return call < std::uint64_t(MpiCall::count) ? names[call] : "an unknown collective";
+}
+
+/// "rank 1", "ranks 1 and 3", "ranks 1, 3 and 4".
+inline std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return s;
+}
+
+/// While it lives, errors of MPI_Test are returned rather than fatal. Open MPI 4 reports an error of a
+/// non-blocking collective through MPI_COMM_WORLD's error handler (its requests carry no
+/// communicator), which aborts by default; the program's handler is restored afterwards.
+class WorldErrorsReturn {
+ public:
+  WorldErrorsReturn() noexcept {
+    if (MPI_Comm_get_errhandler(MPI_COMM_WORLD, &saved_) != MPI_SUCCESS) saved_ = MPI_ERRHANDLER_NULL;
+    else MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  ~WorldErrorsReturn() {
+    if (saved_ == MPI_ERRHANDLER_NULL) return;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, saved_);
+    MPI_Errhandler_free(&saved_);
+  }
+  WorldErrorsReturn(const WorldErrorsReturn&) = delete;
+  WorldErrorsReturn& operator=(const WorldErrorsReturn&) = delete;
+
+ private:
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+};
+
+/// What this rank knows about the collectives of one world, and the side channel over which ranks
+/// ask each other about them when one fails. The channel is a duplicate of the world's communicator,
+/// so its messages never meet the collectives' traffic, and costs nothing until a collective waits
+/// long: a rank reads it only while it waits.
+///
+/// When a collective errors or times out on a rank, that rank asks every other rank which collective
+/// it is waiting in (diagnose). A rank answers while it waits in any collective, or while it
+/// diagnoses or lingers after its own failure, with the number of collectives it has started and the
+/// name of the last one. A rank that gives no answer within the grace period is named as the one
+/// that stopped responding (dead, stopped, or not calling collectives any more). The failing rank
+/// then tells the others what it found (a notice), so that ranks still waiting fail at once with
+/// the same diagnosis instead of waiting for their own timeout.
+class CollectiveWatch {
+ public:
+  using Message = std::array<std::uint64_t, 12>;  // see the tags
+  static constexpr int max_named = 8;              // missing ranks a notice carries
+
+  CollectiveWatch(MPI_Comm side, int rank, int size) : comm_(side), rank_(rank), size_(size) {}
+  CollectiveWatch(const CollectiveWatch&) = delete;
+  CollectiveWatch& operator=(const CollectiveWatch&) = delete;
+  ~CollectiveWatch() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!failed_ && !finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] bool failed() const noexcept { return failed_; }
+  /// Collectives started on the world so far (the same count on every rank that keeps up).
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
+  [[nodiscard]] const char* call_name() const noexcept { return mpi_call_name(call_); }
+  [[nodiscard]] std::chrono::milliseconds grace() const noexcept { return grace_; }
+
+  /// A collective starts. After a failure the world cannot be trusted: every later one throws.
+  void begin(MpiCall call, const char* what = nullptr) {
+    if (failed_)
+      throw DeviceError(mpi_call_name(std::uint64_t(call)), MPI_ERR_OTHER,
+                        "an earlier collective failed (" + failure_ + "); this MPI world cannot be used any more",
+                        rank_);
+    ++sequence_;
+    call_ = std::uint64_t(call);
+    what_ = what;
+  }
+  /// "collective #17 (MPI_Iallreduce)", with the caller's label when it gave one.
+  [[nodiscard]] std::string describe() const {
+    return "collective #" + std::to_string(sequence_) + " (" + call_name() + (what_ ? std::string(", ") + what_ : "") +
+           ")";
+  }
+
+  /// Answers the other ranks' questions. With `take_notices`, a failure reported by another rank
+  /// makes this rank fail too (throws).
+  void serve(bool take_notices) {
+    for (;;) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, ask_tag, comm_, &flag, &status) != MPI_SUCCESS || !flag) break;
+      Message question{};
+      if (MPI_Recv(question.data(), words, MPI_UINT64_T, status.MPI_SOURCE, ask_tag, comm_, MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS)
+        break;
+      Message& answer = outgoing_.emplace_back();
+      answer.fill(0);
+      answer[0] = sequence_;
+      answer[1] = call_;
+      send(answer, status.MPI_SOURCE, answer_tag);
+    }
+    if (!take_notices) return;
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, notice_tag, comm_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    Message n{};
+    if (MPI_Recv(n.data(), words, MPI_UINT64_T, status.MPI_SOURCE, notice_tag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return;
+    std::vector<int> named;
+    for (std::uint64_t i = 0; i < std::min<std::uint64_t>(n[2], max_named); ++i) named.push_back(int(n[3 + i]));
+    std::string what = "rank " + std::to_string(status.MPI_SOURCE) + " gave up on collective #" + std::to_string(n[0]) +
+                       " (" + mpi_call_name(n[1]) + ")";
+    if (!named.empty())
+      what += ": " + rank_list(named) + (n[2] > std::uint64_t(max_named) ? " and more" : "") + " stopped responding";
+    else
+      what += " (see its message)";
+    if (n[0] != sequence_) what += "; this rank waits in " + describe();
+    fail(call_name(), MPI_ERR_OTHER, what, false);
+  }
+
+  /// Asks every other rank which collective it waits in and waits up to `grace` for the answers.
+  /// Returns what was found, for the message: who did not answer, who waits elsewhere.
+  [[nodiscard]] std::string diagnose(std::chrono::milliseconds grace) {
+    using clock = std::chrono::steady_clock;
+    grace_ = grace;
+    Message& question = outgoing_.emplace_back();
+    question.fill(0);
+    question[0] = sequence_;
+    question[1] = call_;
+    answers_.assign(std::size_t(size_), Message{});
+    std::vector<MPI_Request> pending(std::size_t(size_), MPI_REQUEST_NULL);
+    std::vector<char> answered(std::size_t(size_), 0);
+    answered[std::size_t(rank_)] = 1;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      send(question, r, ask_tag);
+      if (MPI_Irecv(answers_[std::size_t(r)].data(), words, MPI_UINT64_T, r, answer_tag, comm_,
+                    &pending[std::size_t(r)]) != MPI_SUCCESS)
+        pending[std::size_t(r)] = MPI_REQUEST_NULL;
+    }
+    const auto deadline = clock::now() + grace;
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < size_; ++r) {
+        MPI_Request& p = pending[std::size_t(r)];
+        if (p == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        if (MPI_Test(&p, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) p = MPI_REQUEST_NULL;  // counts as no answer
+        else if (done) answered[std::size_t(r)] = 1;
+        else all = false;
+      }
+      if (all || clock::now() > deadline) break;
+      serve(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (MPI_Request& p : pending)
+      if (p != MPI_REQUEST_NULL && MPI_Cancel(&p) == MPI_SUCCESS) MPI_Wait(&p, MPI_STATUS_IGNORE);
+
+    missing_.clear();
+    std::string elsewhere;
+    for (int r = 0; r < size_; ++r) {
+      if (!answered[std::size_t(r)]) {
+        missing_.push_back(r);
+      } else if (r != rank_ && answers_[std::size_t(r)][0] != sequence_) {
+        const Message& a = answers_[std::size_t(r)];
+        const std::string there = "collective #" + std::to_string(a[0]) + " (" + mpi_call_name(a[1]) + ")";
+        if (a[0] > sequence_) elsewhere += "; rank " + std::to_string(r) + " has gone on to " + there;
+        else elsewhere += "; rank " + std::to_string(r) + " waits in an earlier " + there + ": the ranks issued different collectives";
+      }
+    }
+    std::string s;
+    if (!missing_.empty())
+      s = rank_list(missing_) + " stopped responding (no answer within " + std::to_string(grace.count()) +
+          " ms to a question over the side channel: dead, stopped, or no longer calling collectives)";
+    else if (elsewhere.empty())
+      s = "every other rank answered from this same collective, which still did not complete (an MPI or network "
+          "failure?)";
+    if (!elsewhere.empty()) s += s.empty() ? elsewhere.substr(2) : elsewhere;
+    return s;
+  }
+
+  /// This rank's collective failed: the world is marked broken, the message printed on stderr (the
+  /// MpiWorld's destructor aborts the job, which may leave no later chance), the other ranks told
+  /// (with `tell_others`), and the error thrown.
+  [[noreturn]] void fail(const char* call, int code, const std::string& message, bool tell_others) {
+    failed_ = true;
+    failure_ = message;
+    DeviceError error(call, code, message, rank_);
+    std::fprintf(stderr, "fusedp: %s\n", error.what());
+    std::fflush(stderr);
+    if (tell_others) {
+      Message& n = outgoing_.emplace_back();
+      n.fill(0);
+      n[0] = sequence_;
+      n[1] = call_;
+      n[2] = missing_.size();
+      for (std::size_t i = 0; i < missing_.size() && i < std::size_t(max_named); ++i) n[3 + i] = std::uint64_t(missing_[i]);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) send(n, r, notice_tag);
+    }
+    throw error;
+  }
+
+  /// Keeps answering questions for `how_long` (a failed rank before the job is aborted, so that the
+  /// ranks diagnosing at the same time get their answers and print their own message).
+  void linger(std::chrono::milliseconds how_long) {
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    while (std::chrono::steady_clock::now() < until) {
+      serve(false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  static constexpr int words = int(sizeof(Message) / sizeof(std::uint64_t));
+  // ask: [sequence, call]; answer: [sequence, call]; notice: [sequence, call, missing count, missing...]
+  static constexpr int ask_tag = 7001, answer_tag = 7002, notice_tag = 7003;
+
+  // Fire and forget: the message lives in outgoing_ (stable addresses) until the watch goes.
+  void send(const Message& m, int to, int tag) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    if (MPI_Isend(m.data(), words, MPI_UINT64_T, to, tag, comm_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+  }
+
+  MPI_Comm comm_;
+  int rank_, size_;
+  std::uint64_t sequence_ = 0;
+  std::uint64_t call_ = 0;
+  const char* what_ = nullptr;
+  bool failed_ = false;
+  std::string failure_;
+  std::chrono::milliseconds grace_{200};
+  std::vector<int> missing_;
+  std::deque<Message> outgoing_;
+  std::vector<Message> answers_;  // kept: a cancelled receive must never write into freed memory
+};
 }  // namespace detail
 
 /// Checks an MPI call; the communicators fusedp uses return errors instead of aborting.
@@ -70,6 +340,11 @@ inline void mpi_check(int code, const char* call) {
 /// The MPI world of this process. The first MpiWorld initializes MPI (threads: funneled, since only the
 /// thread that calls Parallel's methods talks to MPI) and the last one to go finalizes it, unless MPI
 /// was initialized by someone else. Launch with mpirun; a plain start is a world of one.
+///
+/// After a collective of this world failed (an error, or a rank that stopped responding), the
+/// destructor aborts the job (MPI_Abort, exit code 1) instead of finalizing MPI, which would wait for
+/// the missing rank: a program may catch the DeviceError (to save what it can), but the process ends
+/// when the world goes.
 class MpiWorld {
  public:
   MpiWorld() : MpiWorld(nullptr, nullptr) {}
@@ -89,10 +364,20 @@ class MpiWorld {
     FUSEDP_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
     FUSEDP_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
     FUSEDP_MPI_CHECK(MPI_Comm_free(&local));
+    MPI_Comm side = MPI_COMM_NULL;  // inherits MPI_ERRORS_RETURN
+    FUSEDP_MPI_CHECK(MPI_Comm_dup(comm_, &side));
+    watch_ = std::make_unique<detail::CollectiveWatch>(side, rank_, size_);
   }
   MpiWorld(const MpiWorld&) = delete;
   MpiWorld& operator=(const MpiWorld&) = delete;
   ~MpiWorld() {
+    if (watch_ && watch_->failed()) {
+      watch_->linger(watch_->grace());
+      std::fprintf(stderr, "fusedp: rank %d: aborting the MPI job after the failed collective\n", rank_);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    watch_.reset();
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -104,11 +389,16 @@ class MpiWorld {
   /// Rank among the processes on this machine (to pick a GPU).
   [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
+  /// The state of this world's collectives, shared by its communicators (internal).
+  [[nodiscard]] detail::CollectiveWatch& collective_watch() const noexcept { return *watch_; }
+  /// Whether a collective of this world has failed (the world is then unusable).
+  [[nodiscard]] bool failed() const noexcept { return watch_ && watch_->failed(); }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owner_ = false;
+  std::unique_ptr<detail::CollectiveWatch> watch_;
 };
 
 namespace parallel {
@@ -133,97 +423,172 @@ inline void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }  // namespace detail
 
 /// The collectives of Parallel<> over MPI, on a communicator that returns errors. Counts above INT_MAX
-/// are split into several calls.
+/// are split into several calls. Each collective is a non-blocking call polled until it completes:
+/// a failure or a wait beyond timeout() throws DeviceError naming this rank, the call, and the rank
+/// that stopped responding (see CollectiveWatch), and breaks the world (see MpiWorld).
 class MpiCommunicator {
  public:
-  explicit MpiCommunicator(const MpiWorld& world) : comm_(world.comm()), rank_(world.rank()), size_(world.size()) {}
+  using clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds default_timeout{60000};
+
+  /// `timeout`: how long one collective may wait for the other ranks; FUSEDP_COLLECTIVE_TIMEOUT,
+  /// when set, overrides it (see collective_timeout).
+  explicit MpiCommunicator(const MpiWorld& world, std::chrono::milliseconds timeout = default_timeout)
+      : comm_(world.comm()),
+        rank_(world.rank()),
+        size_(world.size()),
+        timeout_(collective_timeout(timeout)),
+        watch_(&world.collective_watch()) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// How long a failing rank waits for the others' answers: a tenth of the timeout, 0.2 to 5 s.
+  [[nodiscard]] std::chrono::milliseconds grace() const noexcept {
+    return std::clamp(timeout_ / 10, std::chrono::milliseconds(200), std::chrono::milliseconds(5000));
+  }
 
   template <class T>
   void all_reduce_sum(T* data, std::size_t n) const {
     for_chunks(n, [&](std::size_t off, int count) {
-      FUSEDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, count, mpi_type<T>(), MPI_SUM, comm_));
+      run(fusedp::detail::MpiCall::allreduce, nullptr, [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data + off, count, mpi_type<T>(), MPI_SUM, comm_, r);
+      });
     });
   }
   /// Starts a sum in place; finish with wait_all.
   template <class T>
   void start_all_reduce_sum(T* data, std::size_t n, std::vector<MPI_Request>& requests) const {
     for_chunks(n, [&](std::size_t off, int count) {
+      watch_->begin(fusedp::detail::MpiCall::allreduce);
       MPI_Request r = MPI_REQUEST_NULL;
-      FUSEDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, mpi_type<T>(), MPI_SUM, comm_, &r));
+      fusedp::detail::mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, mpi_type<T>(), MPI_SUM, comm_, &r),
+                                "MPI_Iallreduce");
       requests.push_back(r);
     });
   }
-  static void wait_all(std::vector<MPI_Request>& requests) {
-    if (requests.empty()) return;
-    FUSEDP_MPI_CHECK(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  /// Waits for the collectives started with start_*, as every collective waits.
+  void wait_all(std::vector<MPI_Request>& requests) const {
+    wait(requests.data(), requests.size());
     requests.clear();
   }
   /// Sums bf16 values (stored as uint16) in place.
   void all_reduce_sum_bf16(std::uint16_t* data, std::size_t n) const {
     for_chunks(n, [&](std::size_t off, int count) {
-      FUSEDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_UINT16_T, bf16_op(), comm_));
+      run(fusedp::detail::MpiCall::allreduce, nullptr, [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_UINT16_T, bf16_op(), comm_, r);
+      });
     });
   }
   template <class T>
   void reduce_sum(T* data, std::size_t n, int root) const {
     for_chunks(n, [&](std::size_t off, int count) {
-      FUSEDP_MPI_CHECK(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : data + off, data + off, count, mpi_type<T>(), MPI_SUM,
-                                  root, comm_));
+      run(fusedp::detail::MpiCall::reduce, nullptr, [&](MPI_Request* r) {
+        return MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data + off, data + off, count, mpi_type<T>(), MPI_SUM, root,
+                           comm_, r);
+      });
     });
   }
   template <class T>
   void broadcast(T* data, std::size_t n, int root) const {
     for_chunks(n, [&](std::size_t off, int count) {
-      FUSEDP_MPI_CHECK(MPI_Bcast(data + off, count, mpi_type<T>(), root, comm_));
+      run(fusedp::detail::MpiCall::bcast, nullptr,
+          [&](MPI_Request* r) { return MPI_Ibcast(data + off, count, mpi_type<T>(), root, comm_, r); });
     });
   }
-  /// Every rank's `n` values, in rank order, into `all` (size() x n).
+  /// Every rank's `n` values, in rank order, into `all` (size() x n). `what`, when given, names the
+  /// exchange in messages ("Parallel start-up check").
   template <class T>
-  void all_gather(const T* mine, T* all, std::size_t n) const {
+  void all_gather(const T* mine, T* all, std::size_t n, const char* what = nullptr) const {
     require(n <= std::size_t(INT_MAX), "MpiCommunicator::all_gather: ", n, " values per rank is too many");
-    FUSEDP_MPI_CHECK(MPI_Allgather(mine, int(n), mpi_type<T>(), all, int(n), mpi_type<T>(), comm_));
+    run(fusedp::detail::MpiCall::allgather, what, [&](MPI_Request* r) {
+      return MPI_Iallgather(mine, int(n), mpi_type<T>(), all, int(n), mpi_type<T>(), comm_, r);
+    });
   }
   /// In place: rank r's block [displs[r], displs[r] + counts[r]) of `data` reaches every rank.
   template <class T>
   void all_gather_blocks(T* data, const std::vector<int>& counts, const std::vector<int>& displs) const {
-    FUSEDP_MPI_CHECK(
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), mpi_type<T>(), comm_));
+    run(fusedp::detail::MpiCall::allgatherv, nullptr, [&](MPI_Request* r) {
+      return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), mpi_type<T>(),
+                             comm_, r);
+    });
   }
   /// Sums `data` over ranks; rank r receives block r ([displs[r], displs[r] + counts[r])) in place,
   /// through `scratch` (counts[r] values); the rest of `data` keeps this rank's own values.
   template <class T>
   void reduce_scatter_blocks(T* data, const std::vector<int>& counts, const std::vector<int>& displs, T* scratch) const {
     const auto r = std::size_t(rank_);
-    FUSEDP_MPI_CHECK(MPI_Reduce_scatter(data, scratch, counts.data(), mpi_type<T>(), MPI_SUM, comm_));
+    run(fusedp::detail::MpiCall::reduce_scatter, nullptr, [&](MPI_Request* q) {
+      return MPI_Ireduce_scatter(data, scratch, counts.data(), mpi_type<T>(), MPI_SUM, comm_, q);
+    });
     std::copy(scratch, scratch + counts[r], data + displs[r]);
   }
 
-  /// All-gather that gives up after `timeout`: a rank that never arrives makes every other rank stop
-  /// with a message instead of hanging. A pending collective cannot be cancelled, so on timeout the
-  /// job is aborted (MPI_Abort) after the message is printed.
+  /// all_gather that waits at most `timeout` (FUSEDP_COLLECTIVE_TIMEOUT overrides it) and, when it
+  /// fails, aborts the job (MPI_Abort) after the message naming the missing rank is printed, instead
+  /// of throwing.
   template <class T>
   void all_gather_or_abort(const T* mine, T* all, std::size_t n, std::chrono::milliseconds timeout,
                            const char* what) const {
-    MPI_Request r = MPI_REQUEST_NULL;
-    FUSEDP_MPI_CHECK(MPI_Iallgather(mine, int(n), mpi_type<T>(), all, int(n), mpi_type<T>(), comm_, &r));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (int done = 0;;) {
-      FUSEDP_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
-      if (done) return;
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "fusedp: rank %d: %s: not every one of the %d ranks arrived within %lld ms; aborting\n",
-                     rank_, what, size_, static_cast<long long>(timeout.count()));
-        std::fflush(stderr);
-        MPI_Abort(comm_, 1);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    MpiCommunicator once = *this;
+    once.timeout_ = collective_timeout(timeout);
+    try {
+      once.all_gather(mine, all, n, what);
+    } catch (const DeviceError&) {
+      watch_->linger(once.grace());
+      MPI_Abort(comm_, 1);
     }
   }
 
  private:
+  // Starts one collective and waits for it.
+  template <class Start>
+  void run(fusedp::detail::MpiCall call, const char* what, Start&& start) const {
+    watch_->begin(call, what);
+    MPI_Request r = MPI_REQUEST_NULL;
+    fusedp::detail::mpi_check(start(&r), fusedp::detail::mpi_call_name(std::uint64_t(call)));
+    wait(&r, 1);
+  }
+
+  // Polls until every request completes. The first 10 ms spin on MPI_Test, as a blocking collective
+  // would (Open MPI's non-blocking collectives progress only inside MPI calls); up to 1 s it yields
+  // between tests, then sleeps 1 ms, and reads the side channel. Past the timeout, or on an error, it
+  // finds out who is missing and fails.
+  void wait(MPI_Request* requests, std::size_t n) const {
+    constexpr auto spin = std::chrono::milliseconds(10);
+    constexpr auto yield = std::chrono::seconds(1);
+    const fusedp::detail::WorldErrorsReturn errors_return;
+    const auto start = clock::now();
+    for (;;) {
+      bool pending = false;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (requests[i] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        const int code = MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+        if (code != MPI_SUCCESS) fail_error(code);
+        pending = pending || !done;
+      }
+      if (!pending) return;
+      const auto waited = clock::now() - start;
+      if (waited < spin) continue;
+      watch_->serve(true);
+      if (waited > timeout_) fail_timeout();
+      if (waited < yield) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  [[noreturn]] void fail_timeout() const {
+    const std::string why = watch_->diagnose(grace());
+    watch_->fail(watch_->call_name(), MPI_ERR_OTHER,
+                 watch_->describe() + " did not complete within " + std::to_string(timeout_.count()) + " ms: " + why,
+                 true);
+  }
+  [[noreturn]] void fail_error(int code) const {
+    const std::string text = fusedp::detail::mpi_error_text(code);
+    const std::string why = watch_->diagnose(grace());
+    watch_->fail(watch_->call_name(), code, watch_->describe() + " failed: " + text + "; " + why, true);
+  }
+
   template <class F>
   static void for_chunks(std::size_t n, F&& f) {
     constexpr std::size_t chunk = std::size_t(INT_MAX) / 2;
@@ -240,6 +605,8 @@ class MpiCommunicator {
   MPI_Comm comm_;
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
+  fusedp::detail::CollectiveWatch* watch_;
 };
 
 }  // namespace parallel

@@ -61,9 +61,11 @@ struct ParallelOptions {
   /// MPI: Host threads of this rank's replica (0: the hardware threads divided among the ranks of
   /// this machine).
   int threads = 0;
-  /// MPI: how long the start-up check waits for every rank before the job is aborted. Cuda: also how
-  /// long NCCL's start-up and each step's collectives may take before the communicator is aborted and
-  /// the step throws (a dead peer never hangs the job).
+  /// MPI: how long each collective (the start-up check included) waits for every rank before it
+  /// throws DeviceError naming the rank that stopped responding (FUSEDP_COLLECTIVE_TIMEOUT, in
+  /// seconds, overrides it; see parallel/mpi.hpp). Cuda: also how long NCCL's start-up and each
+  /// step's collectives may take before the communicator is aborted and the step throws (a dead peer
+  /// never hangs the job).
   std::chrono::milliseconds timeout{60000};
   /// Cuda with MPI: this rank's device (-1: its rank among the ranks of its machine).
   int device = -1;
@@ -120,7 +122,7 @@ class Parallel {
   /// same network, parameter count, policies, world size and options.agree_on; a mismatch throws on
   /// every rank. Then the parameters of rank 0 are broadcast.
   explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(1), comm_(std::in_place, world) {
+      : options_(options), pool_(1), comm_(std::in_place, world, options.timeout) {
     static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
                       std::is_same_v<typename policy::comm_policy, comm::Mpi>,
                   "fusedp::Parallel: one replica per MPI rank reduces through MPI (category comm: Auto or Mpi)");
@@ -285,7 +287,7 @@ class Parallel {
     static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
                                            "policy hash", "world size",      "agree_on value"};
     std::vector<std::uint64_t> all(mine.size() * world_);
-    comm_->all_gather_or_abort(mine.data(), all.data(), mine.size(), options_.timeout, "Parallel start-up check");
+    comm_->all_gather(mine.data(), all.data(), mine.size(), "Parallel start-up check");
     std::ostringstream diff;
     for (std::size_t r = 1; r < world_; ++r)
       for (std::size_t k = 0; k < mine.size(); ++k)
@@ -379,7 +381,7 @@ class Parallel {
     } else if constexpr (!policy::overlap) {
       for (const auto& b : plan::buckets) mpi_reduce_bucket(b, false);
     }
-    parallel::MpiCommunicator::wait_all(requests_);
+    comm_->wait_all(requests_);
 #endif
   }
 
