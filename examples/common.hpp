@@ -306,8 +306,10 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
       if (f.device != "cuda")
         throw fp::InvalidArgument("--device " + f.device + ": under mpirun each rank takes the GPU of its place "
                                   "among the ranks of its machine; use --device cuda");
+#if FUSEDP_HAS_MPI
       GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on}};
       body(dp, threads);
+#endif
     } else {
       std::vector<int> ids;
       for (int i = 0; i < f.replicas; ++i) ids.push_back(gpu + i);

@@ -242,6 +242,23 @@ if [[ -x "$OUT/train_step_gpu" ]]; then
   timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
 fi
 
+# --- 5b. all-reduce bandwidth of the bucket plans, and the examples on the GPU (prebuilt only) ---------
+if [[ -n "$PREBUILT" && -x "$PREBUILT/allreduce_bench" ]]; then
+  log "allreduce_bench"
+  timeout 60 "$PREBUILT/allreduce_bench" --reps 50 --warmup 10 2>&1 | tee "$OUT/allreduce.txt" | grep -E "RESULT|note" | cut -c1-160
+fi
+if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]]; then
+  EX_DATA=()
+  [[ -n "${FUSEDP_FASHION_MNIST_DIR:-}" ]] && EX_DATA=(--data "$FUSEDP_FASHION_MNIST_DIR")
+  log "examples on the GPU"
+  rm -rf "$OUT/ckpt"
+  timeout 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "^epoch.*ETA" | tail -4
+  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
+  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 1 --epochs 1 "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
+  timeout 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
+  timeout 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
+fi
+
 # --- 6. the table -------------------------------------------------------------------------------------
 echo
 "$PY" "$ROOT/benchmarks/gpu/report.py" --fusedp "$OUT/fusedp.txt" --torch-dir "$OUT/torch" --header "$OUT/header.txt" \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu and train_step_gpu) for one
+# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, train_step_gpu, allreduce_bench
+# and the examples) for one
 # GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
-# not compiling. The binaries link the CUDA runtime statically; they need an x86-64 Linux with a driver
-# at least as new as this nvcc, libstdc++ and zlib.
+# not compiling. They need an x86-64 Linux with a driver at least as new as this nvcc, libstdc++, zlib,
+# and on LD_LIBRARY_PATH libnccl.so.2 (PyTorch's wheel has one) and libcudart.so.13 (copied into DIR).
 #
 #   benchmarks/gpu/prebuild.sh [ARCH] [DIR]     ARCH default 90 (H100/H200), DIR default build/gpu-prebuilt
 #
@@ -22,4 +23,15 @@ ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
 mkdir -p "$DIR"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
+nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/allreduce_bench.cu -lnccl \
+  -o "$DIR/allreduce_bench"
+# The examples (each with its _cuda twin), without MPI: GPU machines may have none.
+cmake -S . -B build/gpu$ARCH-examples -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DFUSEDP_BUILD_TESTS=OFF -DFUSEDP_BUILD_EXAMPLES=ON -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_INSTALL=OFF \
+  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON > /dev/null
+ninja -C build/gpu$ARCH-examples -j "$JOBS"
+for e in lenet_mnist cifar10_cnn mlp_fit; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
+cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
+  cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
+strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"
