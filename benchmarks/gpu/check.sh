@@ -254,7 +254,7 @@ if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]]; then
   rm -rf "$OUT/ckpt"
   timeout 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "^epoch.*ETA" | tail -4
   timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
-  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 1 --epochs 1 "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
+  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" 2>&1 | tail -2  # one GPU: a clear error
   timeout 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
   timeout 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
 fi
