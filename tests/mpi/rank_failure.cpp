@@ -10,8 +10,9 @@
 //             truncate  a broadcast whose counts differ between ranks (an MPI error on the
 //                   receivers), then an all-reduce: the error is a DeviceError naming the call on
 //                   the receivers, and the root, waiting in the next collective, learns of it
-//     policy  allreduce (blocking all-reduce), overlap (buckets started during backward, waited
-//             after), deterministic (all-gather), zero (reduce-scatter + all-gather of blocks)
+//     policy  allreduce (a small network: MPI_Iallreduce), ring (a larger one: the ring all-reduce),
+//             overlap (buckets started during backward, waited after), deterministic (all-gather),
+//             zero (reduce-scatter + all-gather of blocks)
 //
 // Survivors print "rank R: caught: <what>" and return 2 (the MpiWorld then aborts the job).
 #include <fusedp/fusedp.hpp>
@@ -29,6 +30,8 @@
 
 namespace fp = fusedp;
 using Net = fp::Sequential<fp::Input<6>, fp::Linear<32>, fp::ReLU, fp::Linear<32>, fp::ReLU, fp::Linear<3>>;
+using Small = fp::Sequential<fp::Input<6>, fp::Linear<8>, fp::ReLU, fp::Linear<3>>;  // 83 values: MPI_Iallreduce
+using Wide = fp::Sequential<fp::Input<6>, fp::Linear<512>, fp::ReLU, fp::Linear<3>>;  // 5123 values: the ring
 
 constexpr int victim = 1;
 constexpr int steps_before = 3;
@@ -78,7 +81,8 @@ int run(const fp::MpiWorld& world, const std::string& mode, const std::string& p
   if (mode == "truncate") return truncate(world, t);
   // scatter::Even (the same global batch on every rank): a step's first collective is then the
   // gradients' reduction, the one each policy names.
-  if (policy == "allreduce") return train<fp::Parallel<Net, fp::Host>>(world, mode, t);
+  if (policy == "allreduce") return train<fp::Parallel<Small, fp::Host>>(world, mode, t);
+  if (policy == "ring") return train<fp::Parallel<Wide, fp::Host>>(world, mode, t);
   if (policy == "overlap")
     return train<fp::Parallel<Net, fp::Host, fp::reduce::AllReduce<fp::Bucket<512>, fp::Overlap>>>(world, mode, t);
   if (policy == "deterministic") return train<fp::Parallel<Net, fp::Host, fp::Deterministic>>(world, mode, t);
@@ -114,7 +118,8 @@ void check_timeout_variable(int rank) {
 int main(int argc, char** argv) {
   fp::MpiWorld world(&argc, &argv);
   if (argc != 4) {
-    std::fprintf(stderr, "usage: %s kill|hang|slow allreduce|overlap|deterministic|zero <timeout ms>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s kill|hang|slow|truncate allreduce|ring|overlap|deterministic|zero <timeout ms>\n",
+                 argv[0]);
     return 64;
   }
   const std::string mode = argv[1], policy = argv[2];
