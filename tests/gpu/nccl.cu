@@ -1,9 +1,11 @@
 // Parallel<Net, Cuda> over NCCL and the NCCL communicator itself, with the devices this machine has.
 // With one device (world size 1) a Parallel run must reproduce Model<Net, Cuda>::train_step with the
 // same batch: bit for bit in fp32 (the collectives sum one rank, the shard scale is 1), within the TF32
-// bound with TF32, for every policy set that runs on Cuda (buckets, Overlap, Deterministic,
-// ReduceBroadcast). With two or more devices, 2 replicas with B/2 samples each reproduce 1 replica with
-// B. A communicator whose peer never arrives gives up after its timeout instead of hanging.
+// bound with TF32, for every policy set (buckets, Overlap, Deterministic, ReduceBroadcast, ReduceScatter
+// = ZeRO-1). Compress<bf16> with one rank reproduces a model whose gradients were rounded to bfloat16
+// (to nearest even) before each update, bit for bit. With two or more devices, 2 replicas with B/2
+// samples each reproduce 1 replica with B (Compress within the Host test's bfloat16 bound, 1e-2). A
+// communicator whose peer never arrives gives up after its timeout instead of hanging.
 #include "gpu_test.hpp"
 
 #include <fusedp/parallel/parallel.hpp>
@@ -128,6 +130,90 @@ TEST_CASE("Parallel on Cuda, world size 1, reproduces Model<Net, Cuda> with the 
   world_one_reproduces_model<fp::CudaFp32, fp::reduce::ReduceBroadcast<Small, fp::Overlap>>("fp32, ReduceBroadcast");
   world_one_reproduces_model<fp::CudaFp32, fp::scatter::Sharded, fp::Sum, Small>("fp32, Sharded, Sum");
   world_one_reproduces_model<fp::Cuda, fp::reduce::AllReduce<Small, fp::Overlap>>("tf32, small buckets, Overlap");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::ReduceScatter<>>("fp32, ReduceScatter (ZeRO-1)");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::ReduceScatter<Small, fp::Overlap>>(
+      "fp32, ReduceScatter, small buckets, Overlap");
+  world_one_reproduces_model<fp::CudaFp32, fp::reduce::ReduceScatter<Small, fp::Deterministic>>(
+      "fp32, ReduceScatter, Deterministic");
+  world_one_reproduces_model<fp::CudaFp32, fp::scatter::Sharded, fp::Sum, fp::reduce::ReduceScatter<>>(
+      "fp32, Sharded, Sum, ReduceScatter");
+  world_one_reproduces_model<fp::Cuda, fp::reduce::ReduceScatter<>>("tf32, ReduceScatter");
+}
+
+TEST_CASE("Parallel on Cuda: ReduceScatter keeps optimizer state for its block only, equal to the model's") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const fp::Adam adam{{.lr = 0.01f}};
+  fp::Model<LeNet, fp::CudaFp32> single{fp::seed(5), fp::CudaFp32{0}};
+  fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceScatter<>> zero{fp::replicas(1), fp::seed(5)};
+  fp::Parallel<LeNet, fp::CudaFp32> plain{fp::replicas(1), fp::seed(5)};
+  for (int s = 0; s < 5; ++s) {
+    const Batch b = batch_of(batch, std::uint64_t(s));
+    fp::Adam o1 = adam, o2 = adam, o3 = adam;
+    const float l1 = single.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, o1);
+    const float l2 = zero.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, o2);
+    const float l3 = plain.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, o3);
+    CHECK(l1 == l2);
+    CHECK(l2 == l3);
+  }
+  CHECK(params_on_host(zero.model()) == params_on_host(single));
+  CHECK(params_on_host(plain.model()) == params_on_host(single));
+  // One rank owns the whole buffer: its block's state is the model's whole state, bit for bit.
+  const fp::parallel::Shard block = zero.zero_block(0);
+  CHECK(block.offset == 0);
+  CHECK(block.count == LeNet::param_storage);
+  CHECK(zero.model().optimizer_state().empty());  // the state lives in the Parallel, sharded
+  REQUIRE(zero.zero_optimizer_state().size() == 2 * LeNet::param_storage);
+  std::vector<float> want(single.optimizer_state().size()), got(want.size());
+  single.copy_optimizer_state_to_host(want);
+  FUSEDP_CUDA_CHECK(cudaMemcpy(got.data(), zero.zero_optimizer_state().data(), got.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost));
+  CHECK(got == want);
+  CHECK(zero.model().optimizer_steps() == 5);
+  CHECK(zero.model().steps() == 5);
+}
+
+// A model whose gradients are replaced by their bfloat16 rounding (round to nearest even, on the host)
+// before every update: what Compress<bf16> computes with one rank.
+Run train_with_bf16_gradients(fp::Model<LeNet, fp::CudaFp32>& m) {
+  fp::Sgd opt = sgd_options;
+  Run r;
+  std::vector<float> g(LeNet::param_storage);
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = batch_of(batch, std::uint64_t(s));
+    r.losses.push_back(m.compute_gradients(std::span<const float>(b.x), std::span<const std::int32_t>(b.y),
+                                           fp::SoftmaxCrossEntropy{}));
+    m.copy_grads_to_host(g);
+    for (float& v : g) v = fp::kernels::round_bf16(v);
+    fp::copy_async(m.grads().data(), g.data(), g.size(), m.space().stream());
+    m.space().synchronize();
+    m.step(opt);
+  }
+  r.params = params_on_host(m);
+  return r;
+}
+
+template <class... Policies>
+void compress_reproduces_rounded_model(const char* what) {
+  INFO(what);
+  fp::Model<LeNet, fp::CudaFp32> single{fp::seed(13), fp::CudaFp32{0}};
+  const Run want = train_with_bf16_gradients(single);
+  fp::Parallel<LeNet, fp::CudaFp32, Policies...> dp{fp::replicas(1), fp::seed(13)};
+  const Run got = train(dp, batch);
+  for (int s = 0; s < steps; ++s) CHECK_MESSAGE(got.losses[std::size_t(s)] == want.losses[std::size_t(s)], "step " << s);
+  CHECK(got.params == want.params);
+}
+
+TEST_CASE("Parallel on Cuda, world size 1: Compress<bf16> equals the update with bfloat16-rounded gradients") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  compress_reproduces_rounded_model<fp::Compress<fp::bf16>>("Compress, one bucket");
+  compress_reproduces_rounded_model<fp::Compress<fp::bf16>, Small, fp::Overlap>("Compress, small buckets, Overlap");
+  compress_reproduces_rounded_model<fp::Compress<fp::bf16>, Small, fp::Deterministic>("Compress, Deterministic");
+  compress_reproduces_rounded_model<fp::Compress<fp::bf16>, fp::reduce::ReduceBroadcast<Small>>("Compress, ReduceBroadcast");
+  compress_reproduces_rounded_model<fp::Compress<fp::bf16>, fp::reduce::ReduceScatter<Small>>("Compress, ReduceScatter");
+  // And the rounding is visible: the result differs from fp32 gradients.
+  fp::Model<LeNet, fp::CudaFp32> plain{fp::seed(13), fp::CudaFp32{0}};
+  fp::Model<LeNet, fp::CudaFp32> rounded{fp::seed(13), fp::CudaFp32{0}};
+  CHECK(train(plain, batch).params != train_with_bf16_gradients(rounded).params);
 }
 
 TEST_CASE("Parallel on Cuda: more replicas than devices is an error that says so") {
@@ -179,6 +265,25 @@ TEST_CASE("Parallel on Cuda: 2 replicas with B/2 samples each reproduce 1 replic
   {
     fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceBroadcast<>> dp{fp::replicas(2), fp::seed(11)};
     compare(train(dp, batch), "ReduceBroadcast");
+    CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
+  }
+  {
+    fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceScatter<>> dp{fp::replicas(2), fp::seed(11)};
+    compare(train(dp, batch), "ReduceScatter (ZeRO-1)");
+    CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
+    const fp::parallel::Shard a = dp.zero_block(0), b = dp.zero_block(1);
+    CHECK(a.offset == 0);
+    CHECK(b.offset == a.count);
+    CHECK(a.count + b.count == LeNet::param_storage);
+    CHECK(dp.zero_optimizer_state(0).size() == a.count);  // Sgd: one slot, for its block only
+    CHECK(dp.zero_optimizer_state(1).size() == b.count);
+  }
+  {
+    fp::Parallel<LeNet, fp::CudaFp32, fp::Compress<fp::bf16>, Small, fp::Overlap> dp{fp::replicas(2), fp::seed(11)};
+    const Run got = train(dp, batch);
+    INFO("Compress<bf16>");
+    CHECK(relative_error(got.losses, want.losses) < 1e-2);  // the Host test's bound (tests/parallel/replicas.cpp)
+    CHECK(relative_error(got.params, want.params) < 1e-2);
     CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
   }
   {

@@ -13,6 +13,9 @@
 //     graphs are kept, so batches alternating between a DeviceLoader's two slots replay): a replay
 //     allocates nothing and synchronizes nothing. Networks with Dropout launch directly (its mask
 //     depends on the step number, which a graph would freeze).
+//   - a guarded optimizer (optim/guard.hpp) measures the gradient on the device and reads one 16-byte
+//     result per step to decide (clip, skip or throw, as on Host); such steps launch directly, never as
+//     a graph, since the update depends on that read.
 //   - stages run as the groups of CudaPlan<Net, P> (net/cuda_plan.hpp): conv + max-pooling fused, runs
 //     of narrow Linear layers as one fused MLP kernel.
 // Parameters are initialized on the host with the same Philox numbers as on Host, then copied, so a
@@ -27,6 +30,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/rng.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/gradient.cuh"
 #include "fusedp/kernels/cuda/loss.cuh"
 #include "fusedp/kernels/cuda/mlp.cuh"
 #include "fusedp/kernels/cuda/optimizer.cuh"
@@ -197,14 +201,66 @@ class Model<Net, CudaSpace<P>, T> {
     return loss_host_[0];
   }
 
-  /// Applies the optimizer to the current gradients and counts the step (queued, not waited for).
+  /// Applies the optimizer to the current gradients and counts the step (queued, not waited for). A
+  /// guarded optimizer first checks the gradient on the device (waits for one scalar read) and decides
+  /// as on Host: returns false when it skipped the update; Stop throws NumericError naming the step and
+  /// the first tensor that is not finite, with nothing changed.
   template <class Opt>
-  void step(const Opt& opt) {
+  bool step(const Opt& opt) {
     opt.validate();
+    if constexpr (requires { typename Opt::on_nonfinite; }) {
+      const kernels::cuda::DeviceGradientStats s = gradient_stats();
+      return apply_step(opt, opt.decide(kernels::host::GradientStats{s.sum_squares, s.finite()}, steps_ + 1,
+                                        nonfinite_tensor_name(s.first_nonfinite)));
+    } else {
+      return apply_step(opt, 1.0);
+    }
+  }
+
+  /// Applies a decision taken elsewhere (a data-parallel guard that combined every rank's statistics):
+  /// factor 0 skips the update (counted in skipped_steps()), else the gradient is scaled by `factor`
+  /// (when not 1) and the optimizer runs. Returns whether the update ran.
+  template <class Opt>
+  bool apply_step(const Opt& opt, double factor) {
+    if (factor == 0.0) {
+      ++steps_;
+      ++skipped_steps_;
+      return false;
+    }
+    if (factor != 1.0) kernels::cuda::scale_gradient(space_.stream(), grads_.data(), Net::param_storage, T(factor));
     std::span<T> state = optimizer_state<Opt>();
     ++optimizer_steps_;
     opt.step(space_, params_.data(), grads_.data(), state.data(), Net::param_storage, optimizer_steps_);
     ++steps_;
+    return true;
+  }
+
+  /// The sum of squares and the first non-finite element of the whole gradient, measured on the device
+  /// after the work queued so far (waits).
+  kernels::cuda::DeviceGradientStats gradient_stats() {
+    kernels::cuda::GradientStatsBuffer& b = stats_buffer();
+    b.enqueue(space_.stream(), grads_.data(), Net::param_storage);
+    b.copy_to_host(space_.stream());
+    space_.synchronize();
+    return b.host();
+  }
+  /// Device memory for gradient statistics on this model's device (allocated on first use).
+  kernels::cuda::GradientStatsBuffer& stats_buffer() {
+    if (!stats_.allocated()) {
+      space_.activate();
+      stats_ = kernels::cuda::GradientStatsBuffer(true);
+    }
+    return stats_;
+  }
+
+  /// The Host model's name for the tensor holding flat element `index` ("'3.weight' (layer 4)"), or
+  /// "no tensor" (every element finite, or padding): the words of Model<Net, Host>::first_nonfinite_tensor.
+  [[nodiscard]] static std::string nonfinite_tensor_name(unsigned long long index) {
+    for (const ParamTensor& t : Net::param_layout)
+      if (index >= t.offset && index < t.offset + t.size)
+        return "'" + std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight'" : ".bias'") + " (layer " +
+               std::to_string(t.layer) + ")";
+    return "no tensor";
   }
 
   /// The state of optimizer Opt on the device (Opt::state_slots x param_storage values), allocated and
@@ -336,6 +392,8 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
   [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+  /// Steps a guarded optimizer skipped (nonfinite::Skip).
+  [[nodiscard]] std::uint64_t skipped_steps() const noexcept { return skipped_steps_; }
   void set_step_counters(std::uint64_t steps, std::uint64_t optimizer_steps) noexcept {
     steps_ = steps;
     optimizer_steps_ = optimizer_steps;
@@ -427,6 +485,25 @@ class Model<Net, CudaSpace<P>, T> {
   template <class Loss, class Opt>
   void run_step(const T* x, const typename Loss::template target<T>* targets, std::size_t batch, const Loss& loss,
                 Opt& opt) {
+    if constexpr (requires { typename Opt::on_nonfinite; }) {
+      // The update depends on the gradient's statistics, read on the host: launched directly.
+      reserve(batch);
+      replayed_ = false;
+      forward_pass(x, batch, true);
+      const kernels::cuda::LossOutput out{loss_.data(), loss_.data() + 1, status_.data()};
+      loss.enqueue(space_, batch, output_size, output_of<Net::stage_count - 1>(x, batch), targets,
+                   gradient_buffer(0, batch), out);
+      NoStageHook none;
+      backward_pass(x, batch, none);
+      (void)step(opt);
+    } else {
+      run_graphed_step(x, targets, batch, loss, opt);
+    }
+  }
+
+  template <class Loss, class Opt>
+  void run_graphed_step(const T* x, const typename Loss::template target<T>* targets, std::size_t batch,
+                        const Loss& loss, Opt& opt) {
     static_assert(requires { opt.template update<T>(std::uint64_t(1)); },
                   "fusedp::Model on Cuda: this optimizer has no Cuda implementation (an update<T>(step) member)");
     using Op = decltype(opt.template update<T>(std::uint64_t(1)));
@@ -744,6 +821,8 @@ class Model<Net, CudaSpace<P>, T> {
   const char* state_owner_ = nullptr;
   std::uint64_t optimizer_steps_ = 0;
   std::uint64_t steps_ = 0;
+  std::uint64_t skipped_steps_ = 0;
+  kernels::cuda::GradientStatsBuffer stats_;
 };
 
 }  // namespace fusedp

@@ -49,6 +49,7 @@ ncclDataType_t nccl_type() {
   if constexpr (std::is_same_v<T, float>) return ncclFloat;
   else if constexpr (std::is_same_v<T, double>) return ncclDouble;
   else if constexpr (std::is_same_v<T, std::uint64_t>) return ncclUint64;
+  else if constexpr (std::is_same_v<T, unsigned long long> && sizeof(T) == 8) return ncclUint64;
   else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
   else static_assert(sizeof(T) == 0, "fusedp: no NCCL datatype for this type");
 }
@@ -175,6 +176,31 @@ class NcclCommunicator {
   template <class T>
   void all_reduce_sum(T* data, std::size_t n, cudaStream_t stream) {
     issue(ncclAllReduce(data, data, n, nccl_type<T>(), ncclSum, live("ncclAllReduce"), stream), "ncclAllReduce");
+  }
+  /// The smallest of every rank's `n` values into `data` in place, on `stream`.
+  template <class T>
+  void all_reduce_min(T* data, std::size_t n, cudaStream_t stream) {
+    issue(ncclAllReduce(data, data, n, nccl_type<T>(), ncclMin, live("ncclAllReduce"), stream), "ncclAllReduce");
+  }
+  /// Sums `n` bfloat16 values (the upper halves of floats, kernels/bf16.hpp) of every rank into `data`
+  /// in place, on `stream` (ncclBfloat16: partial sums are rounded to bfloat16 as they travel).
+  void all_reduce_sum_bf16(std::uint16_t* data, std::size_t n, cudaStream_t stream) {
+    issue(ncclAllReduce(data, data, n, ncclBfloat16, ncclSum, live("ncclAllReduce"), stream), "ncclAllReduce (bf16)");
+  }
+  /// `data` holds size() blocks of `n` values: the sum over every rank of block rank() is left in that
+  /// block (ncclReduceScatter in place); the other blocks are not meaningful afterwards. On `stream`.
+  template <class T>
+  void reduce_scatter_sum_in_place(T* data, std::size_t n, cudaStream_t stream) {
+    issue(ncclReduceScatter(data, data + std::size_t(rank_) * n, n, nccl_type<T>(), ncclSum, live("ncclReduceScatter"),
+                            stream),
+          "ncclReduceScatter");
+  }
+  /// `data` holds size() blocks of `n` values: block r of rank r goes to block r of every rank
+  /// (ncclAllGather in place), on `stream`.
+  template <class T>
+  void all_gather_in_place(T* data, std::size_t n, cudaStream_t stream) {
+    issue(ncclAllGather(data + std::size_t(rank_) * n, data, n, nccl_type<T>(), live("ncclAllGather"), stream),
+          "ncclAllGather");
   }
   /// Every rank's `n` values, in rank order, into `all` (size() x n), on `stream`.
   template <class T>

@@ -557,6 +557,8 @@ class Parallel {
 }  // namespace fusedp
 
 #if FUSEDP_HAS_CUDA && FUSEDP_HAS_NCCL
+#include "fusedp/kernels/cuda/gradient.cuh"
+
 // Parallel<Net, CudaSpace<P>, Policies...>: replicas on GPUs, gradients through NCCL. Two process
 // models, as on Host: one process driving one replica per listed device (a thread each), or one replica
 // per MPI rank (mpirun; the NCCL unique id travels over MPI, each rank takes the device of its rank
@@ -565,10 +567,22 @@ class Parallel {
 // Cuda model's stage hook says backward has queued its last gradient (an event orders it after those
 // kernels); the optimizer waits for the last one (another event). Shards scale their gradient by
 // (shard / global batch) first, so every reduction is a plain sum, as on Host.
-// Available on Cuda: AllReduce, ReduceBroadcast, Deterministic (an all-gather and a sum in rank order,
-// the Host's order and bits), Average/Sum, every scatter policy. Not yet: ReduceScatter, Compress<bf16>,
-// Guarded optimizers (static_asserts say so). Steps do not replay CUDA graphs (the NCCL calls sit
-// between the model's kernels); each step waits for its update before returning the loss.
+// Available on Cuda: every policy of Host. AllReduce; ReduceBroadcast; ReduceScatter (ZeRO-1: see
+// below); Deterministic (an all-gather and a sum in rank order, the Host's order and bits); Compress<bf16>
+// (each bucket packed to bfloat16 rounded to nearest even, summed by NCCL in ncclBfloat16, unpacked);
+// Average/Sum; every scatter policy; Guarded optimizers (the gradient's sum of squares and first
+// non-finite element measured on the device over this rank's part, combined over the ranks with NCCL,
+// one 16-byte read per step, so every rank takes the same decision). Steps do not replay CUDA graphs
+// (the NCCL calls sit between the model's kernels); each step waits for its update before returning.
+//
+// ZeRO-1 layout: rank r owns elements [r*s, (r+1)*s) of the flat buffer, s = param_storage rounded
+// down to a multiple of world * alignment, divided by world; the last rank also owns the remainder
+// (fewer than world * align_elements_count elements). Gradients: ncclReduceScatter in place on the
+// world*s elements, the remainder all-reduced (tiny); each rank updates its own block with optimizer
+// state for that block only; parameters: ncclAllGather in place, the remainder broadcast by the last
+// rank. Nothing is padded or copied, so the model's buffers serve as they are. With Deterministic or
+// Compress the gradient is all-reduced in buckets as those policies say, then each rank updates its
+// block the same way.
 namespace fusedp {
 
 namespace parallel::detail {
@@ -578,12 +592,16 @@ __global__ void scale_kernel(float* g, std::size_t n, float s) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
     g[i] *= s;
 }
-// out[i] = all[0 * n + i] + all[1 * n + i] + ... in rank order, from 0: the Host's reduce_local, bit for bit.
-template <int = 0>
+// out[i] = all[0 * n + i] + all[1 * n + i] + ... in rank order, from 0: the Host's reduce_local, bit for bit
+// (with Compress, each value and each partial sum rounded to bfloat16, as the Host's accumulate).
+template <bool Bf16 = false>
 __global__ void sum_in_rank_order_kernel(const float* __restrict__ all, float* __restrict__ out, std::size_t n, int world) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
     float s = 0;
-    for (int r = 0; r < world; ++r) s += all[std::size_t(r) * n + i];
+    for (int r = 0; r < world; ++r) {
+      if constexpr (Bf16) s = kernels::round_bf16(s + kernels::round_bf16(all[std::size_t(r) * n + i]));
+      else s += all[std::size_t(r) * n + i];
+    }
     out[i] = s;
   }
 }
@@ -618,13 +636,9 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
   static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
-
-  static_assert(reduce_kind != parallel::detail::ReduceKind::reduce_scatter,
-                "fusedp::Parallel: reduce::ReduceScatter (ZeRO-1) is not yet available on the Cuda space (category "
-                "reduce: use AllReduce or ReduceBroadcast on Cuda; ReduceScatter runs on Host)");
-  static_assert(!policy::compress,
-                "fusedp::Parallel: Compress<bf16> is not yet available on the Cuda space (gradients travel in fp32 "
-                "there); it runs on Host");
+  /// ZeRO-1 with a plain sum: one reduce-scatter after backward instead of the bucketed all-reduce.
+  static constexpr bool zero_reduce_scatter =
+      reduce_kind == parallel::detail::ReduceKind::reduce_scatter && !policy::deterministic && !policy::compress;
 
   /// `r.count` replicas in this process on devices 0 .. r.count - 1 (r.threads_per_replica is unused).
   /// More replicas than visible devices is an error.
@@ -639,6 +653,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
     replicas_.reserve(world_);
     for (std::size_t i = 0; i < world_; ++i) replicas_.emplace_back(seed, d.ids[i], std::move(comms[i]), world_);
+    init_zero();
     broadcast_parameters();
   }
 
@@ -654,6 +669,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     handshake();
     const int device = agree_on_devices(world);
     replicas_.emplace_back(seed, device, parallel::NcclCommunicator::from_mpi(world, device, options.timeout), world_);
+    init_zero();
     broadcast_parameters();
   }
 #endif
@@ -676,6 +692,16 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
   [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }
+  /// ZeRO-1 (ReduceScatter): the block of the flat buffer that replica `global` (its rank) owns and
+  /// updates; the whole buffer for the other policies' single replica.
+  [[nodiscard]] parallel::Shard zero_block(std::size_t global) const noexcept {
+    return {global * shard_, shard_ + (global + 1 == world_ ? tail_ : 0)};
+  }
+  /// ZeRO-1: the optimizer state of local replica `i`'s block (state_slots x its block), on its device.
+  [[nodiscard]] std::span<const float> zero_optimizer_state(std::size_t i = 0) const {
+    return replicas_.at(i).zero_state.span();
+  }
+
   /// The NCCL communicator of local replica `i`.
   [[nodiscard]] parallel::NcclCommunicator& communicator(std::size_t i = 0) { return replicas_.at(i).comm; }
 
@@ -694,9 +720,6 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   template <class Loss, class Opt>
   float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                    const Loss& loss, Opt& opt) {
-    static_assert(!requires { typename Opt::on_nonfinite; },
-                  "fusedp::Parallel: Guarded optimizers are not yet available on the Cuda space (the Cuda model has "
-                  "no gradient statistics yet); use the bare optimizer there, or the Host space");
     opt.validate();
     const std::size_t in = model_type::input_size, out = model_type::output_size;
     require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
@@ -720,8 +743,12 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       losses[r] = rep.model.compute_gradients(inputs.subspan(s.offset * in, s.count * in),
                                               targets.subspan(s.offset * per_target, s.count * per_target), loss,
                                               [&](std::size_t stage) { stage_done(rep, stage); });
-      for (std::size_t b = 0; b < plan::count; ++b)
-        if (!rep.launched[b]) launch_bucket(rep, b);
+      if constexpr (zero_reduce_scatter) {
+        launch_reduce_scatter(rep);
+      } else {
+        for (std::size_t b = 0; b < plan::count; ++b)
+          if (!rep.launched[b]) launch_bucket(rep, b);
+      }
       finish(rep, global_index(r), opt);
     };
     if (replicas_.size() == 1) run(0);
@@ -794,6 +821,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     parallel::detail::CudaEvent reduced;                         // the collectives queued so far are done
     parallel::detail::CudaEvent stepped;                         // the root's update is done
     DeviceBuffer<float> gathered;                                // Deterministic: world x largest bucket
+    DeviceBuffer<std::uint16_t> packed;                          // Compress: largest bucket in bf16
+    DeviceBuffer<float> zero_state;                              // ZeRO-1: state_slots x own block
+    const char* zero_owner = nullptr;                            // the optimizer zero_state belongs to
+    std::uint64_t zero_steps = 0;                                // updates applied with zero_state
     std::array<bool, plan::count> launched{};
     float factor = 1;
 
@@ -811,6 +842,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       reduced = parallel::detail::make_event();
       stepped = parallel::detail::make_event();
       if constexpr (policy::deterministic) gathered = DeviceBuffer<float>(world * largest_bucket);
+      if constexpr (policy::compress && !policy::deterministic) packed = DeviceBuffer<std::uint16_t>(largest_bucket);
     }
   };
 
@@ -914,8 +946,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
   std::size_t global_index(std::size_t local) const { return mpi_ ? std::size_t(rank_) : local; }
 
+  void init_zero() {
+    shard_ = Net::param_storage / (world_ * align_elements_count) * align_elements_count;
+    tail_ = Net::param_storage - world_ * shard_;
+  }
+
   void stage_done([[maybe_unused]] Replica& rep, [[maybe_unused]] std::size_t stage) {
-    if constexpr (policy::overlap) {
+    if constexpr (policy::overlap && !zero_reduce_scatter) {
       for (std::size_t b = 0; b < plan::count; ++b)
         if (plan::buckets[b].ready_after == stage && !rep.launched[b]) launch_bucket(rep, b);
     }
@@ -936,9 +973,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.ready[b].get(), 0));
     if constexpr (policy::deterministic) {
       rep.comm.all_gather(g, rep.gathered.data(), n, cs);
-      parallel::detail::sum_in_rank_order_kernel<><<<parallel::detail::elementwise_blocks(n), 256, 0, cs>>>(
+      parallel::detail::sum_in_rank_order_kernel<policy::compress><<<parallel::detail::elementwise_blocks(n), 256, 0, cs>>>(
           rep.gathered.data(), g, n, int(world_));
       FUSEDP_CUDA_CHECK_LAUNCH("sum_in_rank_order_kernel (Parallel: Deterministic)");
+    } else if constexpr (policy::compress) {
+      kernels::cuda::pack_bf16(cs, g, rep.packed.data(), n);
+      rep.comm.all_reduce_sum_bf16(rep.packed.data(), n, cs);
+      kernels::cuda::unpack_bf16(cs, rep.packed.data(), g, n);
     } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
       rep.comm.reduce_sum(g, n, 0, cs);
     } else {
@@ -947,26 +988,102 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     rep.launched[b] = true;
   }
 
-  // After the last bucket: the update waits for the reductions; ReduceBroadcast steps on the root and
-  // broadcasts its parameters. Then waits for it all, polling NCCL (see NcclCommunicator::wait).
+  // ZeRO-1 without Deterministic or Compress: after backward, the shard's scale, then one reduce-scatter
+  // in place (block rank() of the sum lands in this rank's block) and the remainder all-reduced.
+  void launch_reduce_scatter(Replica& rep) {
+    float* g = rep.model.grads().data();
+    cudaStream_t ms = rep.model.space().stream(), cs = rep.comm_stream.get();
+    if (rep.factor != 1.0f) {
+      parallel::detail::scale_kernel<><<<parallel::detail::elementwise_blocks(Net::param_storage), 256, 0, ms>>>(
+          g, Net::param_storage, rep.factor);
+      FUSEDP_CUDA_CHECK_LAUNCH("scale_kernel (Parallel: a shard's share of the global mean)");
+    }
+    FUSEDP_CUDA_CHECK(cudaEventRecord(rep.ready[0].get(), ms));
+    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.ready[0].get(), 0));
+    if (shard_ > 0) rep.comm.reduce_scatter_sum_in_place(g, shard_, cs);
+    if (tail_ > 0) rep.comm.all_reduce_sum(g + world_ * shard_, tail_, cs);
+  }
+
+  // A guarded optimizer's decision, the same on every rank: each replica measures its part of the
+  // reduced gradient on the communication stream (its ZeRO block, so the parts cover the whole once;
+  // with ReduceBroadcast the root measures the whole sum it holds), the parts are combined with NCCL
+  // (a sum of the squares, the smallest first index), and the 16-byte result is read once.
+  template <class Opt>
+  double decide(Replica& rep, std::size_t global, const Opt& opt) {
+    cudaStream_t cs = rep.comm_stream.get();
+    kernels::cuda::GradientStatsBuffer& stats = rep.model.stats_buffer();
+    parallel::Shard part = zero_block(global);
+    if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast)
+      part = global == 0 ? parallel::Shard{0, Net::param_storage} : parallel::Shard{0, 0};
+    stats.enqueue(cs, rep.model.grads().data() + part.offset, part.count, part.offset);
+    if (world_ > 1) {
+      rep.comm.all_reduce_sum(&stats.result()->sum_squares, 1, cs);
+      rep.comm.all_reduce_min(&stats.result()->first_nonfinite, 1, cs);
+    }
+    stats.copy_to_host(cs);
+    rep.comm.wait(cs, "Parallel::train_step (the guard's gradient statistics)");
+    const kernels::cuda::DeviceGradientStats s = stats.host();
+    return opt.decide(kernels::host::GradientStats{s.sum_squares, s.finite()}, rep.model.steps() + 1,
+                      model_type::nonfinite_tensor_name(s.first_nonfinite));
+  }
+
+  // After the last bucket: the update waits for the reductions (and a guarded optimizer decides on
+  // them); ReduceBroadcast steps on the root and broadcasts its parameters; ReduceScatter updates this
+  // rank's block and all-gathers. Then waits for it all, polling NCCL (see NcclCommunicator::wait).
   template <class Opt>
   void finish(Replica& rep, std::size_t global, Opt& opt) {
     cudaStream_t ms = rep.model.space().stream(), cs = rep.comm_stream.get();
+    double factor = 1.0;
+    if constexpr (requires { typename Opt::on_nonfinite; }) factor = decide(rep, global, opt);
     FUSEDP_CUDA_CHECK(cudaEventRecord(rep.reduced.get(), cs));
     FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(ms, rep.reduced.get(), 0));
     if constexpr (reduce_kind == parallel::detail::ReduceKind::all_reduce) {
-      rep.model.step(opt);
-    } else {
+      (void)rep.model.apply_step(opt, factor);
+    } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
       // Only the root holds the summed gradient and the optimizer state.
-      if (global == 0) rep.model.step(opt);
-      else rep.model.set_step_counters(rep.model.steps() + 1, rep.model.optimizer_steps() + 1);
+      if (global == 0) (void)rep.model.apply_step(opt, factor);
+      else rep.model.set_step_counters(rep.model.steps() + 1, rep.model.optimizer_steps() + (factor != 0.0 ? 1 : 0));
       FUSEDP_CUDA_CHECK(cudaEventRecord(rep.stepped.get(), ms));
       FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.stepped.get(), 0));
       rep.comm.broadcast(rep.model.params().data(), Net::param_storage, 0, cs);
       FUSEDP_CUDA_CHECK(cudaEventRecord(rep.reduced.get(), cs));
       FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(ms, rep.reduced.get(), 0));
+    } else {
+      zero_update(rep, global, opt, factor);
     }
     rep.comm.wait(ms, "Parallel::train_step (gradient reduction and update)");
+  }
+
+  // ZeRO-1: this replica updates its block with the optimizer state of that block only, then the
+  // blocks are all-gathered in place. A skipped step (factor 0) changes neither.
+  template <class Opt>
+  void zero_update(Replica& rep, std::size_t global, Opt& opt, double factor) {
+    cudaStream_t ms = rep.model.space().stream(), cs = rep.comm_stream.get();
+    const parallel::Shard block = zero_block(global);
+    if (rep.zero_owner == nullptr || std::strcmp(rep.zero_owner, Opt::name) != 0) {
+      rep.model.space().synchronize();  // nothing in flight may use the state that is freed
+      rep.zero_state = DeviceBuffer<float>(Opt::state_slots * block.count);
+      rep.zero_owner = Opt::name;
+      rep.zero_steps = 0;
+    }
+    if (factor == 0.0) {
+      (void)rep.model.apply_step(opt, 0.0);  // counts the skipped step
+      rep.model.set_step_counters(rep.model.steps(), rep.zero_steps);
+      return;
+    }
+    ++rep.zero_steps;
+    float* p = rep.model.params().data() + block.offset;
+    float* g = rep.model.grads().data() + block.offset;
+    if (factor != 1.0) kernels::cuda::scale_gradient(ms, g, block.count, float(factor));
+    opt.step(rep.model.space(), p, g, rep.zero_state.data(), block.count, rep.zero_steps);
+    FUSEDP_CUDA_CHECK(cudaEventRecord(rep.stepped.get(), ms));
+    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(cs, rep.stepped.get(), 0));
+    float* all = rep.model.params().data();
+    if (shard_ > 0) rep.comm.all_gather_in_place(all, shard_, cs);
+    if (tail_ > 0) rep.comm.broadcast(all + world_ * shard_, tail_, int(world_) - 1, cs);
+    FUSEDP_CUDA_CHECK(cudaEventRecord(rep.reduced.get(), cs));
+    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(ms, rep.reduced.get(), 0));
+    rep.model.set_step_counters(rep.model.steps() + 1, rep.zero_steps);
   }
 
   ParallelOptions options_;
@@ -974,6 +1091,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   std::vector<Replica> replicas_;
   std::size_t world_ = 1;
   int rank_ = 0;
+  std::size_t shard_ = 0;  // ZeRO-1: elements of each rank's block, the last rank's remainder aside
+  std::size_t tail_ = 0;   // ZeRO-1: the remainder, owned by the last rank
   std::vector<double> weights_;
 #if FUSEDP_HAS_MPI
   std::optional<parallel::MpiCommunicator> mpi_;
