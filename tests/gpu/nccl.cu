@@ -103,6 +103,31 @@ TEST_CASE("NcclCommunicator: one rank sums, gathers and broadcasts in place") {
   CHECK(download(space, all) == values);
 }
 
+TEST_CASE("NcclCommunicator: one rank's reduce-scatter, all-gather in place, bf16 sum and min leave values as they are") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space{0};
+  fp::parallel::NcclCommunicator comm(fp::parallel::NcclCommunicator::unique_id(), 0, 1, 0, std::chrono::seconds(60));
+  const std::vector<float> values = random_values(1000, 2);
+  fp::DeviceBuffer<float> d = upload(space, values);
+  comm.reduce_scatter_sum_in_place(d.data(), d.size(), space.stream());
+  comm.all_gather_in_place(d.data(), d.size(), space.stream());
+  comm.all_reduce_min(d.data(), d.size(), space.stream());
+  std::vector<std::uint16_t> packed(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) packed[i] = fp::kernels::to_bf16(values[i]);
+  fp::DeviceBuffer<std::uint16_t> p = upload(space, packed);
+  comm.all_reduce_sum_bf16(p.data(), p.size(), space.stream());
+  comm.wait(space.stream(), "the test's collectives");
+  CHECK(download(space, d) == values);
+  CHECK(download(space, p) == packed);
+  // The device's packing is the host's (round to nearest even).
+  fp::DeviceBuffer<std::uint16_t> q(values.size());
+  fp::kernels::cuda::pack_bf16(space.stream(), d.data(), q.data(), d.size());
+  CHECK(download(space, q) == packed);
+  fp::kernels::cuda::unpack_bf16(space.stream(), q.data(), d.data(), d.size());
+  const std::vector<float> back = download(space, d);
+  for (std::size_t i = 0; i < values.size(); ++i) CHECK(back[i] == fp::kernels::round_bf16(values[i]));
+}
+
 TEST_CASE("NcclCommunicator: a rank whose peer never arrives gives up after its timeout") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   const auto start = std::chrono::steady_clock::now();
