@@ -125,7 +125,9 @@ TEST_CASE("NcclCommunicator: one rank's reduce-scatter, all-gather in place, bf1
   CHECK(download(space, q) == packed);
   fp::kernels::cuda::unpack_bf16(space.stream(), q.data(), d.data(), d.size());
   const std::vector<float> back = download(space, d);
-  for (std::size_t i = 0; i < values.size(); ++i) CHECK(back[i] == fp::kernels::round_bf16(values[i]));
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) differ += back[i] != fp::kernels::round_bf16(values[i]) ? 1 : 0;
+  CHECK(differ == 0);
 }
 
 TEST_CASE("NcclCommunicator: a rank whose peer never arrives gives up after its timeout") {
