@@ -663,7 +663,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// the same network, policies, world size and options.agree_on, and that each has its device; then
   /// NCCL is bootstrapped over MPI and rank 0's parameters are broadcast.
   explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(1), mpi_(std::in_place, world) {
+      : options_(options), pool_(1), mpi_(std::in_place, world, options.timeout) {
     world_ = std::size_t(world.size());
     rank_ = world.rank();
     handshake();
