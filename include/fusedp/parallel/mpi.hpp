@@ -259,8 +259,10 @@ class CollectiveWatch {
       if (p != MPI_REQUEST_NULL && MPI_Cancel(&p) == MPI_SUCCESS) MPI_Wait(&p, MPI_STATUS_IGNORE);
 
     missing_.clear();
+    others_answered_ = false;
     std::string elsewhere;
     for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && answered[std::size_t(r)]) others_answered_ = true;
       if (!answered[std::size_t(r)]) {
         missing_.push_back(r);
       } else if (r != rank_ && answers_[std::size_t(r)][0] != sequence_) {
@@ -301,8 +303,10 @@ class CollectiveWatch {
   }
 
   /// Keeps answering questions for `how_long` (a failed rank before the job is aborted, so that the
-  /// ranks diagnosing at the same time get their answers and print their own message).
+  /// ranks diagnosing at the same time get their answers and print their own message). Not needed
+  /// when no other rank answered this one's questions.
   void linger(std::chrono::milliseconds how_long) {
+    if (!others_answered_) return;
     const auto until = std::chrono::steady_clock::now() + how_long;
     while (std::chrono::steady_clock::now() < until) {
       serve(false);
@@ -330,6 +334,7 @@ class CollectiveWatch {
   std::string failure_;
   std::chrono::milliseconds grace_{200};
   std::vector<int> missing_;
+  bool others_answered_ = true;  // until a diagnosis says otherwise
   std::deque<Message> outgoing_;
   std::vector<Message> answers_;  // kept: a cancelled receive must never write into freed memory
 };
