@@ -291,6 +291,7 @@ inline std::uint64_t flags_hash(int argc, char** argv) {
 /// a Parallel of --replicas models in this process; or, under mpirun, a Parallel of one model per rank.
 template <class Net, class Body>
 void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree_on, Body&& body) {
+  (void)agree_on;  // used only under mpirun
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = f.threads > 0 ? f.threads : hw;
   const int gpu = device_number(f.device);
@@ -322,7 +323,6 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
 #endif
     return;
   }
-  (void)agree_on;
   fp::Model<Net, fp::Cuda> model{fp::seed(f.seed), fp::Cuda{gpu}};
   body(model, threads);
 #else

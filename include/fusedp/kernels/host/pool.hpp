@@ -155,18 +155,18 @@ void pool_forward(const Host& host, const ConvGeometry& g, std::size_t batch, co
           } else if constexpr (!Epi::empty) {
             for (int ox = 0; ox < g.out_w; ++ox) yp[ox] = Epi::apply(yp[ox]);
           }
-          continue;
-        }
-        for (int ox = 0; ox < g.out_w; ++ox) {
-          T v;
-          if constexpr (Op == PoolOp::max) {
-            int at;
-            v = detail::window_max<K>(row + ox * S, g.in_w, at);
-          } else {
-            v = detail::window_mean<K>(row + ox * S, g.in_w);
+        } else {
+          for (int ox = 0; ox < g.out_w; ++ox) {
+            T v;
+            if constexpr (Op == PoolOp::max) {
+              int at;
+              v = detail::window_max<K>(row + ox * S, g.in_w, at);
+            } else {
+              v = detail::window_mean<K>(row + ox * S, g.in_w);
+            }
+            if constexpr (Epi::saves_input) zp[ox] = v;
+            yp[ox] = Epi::apply(v);
           }
-          if constexpr (Epi::saves_input) zp[ox] = v;
-          yp[ox] = Epi::apply(v);
         }
       }
     }
