@@ -54,38 +54,32 @@ void check_all_reduce(const fp::MpiWorld& world, const fp::parallel::MpiCommunic
   mpi_test::check(exact, rank, at + "uint64 sums are wrong");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  fp::MpiWorld world(&argc, &argv);
+// broadcast, reduce_sum (to the first and the last rank), all_gather, all_gather_blocks,
+// reduce_scatter_blocks, of `n` values.
+void check_others(const fp::MpiWorld& world, const fp::parallel::MpiCommunicator& comm, std::size_t n) {
   const int rank = world.rank(), size = world.size();
-  const fp::parallel::MpiCommunicator comm(world, std::chrono::milliseconds(30000));
-  // 1, 5: MPI_Iallreduce; 512 x size floats: the ring's threshold exactly (2048 bytes a block);
-  // odd counts: blocks of unequal length.
-  for (std::size_t n : {std::size_t(1), std::size_t(5), std::size_t(512) * std::size_t(size) - 1,
-                        std::size_t(512) * std::size_t(size), std::size_t(1000003)})
-    check_all_reduce(world, comm, n);
-
-  // broadcast, reduce_sum, all_gather, all_gather_blocks, reduce_scatter_blocks.
-  const std::size_t n = 1001;
+  const std::string at = " of " + std::to_string(n);
   std::vector<float> b(n);
   for (std::size_t i = 0; i < n; ++i) b[i] = value(rank, i);
   comm.broadcast(b.data(), n, size - 1);
   bool ok = true;
   for (std::size_t i = 0; i < n; ++i) ok = ok && b[i] == value(size - 1, i);
-  mpi_test::check(ok, rank, "broadcast from the last rank");
+  mpi_test::check(ok, rank, "broadcast from the last rank" + at);
 
-  std::vector<float> s(n);
-  for (std::size_t i = 0; i < n; ++i) s[i] = value(rank, i);
-  comm.reduce_sum(s.data(), n, 0);
-  if (rank == 0) {
+  for (int root : {0, size - 1}) {
+    std::vector<float> s(n);
+    for (std::size_t i = 0; i < n; ++i) s[i] = value(rank, i);
+    comm.reduce_sum(s.data(), n, root);
     ok = true;
     for (std::size_t i = 0; i < n; ++i) {
-      float want = 0;
-      for (int r = 0; r < size; ++r) want += value(r, i);
+      float want = value(rank, i);  // the others' values are unchanged
+      if (rank == root) {
+        want = 0;
+        for (int r = 0; r < size; ++r) want += value(r, i);
+      }
       ok = ok && s[i] == want;
     }
-    mpi_test::check(ok, rank, "reduce_sum to rank 0");
+    mpi_test::check(ok, rank, "reduce_sum to rank " + std::to_string(root) + at);
   }
 
   std::vector<float> all(n * std::size_t(size));
@@ -94,12 +88,14 @@ int main(int argc, char** argv) {
   ok = true;
   for (int r = 0; r < size; ++r)
     for (std::size_t i = 0; i < n; ++i) ok = ok && all[std::size_t(r) * n + i] == value(r, i);
-  mpi_test::check(ok, rank, "all_gather");
+  mpi_test::check(ok, rank, "all_gather" + at);
 
   std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    displs[std::size_t(r)] = int(n * std::size_t(r) / std::size_t(size));
-    counts[std::size_t(r)] = int(n * std::size_t(r + 1) / std::size_t(size)) - displs[std::size_t(r)];
+  // Uneven blocks: rank r's share grows with r (weights 1, 2, 3, ...).
+  const std::size_t weights = std::size_t(size) * std::size_t(size + 1) / 2;
+  for (int r = 0, at_weight = 0; r < size; at_weight += r + 1, ++r) {
+    displs[std::size_t(r)] = int(n * std::size_t(at_weight) / weights);
+    counts[std::size_t(r)] = int(n * std::size_t(at_weight + r + 1) / weights) - displs[std::size_t(r)];
   }
   std::vector<float> blocks(n, -1.0f);
   for (int i = 0; i < counts[std::size_t(rank)]; ++i)
@@ -108,7 +104,7 @@ int main(int argc, char** argv) {
   ok = true;
   for (int r = 0; r < size; ++r)
     for (int i = 0; i < counts[std::size_t(r)]; ++i) ok = ok && blocks[std::size_t(displs[std::size_t(r)] + i)] == value(r, std::size_t(i));
-  mpi_test::check(ok, rank, "all_gather_blocks");
+  mpi_test::check(ok, rank, "all_gather_blocks" + at);
 
   std::vector<float> g(n), scratch(n);
   for (std::size_t i = 0; i < n; ++i) g[i] = value(rank, i);
@@ -123,7 +119,24 @@ int main(int argc, char** argv) {
     }
     ok = ok && g[i] == want;
   }
-  mpi_test::check(ok, rank, "reduce_scatter_blocks");
+  mpi_test::check(ok, rank, "reduce_scatter_blocks (the rest keeps this rank's values)" + at);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fp::MpiWorld world(&argc, &argv);
+  const int rank = world.rank(), size = world.size();
+  const fp::parallel::MpiCommunicator comm(world, std::chrono::milliseconds(30000));
+  // 1, 5: MPI_Iallreduce; 512 x size floats: the ring's threshold exactly (2048 bytes a block);
+  // odd counts: blocks of unequal length.
+  for (std::size_t n : {std::size_t(1), std::size_t(5), std::size_t(512) * std::size_t(size) - 1,
+                        std::size_t(512) * std::size_t(size), std::size_t(1000003)})
+    check_all_reduce(world, comm, n);
+
+  // The others on both sides of the rings' threshold (2 KiB a rank): 101 values go to Open MPI's
+  // non-blocking collectives, 100003 to fusedp's rings.
+  for (std::size_t n : {std::size_t(101), std::size_t(100003)}) check_others(world, comm, n);
 
   // Started all-reduces, finished by wait_all.
   std::vector<float> x(3000), y(7);
@@ -133,7 +146,7 @@ int main(int argc, char** argv) {
   comm.start_all_reduce_sum(x.data(), x.size(), requests);
   comm.start_all_reduce_sum(y.data(), y.size(), requests);
   comm.wait_all(requests);
-  ok = requests.empty();
+  bool ok = requests.empty();
   for (std::size_t i = 0; i < x.size(); ++i) {
     float want = 0;
     for (int r = 0; r < size; ++r) want += value(r, i);
