@@ -5,10 +5,11 @@
 // fusedp::mpi, or MPI::MPI_CXX); elsewhere this header declares only launched_by_mpirun and
 // collective_timeout.
 //
-// A collective never waits forever: each runs as a non-blocking MPI call polled against a deadline
-// (collective_timeout). When it errors or times out, this rank asks every other rank, over a side
-// channel of its own, which collective it waits in; ranks that do not answer are named ("rank 1
-// stopped responding"). The message is printed on stderr and thrown as DeviceError; the world is then
+// A collective never waits forever: each runs as non-blocking MPI calls polled against a deadline
+// (collective_timeout); large ones as rings of MPI_Isend/MPI_Irecv steps, since Open MPI's
+// non-blocking collectives are slower than its blocking ones (see MpiCommunicator). When it errors
+// or times out, this rank asks every other rank, over a side channel of its own, which collective it
+// waits in; ranks that do not answer are named ("rank 1 stopped responding"). The message is printed on stderr and thrown as DeviceError; the world is then
 // broken: later collectives throw at once, and the MpiWorld, when destroyed, aborts the job
 // (MPI_Abort) instead of finalizing, which would wait for the missing rank.
 #include "fusedp/core/config.hpp"
@@ -144,8 +145,8 @@ class WorldErrorsReturn {
 
 /// What this rank knows about the collectives of one world, and the side channel over which ranks
 /// ask each other about them when one fails. The channel is a duplicate of the world's communicator,
-/// so its messages never meet the collectives' traffic, and costs nothing until a collective waits
-/// long: a rank reads it only while it waits.
+/// so its messages never meet Open MPI's collectives (fusedp's rings travel on it too, under tags of
+/// their own), and costs nothing until a collective waits long: a rank reads it only while it waits.
 ///
 /// When a collective errors or times out on a rank, that rank asks every other rank which collective
 /// it is waiting in (diagnose). A rank answers while it waits in any collective, or while it
@@ -170,8 +171,8 @@ class CollectiveWatch {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  /// The side channel's communicator, which also carries the point-to-point steps of the ring
-  /// all-reduce (tags of their own).
+  /// The side channel's communicator, which also carries the point-to-point steps of the rings
+  /// (tags of their own).
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
   [[nodiscard]] bool failed() const noexcept { return failed_; }
   /// Collectives started on the world so far (the same count on every rank that keeps up).
@@ -280,8 +281,11 @@ class CollectiveWatch {
       } else if (r != rank_ && answers_[std::size_t(r)][0] != sequence_) {
         const Message& a = answers_[std::size_t(r)];
         const std::string there = "collective #" + std::to_string(a[0]) + " (" + mpi_call_name(a[1]) + ")";
-        if (a[0] > sequence_) elsewhere += "; rank " + std::to_string(r) + " has gone on to " + there;
-        else elsewhere += "; rank " + std::to_string(r) + " waits in an earlier " + there + ": the ranks issued different collectives";
+        if (a[0] > sequence_)
+          elsewhere += "; rank " + std::to_string(r) + " has gone on to " + there;
+        else
+          elsewhere += "; rank " + std::to_string(r) + " waits in an earlier " + there +
+                       ": the ranks issued different collectives";
       }
     }
     std::string s;
@@ -307,7 +311,8 @@ class CollectiveWatch {
       n[0] = sequence_;
       n[1] = call_;
       n[2] = missing_.size();
-      for (std::size_t i = 0; i < missing_.size() && i < std::size_t(max_named); ++i) n[3 + i] = std::uint64_t(missing_[i]);
+      for (std::size_t i = 0; i < missing_.size() && i < std::size_t(max_named); ++i)
+        n[3 + i] = std::uint64_t(missing_[i]);
       for (int r = 0; r < size_; ++r)
         if (r != rank_) send(n, r, notice_tag);
     }
