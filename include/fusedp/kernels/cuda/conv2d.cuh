@@ -7,7 +7,8 @@
 // No im2col matrix is ever written: the loaders compute each element's source address (with FastDiv).
 // With a following MaxPool2d<K> (stride K) the forward GEMM enumerates output pixels window by window,
 // so a block tile holds whole windows and the epilogue writes only the pooled value and the index of
-// the maximum inside its window (one byte); backward reads dz from those.
+// the maximum inside its window (one byte). Backward first writes dz densely from those (one coalesced
+// pass), then both GEMMs read it as plain values.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -47,6 +48,7 @@ struct ConvShape {
 /// dz of an unfused conv stage: dy * Epi'(z, y) at (img, channel, oy, ox).
 template <class Epi>
 struct ConvGradient {
+  static constexpr bool epilogue_is_identity = Epi::empty;
   const float* dy;
   const float* y;
   const float* z;
@@ -76,6 +78,27 @@ struct PooledConvGradient {
     else return dpool[j] * Epi::derivative(pooled[j], pooled[j]);
   }
 };
+
+/// dz stored densely as (batch, O, OH, OW): what the backward GEMMs read once materialize_dz has run.
+struct StoredGradient {
+  const float* dz;
+  int o, ohw, ow;
+  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const {
+    return dz[(std::size_t(img) * o + ch) * ohw + std::size_t(oy) * ow + ox];
+  }
+};
+
+/// out[(img, ch, oy, ox)] = dz(img, ch, oy, ox) over the whole (batch, O, OH, OW) gradient, coalesced.
+template <class Dz>
+__global__ void materialize_dz_kernel(const Dz dz, int n, FastDiv div_ohw, FastDiv div_ow, FastDiv div_o, float* out) {
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
+    int t = 0, pix = 0, img = 0, ch = 0, oy = 0, ox = 0;
+    div_ohw.divmod(i, t, pix);
+    div_o.divmod(t, img, ch);
+    div_ow.divmod(pix, oy, ox);
+    out[i] = dz(img, ch, oy, ox);
+  }
+}
 
 /// Forward A operand: im2col(x), rows = output pixels (img, oy, ox), k = patch index.
 struct Im2colRows {
@@ -317,22 +340,52 @@ void conv2d_maxpool_forward(cudaStream_t stream, const host::ConvGeometry& g, in
                                stream);
 }
 
+/// Floats of scratch the dense dz of a backward pass takes (rounded up to keep what follows aligned).
+inline std::size_t conv2d_dz_floats(const host::ConvGeometry& g, int batch) {
+  const std::size_t n = std::size_t(batch) * g.out_channels * g.out_pixels();
+  return (n + 63) / 64 * 64;
+}
+
 /// Scratch (floats) of the conv backward passes. TileW: tile_for<C*K*K>.
 template <class TileW>
 std::size_t conv2d_backward_scratch(const host::ConvGeometry& g, int batch, int sm_count) {
-  return weight_gradient_scratch<TileW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
+  return conv2d_dz_floats(g, batch) +
+         weight_gradient_scratch<TileW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
+}
+
+/// The two GEMMs of a conv backward pass reading dz from `dz`.
+template <class TileX, class TileW, class P, class Dz>
+void conv2d_backward_gemms(cudaStream_t stream, int sm_count, const ConvShape& s, int batch, const Dz& dz,
+                           const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
+  if (dx != nullptr) launch_gemm<TileX, P, false>(conv2d_dx_problem(s, batch, dz, w, dx), 1, stream);
+  const auto ops = conv2d_dw_operands(s, batch, dz, x);
+  weight_gradient<TileW, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
 }
 
 /// Backward of Conv2d given its dz source (ConvGradient or PooledConvGradient): dx (when not null) and
-/// dW, db (set, not accumulated). TileX: tile_for<C>, TileW: tile_for<C*K*K>.
+/// dW, db (set, not accumulated). dz is first written densely into `scratch` by one coalesced pass
+/// (unpooling, ReLU mask and activation derivative evaluated once per element, not once per GEMM tile
+/// that reads it); a ConvGradient without an activation is dy itself and is read in place.
+/// TileX: tile_for<C>, TileW: tile_for<C*K*K>.
 template <class TileX, class TileW, class P, class Dz>
 void conv2d_backward(cudaStream_t stream, int sm_count, const host::ConvGeometry& g, int batch, const Dz& dz,
                      const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
-  if (dx != nullptr) launch_gemm<TileX, P, false>(conv2d_dx_problem(s, batch, dz, w, dx), 1, stream);
-  const auto ops = conv2d_dw_operands(s, batch, dz, x);
-  weight_gradient<TileW, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  if constexpr (requires { Dz::epilogue_is_identity; }) {
+    if constexpr (Dz::epilogue_is_identity) {
+      conv2d_backward_gemms<TileX, TileW, P>(stream, sm_count, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w,
+                                             x, dx, dw, db, scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr);
+      return;
+    }
+  }
+  require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
+  const int n = batch * s.o * s.ohw;
+  const int blocks = std::min((n + 255) / 256, 65535);
+  materialize_dz_kernel<<<blocks, 256, 0, stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
+  FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
+  conv2d_backward_gemms<TileX, TileW, P>(stream, sm_count, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w,
+                                         x, dx, dw, db, scratch + conv2d_dz_floats(g, batch));
 }
 
 }  // namespace fusedp::kernels::cuda
