@@ -82,6 +82,40 @@ struct GlobalEvaluation {
   [[nodiscard]] double accuracy() const { return count ? double(correct) / double(count) : 0.0; }
 };
 
+namespace parallel::detail {
+/// One model's evaluation sums on this process's samples (none when `inputs` is empty).
+template <class Model, class Loss>
+GlobalEvaluation evaluate_local(Model& model, std::span<const float> inputs,
+                                std::span<const typename Loss::template target<float>> targets, const Loss& loss) {
+  GlobalEvaluation local;
+  if (inputs.empty()) return local;
+  const std::size_t batch = inputs.size() / Model::input_size;
+  const auto e = model.evaluate(inputs, targets, loss);
+  local.loss_sum = double(e.loss) * double(batch);
+  if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
+    local.correct = count_correct(e.outputs, targets);
+  local.count = batch;
+  return local;
+}
+
+/// Evaluation sums added over the ranks of `comm` (a collective).
+template <class Comm>
+GlobalEvaluation sum_over(Comm& comm, const GlobalEvaluation& local) {
+  std::array<double, 3> sums{local.loss_sum, double(local.correct), double(local.count)};
+  comm.all_reduce_sum(sums.data(), sums.size());
+  return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
+}
+
+/// The smallest of every rank's `local` (a collective over `world` ranks).
+template <class Comm>
+std::size_t min_over(Comm& comm, std::size_t world, std::size_t local) {
+  std::vector<std::uint64_t> all(world);
+  const std::uint64_t mine = local;
+  comm.all_gather(&mine, all.data(), 1);
+  return std::size_t(*std::min_element(all.begin(), all.end()));
+}
+}  // namespace parallel::detail
+
 /// Data-parallel training of Net on Space with the given policies (see parallel/policy.hpp).
 /// @tparam Net a Sequential<...>
 /// @tparam Space the execution space of every replica
@@ -222,27 +256,14 @@ class Parallel {
   template <class Loss>
   GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                             const Loss& loss) {
-    GlobalEvaluation local;
-    if (!inputs.empty()) {
-      const std::size_t batch = inputs.size() / model_type::input_size;
-      const auto e = models_[0].evaluate(inputs, targets, loss);
-      local.loss_sum = double(e.loss) * double(batch);
-      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
-        local.correct = count_correct(e.outputs, targets);
-      local.count = batch;
-    }
-    return sum_over_ranks(local);
+    return sum_over_ranks(parallel::detail::evaluate_local(models_[0], inputs, targets, loss));
   }
 
   /// Adds up every rank's evaluation sums (a collective): for evaluation loops whose number of
   /// batches differs between ranks, which evaluate locally and combine once at the end.
   [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
-    [[maybe_unused]] std::array<double, 3> sums{local.loss_sum, double(local.correct), double(local.count)};
 #if FUSEDP_HAS_MPI
-    if (comm_) {
-      comm_->all_reduce_sum(sums.data(), sums.size());
-      return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
-    }
+    if (comm_) return parallel::detail::sum_over(*comm_, local);
 #endif
     return local;
   }
@@ -251,12 +272,7 @@ class Parallel {
   /// collective for a rank that has run out of data.
   [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
 #if FUSEDP_HAS_MPI
-    if (comm_) {
-      std::vector<std::uint64_t> all(world_);
-      const std::uint64_t mine = local;
-      comm_->all_gather(&mine, all.data(), 1);
-      return std::size_t(*std::min_element(all.begin(), all.end()));
-    }
+    if (comm_) return parallel::detail::min_over(*comm_, world_, local);
 #endif
     return local;
   }
@@ -767,27 +783,14 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   template <class Loss>
   GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                             const Loss& loss) {
-    GlobalEvaluation local;
-    if (!inputs.empty()) {
-      const std::size_t batch = inputs.size() / model_type::input_size;
-      replicas_[0].model.space().activate();
-      const auto e = replicas_[0].model.evaluate(inputs, targets, loss);
-      local.loss_sum = double(e.loss) * double(batch);
-      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
-        local.correct = count_correct(e.outputs, targets);
-      local.count = batch;
-    }
-    return sum_over_ranks(local);
+    replicas_[0].model.space().activate();
+    return sum_over_ranks(parallel::detail::evaluate_local(replicas_[0].model, inputs, targets, loss));
   }
 
   /// Adds up every rank's evaluation sums (a collective).
   [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
-    [[maybe_unused]] std::array<double, 3> sums{local.loss_sum, double(local.correct), double(local.count)};
 #if FUSEDP_HAS_MPI
-    if (mpi_) {
-      mpi_->all_reduce_sum(sums.data(), sums.size());
-      return {sums[0], std::size_t(sums[1]), std::size_t(sums[2])};
-    }
+    if (mpi_) return parallel::detail::sum_over(*mpi_, local);
 #endif
     return local;
   }
@@ -795,12 +798,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// The smallest of every rank's `local` (steps per epoch), so no rank waits for one out of data.
   [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
 #if FUSEDP_HAS_MPI
-    if (mpi_) {
-      std::vector<std::uint64_t> all(world_);
-      const std::uint64_t mine = local;
-      mpi_->all_gather(&mine, all.data(), 1);
-      return std::size_t(*std::min_element(all.begin(), all.end()));
-    }
+    if (mpi_) return parallel::detail::min_over(*mpi_, world_, local);
 #endif
     return local;
   }
