@@ -258,8 +258,7 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] static std::string nonfinite_tensor_name(unsigned long long index) {
     for (const ParamTensor& t : Net::param_layout)
       if (index >= t.offset && index < t.offset + t.size)
-        return "'" + std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight'" : ".bias'") + " (layer " +
-               std::to_string(t.layer) + ")";
+        return param_tensor_label(t);
     return "no tensor";
   }
 

@@ -105,8 +105,7 @@ class Model {
     for (const ParamTensor& t : Net::param_layout)
       for (std::size_t i = 0; i < t.size; ++i)
         if (!std::isfinite(grads_[t.offset + i]))
-          return "'" + std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight'" : ".bias'") +
-                 " (layer " + std::to_string(t.layer) + ")";
+          return param_tensor_label(t);
     return "no tensor";
   }
 

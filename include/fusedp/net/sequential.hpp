@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -221,6 +222,17 @@ struct ParamTensor {
   int rank;
   std::array<int, 4> dims;
 };
+
+/// How errors name a parameter tensor: its PyTorch name and its layer, e.g. "'0.weight' (layer 1)".
+inline std::string param_tensor_label(const ParamTensor& t) {
+  std::string s = "'";
+  s += std::to_string(t.layer - 1);
+  s += t.role == ParamRole::weight ? ".weight'" : ".bias'";
+  s += " (layer ";
+  s += std::to_string(t.layer);
+  s += ")";
+  return s;
+}
 
 /// Where a stage's tensors live: offsets in elements per sample (multiply by the batch size).
 struct StagePlan {
