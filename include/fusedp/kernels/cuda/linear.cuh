@@ -1,12 +1,16 @@
 #pragma once
 // Linear on Cuda: y = Epi(x W^T + b) with x (batch, in), W (out, in) as PyTorch, as one GEMM whose
-// epilogue adds the bias and applies the activation; backward as two GEMMs that load dz = dy * Epi'
-// on the fly (dz is never stored), the weight-gradient GEMM also summing the bias gradient.
+// epilogue adds the bias and applies the activation; when the (batch, out) grid has too few tiles to
+// fill the GPU (a small batch through a wide layer), the reduction is split over blocks and a second
+// kernel sums the parts in a fixed order and applies bias and activation. Backward as two GEMMs that
+// load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
+// gradient.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/cuda/gemm.cuh"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace fusedp::kernels::cuda {
@@ -92,11 +96,44 @@ WeightGradientOperands<GradientColumns<Epi>, Columns> linear_dw_operands(int bat
   return {out, in, batch, GradientColumns<Epi>{g, out}, Columns{x, in}};
 }
 
-/// Forward of Linear over `batch` rows. TileT: tile_for<out>.
+/// The second half of a split Linear forward: y = Epi(sum of the parts in split order + b), z before Epi.
+template <class Epi>
+__global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
+                                             const float* bias, float* y, float* z) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    float s = 0.0f;
+    for (int q = 0; q < splits; ++q) s += partial[std::size_t(q) * count + i];
+    const float v = s + bias[i % std::size_t(n)];
+    if constexpr (Epi::saves_input) z[i] = v;
+    y[i] = Epi::apply(v);
+  }
+}
+
+/// Scratch (floats) of linear_forward: the split parts, when the forward is split.
+template <class TileT>
+std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
+  const SplitPlan s = plan_split(batch, out, in, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  return s.splits == 1 ? 0 : std::size_t(s.splits) * std::size_t(batch) * std::size_t(out);
+}
+
+/// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
+/// linear_forward_scratch floats). TileT: tile_for<out>.
 template <class Epi, class TileT, class P>
-void linear_forward(cudaStream_t stream, int batch, int in, int out, const float* w, const float* b, const float* x,
-                    float* y, float* z) {
-  launch_gemm<TileT, P, false>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, stream);
+void linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
+                    const float* x, float* y, float* z, float* scratch) {
+  const SplitPlan s = plan_split(batch, out, in, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  if (s.splits == 1 || scratch == nullptr) {
+    launch_gemm<TileT, P, false>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, stream);
+    return;
+  }
+  const std::size_t count = std::size_t(batch) * out;
+  const GemmProblem<Rows, Rows, StoreRowMajor> p{batch, out, in, s.k_chunk, Rows{x, in}, Rows{w, in},
+                                                 StoreRowMajor{scratch, batch, out, count}, nullptr};
+  launch_gemm<TileT, P, false>(p, s.splits, stream);
+  const unsigned blocks = unsigned(std::min<std::size_t>((count + 255) / 256, 65535));
+  linear_forward_reduce_kernel<Epi><<<blocks, 256, 0, stream>>>(scratch, s.splits, count, out, b, y, z);
+  FUSEDP_CUDA_CHECK_LAUNCH("linear_forward_reduce_kernel");
 }
 
 /// Scratch (floats) of linear_backward. TileT: tile_for<in>.
