@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "test_values.hpp"
+
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -17,13 +19,7 @@ namespace k = fusedp::kernels;
 
 namespace {
 
-double value(std::size_t which, std::size_t i) {
-  std::size_t h = (i + 1) * 0x9E3779B97F4A7C15ull + which * 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  h *= 0x94D049BB133111EBull;
-  h ^= h >> 32;
-  return double(h % 2001) / 1000.0 - 1.0;
-}
+using kernel_test::value;
 
 kh::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
   return {c, h, w, kernel, stride, pad, o, (h + 2 * pad - kernel) / stride + 1, (w + 2 * pad - kernel) / stride + 1};

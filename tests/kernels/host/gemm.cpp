@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "test_values.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -15,14 +17,7 @@ namespace kh = fusedp::kernels::host;
 
 namespace {
 
-// A deterministic value in [-1, 1) for element i of operand `which`.
-double value(std::size_t which, std::size_t i) {
-  std::size_t h = (i + 1) * 0x9E3779B97F4A7C15ull + which * 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  h *= 0x94D049BB133111EBull;
-  h ^= h >> 32;
-  return double(h % 2001) / 1000.0 - 1.0;
-}
+using kernel_test::value;
 
 template <class T>
 struct Operand {
