@@ -31,6 +31,7 @@
 #include <exception>
 #include <string>
 #include <vector>
+#include "../../tests/support/seed_networks.hpp"
 
 #if !FUSEDP_HAS_NCCL
 #error "allreduce_bench needs <nccl.h> (NCCL) on the include path"
@@ -40,12 +41,8 @@ namespace fp = fusedp;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
-using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
-                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
-                                fp::ReLU, fp::Linear<10>>;
+using seed_networks::LeNet;
+using seed_networks::CifarCnn;
 
 struct Options {
   int reps = 50;

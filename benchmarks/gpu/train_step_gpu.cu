@@ -21,6 +21,7 @@
 #include <exception>
 #include <string>
 #include <vector>
+#include "../../tests/support/seed_networks.hpp"
 
 #ifndef FUSEDP_BENCH_ALL_PRECISIONS
 #define FUSEDP_BENCH_ALL_PRECISIONS 0
@@ -30,16 +31,9 @@ namespace fp = fusedp;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
-using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
-                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
-                                fp::ReLU, fp::Linear<10>>;
-// 5 hidden layers of width W, then an output layer of width W (tiny-cuda-nn's benchmark shape)
-template <int W>
-using Mlp = fp::Sequential<fp::Input<W>, fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU,
-                           fp::Linear<W>, fp::ReLU, fp::Linear<W>, fp::ReLU, fp::Linear<W>>;
+using seed_networks::LeNet;
+using seed_networks::CifarCnn;
+using seed_networks::Mlp;
 
 struct Options {
   int steps = 100;

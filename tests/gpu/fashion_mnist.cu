@@ -17,15 +17,14 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "../support/seed_networks.hpp"
 
 namespace fp = fusedp;
 using namespace gpu_test;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
+using seed_networks::LeNet;
 
 struct Data {
   std::vector<float> train_x, test_x;

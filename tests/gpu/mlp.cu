@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+#include "../support/seed_networks.hpp"
 
 namespace fp = fusedp;
 namespace kc = fusedp::kernels::cuda;
@@ -20,14 +21,9 @@ using fp::kernels::Epilogue;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
-using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
-                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
-                                fp::ReLU, fp::Linear<10>>;
-using Mlp64 = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
-                             fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>>;
+using seed_networks::LeNet;
+using seed_networks::CifarCnn;
+using Mlp64 = seed_networks::Mlp<64>;
 // widths that are not multiples of 16, a smooth activation (no sign flips to measure), and a first
 // layer too wide to fuse, so the fused run must hand a gradient back to it
 using Tail = fp::Sequential<fp::Input<300>, fp::Linear<100>, fp::Tanh, fp::Linear<50>, fp::Tanh, fp::Linear<37>,

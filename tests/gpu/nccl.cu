@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "../support/seed_networks.hpp"
 
 #if !FUSEDP_HAS_NCCL
 #error "tests/gpu/nccl.cu needs <nccl.h> (tests/CMakeLists.txt builds it only where NCCL::NCCL exists)"
@@ -24,9 +25,7 @@ using namespace gpu_test;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
+using seed_networks::LeNet;
 // 4 KiB buckets: LeNet's 57k parameters make many buckets, several per stage for the Linear layers.
 using Small = fp::Bucket<4096>;
 static_assert(fp::parallel::BucketPlan<LeNet, Small::bytes>::count > 4);

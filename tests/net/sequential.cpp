@@ -16,16 +16,13 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include "../support/seed_networks.hpp"
 
 namespace fp = fusedp;
 namespace k = fusedp::kernels;
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
-using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
-                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
-                                fp::ReLU, fp::Linear<10>>;
+using seed_networks::LeNet;
+using seed_networks::CifarCnn;
 
 static_assert(fp::Network<LeNet> && fp::Network<CifarCnn>);
 static_assert(!fp::Network<int> && !fp::Network<fp::Linear<3>>);
