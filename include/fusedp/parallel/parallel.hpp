@@ -98,6 +98,36 @@ GlobalEvaluation evaluate_local(Model& model, std::span<const float> inputs,
   return local;
 }
 
+/// The number of samples in a data-parallel step's inputs, after checking them and their targets.
+template <class Model, class Loss>
+std::size_t checked_batch(std::span<const float> inputs,
+                          std::span<const typename Loss::template target<float>> targets) {
+  const std::size_t in = Model::input_size;
+  require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
+          " input values are not a whole number of samples of ", in, " values");
+  const std::size_t batch = inputs.size() / in;
+  Loss::validate(targets, batch, Model::output_size);
+  return batch;
+}
+
+/// scatter::Weighted's run-time weights, checked: one per replica of the world, finite and > 0.
+inline std::vector<double> checked_weights(std::span<const double> weights, std::size_t world) {
+  require(weights.size() == world, "Parallel::set_weights: ", weights.size(), " weights for ", world, " replicas");
+  for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
+  return {weights.begin(), weights.end()};
+}
+
+/// This process's shards of a batch, one per local replica: Sharded splits this process's own data
+/// among its replicas; Even and Weighted split the global batch among the world's replicas, of which
+/// an MPI rank (rank >= 0) keeps its own.
+inline std::vector<Shard> process_shards(bool sharded, bool weighted, std::size_t batch, std::size_t local_replicas,
+                                         std::size_t world, std::span<const double> weights, int rank) {
+  if (sharded) return even_shards(batch, local_replicas);
+  std::vector<Shard> all = weighted ? weighted_shards(batch, weights) : even_shards(batch, world);
+  if (rank >= 0) return {all[std::size_t(rank)]};
+  return all;
+}
+
 /// Evaluation sums added over the ranks of `comm` (a collective).
 template <class Comm>
 GlobalEvaluation sum_over(Comm& comm, const GlobalEvaluation& local) {
@@ -185,9 +215,7 @@ class Parallel {
   /// Run-time weights of scatter::Weighted, one per replica (world_size()).
   void set_weights(std::span<const double> weights) {
     static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
-    require(weights.size() == world_, "Parallel::set_weights: ", weights.size(), " weights for ", world_, " replicas");
-    for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
-    weights_.assign(weights.begin(), weights.end());
+    weights_ = parallel::detail::checked_weights(weights, world_);
   }
 
   /// One data-parallel step. With Even or Weighted, `inputs` is the global batch (the same on every
@@ -198,11 +226,8 @@ class Parallel {
   float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                    const Loss& loss, Opt& opt) {
     opt.validate();
-    const std::size_t in = model_type::input_size, out = model_type::output_size;
-    require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
-            " input values are not a whole number of samples of ", in, " values");
-    const std::size_t batch = inputs.size() / in;
-    Loss::validate(targets, batch, out);
+    const std::size_t in = model_type::input_size;
+    const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
     const std::vector<parallel::Shard> shards = local_shards(batch);
     std::size_t local = 0;
     for (const auto& sh : shards) local += sh.count;
@@ -326,11 +351,8 @@ class Parallel {
 
   // This process's shards of a batch, one per local replica.
   std::vector<parallel::Shard> local_shards(std::size_t batch) const {
-    if (sharded) return parallel::even_shards(batch, models_.size());
-    std::vector<parallel::Shard> all =
-        weighted ? parallel::weighted_shards(batch, weights_) : parallel::even_shards(batch, world_);
-    if (comm_) return {all[std::size_t(rank_)]};
-    return all;
+    return parallel::detail::process_shards(sharded, weighted, batch, models_.size(), world_, weights_,
+                                            comm_ ? rank_ : -1);
   }
 
   std::size_t global_count(std::size_t local, std::size_t batch) const {
@@ -724,9 +746,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// Run-time weights of scatter::Weighted, one per replica (world_size()).
   void set_weights(std::span<const double> weights) {
     static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
-    require(weights.size() == world_, "Parallel::set_weights: ", weights.size(), " weights for ", world_, " replicas");
-    for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
-    weights_.assign(weights.begin(), weights.end());
+    weights_ = parallel::detail::checked_weights(weights, world_);
   }
 
   /// One data-parallel step (host inputs, as on Host: the global batch with Even or Weighted, this
@@ -737,11 +757,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                    const Loss& loss, Opt& opt) {
     opt.validate();
-    const std::size_t in = model_type::input_size, out = model_type::output_size;
-    require(!inputs.empty() && inputs.size() % in == 0, "Parallel: ", inputs.size(),
-            " input values are not a whole number of samples of ", in, " values");
-    const std::size_t batch = inputs.size() / in;
-    Loss::validate(targets, batch, out);
+    const std::size_t in = model_type::input_size;
+    const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
     const std::vector<parallel::Shard> shards = local_shards(batch);
     std::size_t local = 0;
     for (const auto& sh : shards) local += sh.count;
@@ -922,12 +939,9 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   }
 
   std::vector<parallel::Shard> local_shards(std::size_t batch) const {
-    if (sharded) return parallel::even_shards(batch, replicas_.size());
-    std::vector<parallel::Shard> all =
-        weighted ? parallel::weighted_shards(batch, weights_.empty() ? std::vector<double>(world_, 1.0) : weights_)
-                 : parallel::even_shards(batch, world_);
-    if (mpi_) return {all[std::size_t(rank_)]};
-    return all;
+    const std::vector<double> weights = weights_.empty() ? std::vector<double>(world_, 1.0) : weights_;
+    return parallel::detail::process_shards(sharded, weighted, batch, replicas_.size(), world_, weights,
+                                            mpi_ ? rank_ : -1);
   }
 
   std::size_t global_count(std::size_t local, std::size_t batch) const {
