@@ -688,6 +688,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
       : options_(options), pool_(check_devices(d.ids)) {
     world_ = d.ids.size();
+    if (weighted) weights_.assign(world_, 1.0);
     std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
     replicas_.reserve(world_);
     for (std::size_t i = 0; i < world_; ++i) replicas_.emplace_back(seed, d.ids[i], std::move(comms[i]), world_);
@@ -704,6 +705,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       : options_(options), pool_(1), mpi_(std::in_place, world, options.timeout) {
     world_ = std::size_t(world.size());
     rank_ = world.rank();
+    if (weighted) weights_.assign(world_, 1.0);
     handshake();
     const int device = agree_on_devices(world);
     replicas_.emplace_back(seed, device, parallel::NcclCommunicator::from_mpi(world, device, options.timeout), world_);
@@ -939,8 +941,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   }
 
   std::vector<parallel::Shard> local_shards(std::size_t batch) const {
-    const std::vector<double> weights = weights_.empty() ? std::vector<double>(world_, 1.0) : weights_;
-    return parallel::detail::process_shards(sharded, weighted, batch, replicas_.size(), world_, weights,
+    return parallel::detail::process_shards(sharded, weighted, batch, replicas_.size(), world_, weights_,
                                             mpi_ ? rank_ : -1);
   }
 
