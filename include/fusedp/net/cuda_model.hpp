@@ -285,9 +285,7 @@ class Model<Net, CudaSpace<P>, T> {
     const std::size_t batch = batch_of(inputs.size());
     Loss::validate(targets, batch, output_size);
     stage(inputs, targets, batch);
-    forward_pass(inputs_.data(), batch, true);
-    enqueue_loss(loss, batch, targets_as<Loss>(), gradient_buffer(0, batch));
-    backward_pass(inputs_.data(), batch, on_stage_done);
+    queue_gradients(inputs_.data(), targets_as<Loss>(), batch, loss, on_stage_done);
     return last_loss();
   }
 
@@ -318,7 +316,7 @@ class Model<Net, CudaSpace<P>, T> {
     Loss::validate(targets, batch, output_size);
     stage(inputs, targets, batch);
     forward_pass(inputs_.data(), batch, false);
-    enqueue_loss(loss, batch, targets_as<Loss>(), static_cast<T*>(nullptr));
+    enqueue_loss(loss, inputs_.data(), batch, targets_as<Loss>(), static_cast<T*>(nullptr));
     const T l = last_loss();
     return {l, outputs_to_host(batch)};
   }
@@ -471,14 +469,23 @@ class Model<Net, CudaSpace<P>, T> {
   float* loss_value() { return loss_.data(); }
 
   template <class Loss>
-  void enqueue_loss(const Loss& loss, std::size_t batch, const typename Loss::template target<T>* targets, T* dlogits) {
+  void enqueue_loss(const Loss& loss, const T* x, std::size_t batch, const typename Loss::template target<T>* targets,
+                    T* dlogits) {
     static_assert(requires {
       loss.enqueue(space_, batch, output_size, static_cast<const T*>(nullptr), targets, dlogits,
                    kernels::cuda::LossOutput{});
     }, "fusedp::Model on Cuda: this loss has no Cuda implementation (an enqueue(CudaSpace, ...) member)");
     const kernels::cuda::LossOutput out{loss_.data(), loss_.data() + 1, status_.data()};
-    loss.enqueue(space_, batch, output_size, output_of<Net::stage_count - 1>(inputs_.data(), batch), targets, dlogits,
-                 out);
+    loss.enqueue(space_, batch, output_size, output_of<Net::stage_count - 1>(x, batch), targets, dlogits, out);
+  }
+
+  // Forward in training mode, the loss with its gradient and backward, queued on the stream.
+  template <class Loss, class StageDone>
+  void queue_gradients(const T* x, const typename Loss::template target<T>* targets, std::size_t batch,
+                       const Loss& loss, StageDone& on_stage_done) {
+    forward_pass(x, batch, true);
+    enqueue_loss(loss, x, batch, targets, gradient_buffer(0, batch));
+    backward_pass(x, batch, on_stage_done);
   }
 
   template <class Loss, class Opt>
@@ -488,12 +495,8 @@ class Model<Net, CudaSpace<P>, T> {
       // The update depends on the gradient's statistics, read on the host: launched directly.
       reserve(batch);
       replayed_ = false;
-      forward_pass(x, batch, true);
-      const kernels::cuda::LossOutput out{loss_.data(), loss_.data() + 1, status_.data()};
-      loss.enqueue(space_, batch, output_size, output_of<Net::stage_count - 1>(x, batch), targets,
-                   gradient_buffer(0, batch), out);
       NoStageHook none;
-      backward_pass(x, batch, none);
+      queue_gradients(x, targets, batch, loss, none);
       (void)step(opt);
     } else {
       run_graphed_step(x, targets, batch, loss, opt);
@@ -514,12 +517,8 @@ class Model<Net, CudaSpace<P>, T> {
     kernels::cuda::set_value(space_.stream(), slot, opt.template update<T>(optimizer_steps_));
 
     auto body = [&] {
-      forward_pass(x, batch, true);
-      const kernels::cuda::LossOutput out{loss_.data(), loss_.data() + 1, status_.data()};
-      loss.enqueue(space_, batch, output_size, output_of<Net::stage_count - 1>(x, batch), targets,
-                   gradient_buffer(0, batch), out);
       NoStageHook none;
-      backward_pass(x, batch, none);
+      queue_gradients(x, targets, batch, loss, none);
       kernels::cuda::apply_optimizer<int(Opt::state_slots)>(space_.stream(), params_.data(), grads_.data(),
                                                             state.data(), Net::param_storage, Op{}, slot);
     };
