@@ -64,7 +64,7 @@ template <class Net>
 int run(const Options& o, [[maybe_unused]] int argc, [[maybe_unused]] char** argv) {
   using P = fp::Parallel<Net, fp::Host, fp::reduce::AllReduce<fp::Bucket<1 << 20>, fp::Overlap>>;
   if (o.mpi) {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     fp::MpiWorld world(&argc, &argv);
     P dp{world, fp::seed(1), {.threads = o.threads_per_replica}};
     return time_steps(dp, o, "mpi");

@@ -7,11 +7,26 @@
 #                   + NCCL::NCCL                                                 (component cuda)
 #   fusedp::mpi     fusedp::fusedp + MPI::MPI_CXX                                (component mpi)
 #
+# Each component also defines the macro that switches its part of the headers on, for every
+# translation unit that links it (include/fusedp/core/config.hpp): fusedp::cuda FUSEDP_WITH_NCCL=1,
+# fusedp::mpi FUSEDP_WITH_MPI=1. The headers never guess them from the include path.
+#
 # Nothing here is decided when fusedp is packaged: a component's dependencies are looked up on the
 # machine that configures the consumer, so one header-only package serves machines with and
 # without CUDA.
 
 include_guard(GLOBAL)
+
+# _fusedp_component_definitions(<component> <var>): the compile definitions fusedp::<component> carries.
+function(_fusedp_component_definitions component var)
+  if(component STREQUAL "cuda")
+    set(${var} FUSEDP_WITH_NCCL=1 PARENT_SCOPE)
+  elseif(component STREQUAL "mpi")
+    set(${var} FUSEDP_WITH_MPI=1 PARENT_SCOPE)
+  else()
+    set(${var} "" PARENT_SCOPE)
+  endif()
+endfunction()
 
 # _fusedp_find_cuda(<libs_var> <missing_var>)
 #   Looks for the CUDA Toolkit, its CCCL and NCCL. On success <libs_var> lists what fusedp::cuda
@@ -118,8 +133,10 @@ function(_fusedp_provide_components)
     if(missing STREQUAL "")
       if(NOT TARGET fusedp::${component})
         add_library(fusedp::${component} INTERFACE IMPORTED)
+        _fusedp_component_definitions(${component} definitions)
         set_target_properties(fusedp::${component} PROPERTIES
-          INTERFACE_LINK_LIBRARIES "fusedp::fusedp;${libs}")
+          INTERFACE_LINK_LIBRARIES "fusedp::fusedp;${libs}"
+          INTERFACE_COMPILE_DEFINITIONS "${definitions}")
       endif()
       set(fusedp_${component}_FOUND TRUE PARENT_SCOPE)
     else()

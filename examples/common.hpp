@@ -174,7 +174,7 @@ class Launch {
  public:
   Launch() {
     if (!fp::launched_by_mpirun()) return;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     mpi_ = std::make_unique<fp::MpiWorld>();
     world_ = mpi_->size();
     rank_ = mpi_->rank();
@@ -189,7 +189,7 @@ class Launch {
   /// Rank 0 prints, writes metrics and checkpoints.
   [[nodiscard]] bool root() const { return rank_ == 0; }
   [[nodiscard]] bool mpi() const { return world_ > 1; }
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   [[nodiscard]] const fp::MpiWorld& mpi_world() const { return *mpi_; }
 #endif
 
@@ -206,7 +206,7 @@ class Launch {
  private:
   int world_ = 1;
   int rank_ = 0;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   std::unique_ptr<fp::MpiWorld> mpi_;
 #endif
 };
@@ -307,7 +307,7 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
       if (f.device != "cuda")
         throw fp::InvalidArgument("--device " + f.device + ": under mpirun each rank takes the GPU of its place "
                                   "among the ranks of its machine; use --device cuda");
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
       GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on}};
       body(dp, threads);
 #endif
@@ -330,7 +330,7 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
     throw fp::InvalidArgument("--device " + f.device + ": this program was built without CUDA (configure with nvcc "
                               "on the PATH, or CMAKE_CUDA_COMPILER set)");
   if (launch.mpi()) {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
     DataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.threads = f.threads, .agree_on = agree_on}};
     body(dp, dp.model(0).space().threads());

@@ -23,7 +23,7 @@ ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
 mkdir -p "$DIR"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
-nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/allreduce_bench.cu -lnccl \
+nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl \
   -o "$DIR/allreduce_bench"
 # The examples (each with its _cuda twin), without MPI: GPU machines may have none.
 cmake -S . -B build/gpu$ARCH-examples -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \

@@ -1,10 +1,18 @@
 #pragma once
 // The umbrella header: everything a program needs. Nothing inside the library includes it.
+// Parallel<> between processes comes with FUSEDP_WITH_MPI (link fusedp::mpi) and on GPUs with
+// FUSEDP_WITH_NCCL under nvcc (fusedp::cuda); without them Parallel<> runs replicas in one process.
 #include "fusedp/core/buffer.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/rng.hpp"
 #include "fusedp/core/shape.hpp"
+#include "fusedp/data/cifar.hpp"
+#include "fusedp/data/dataset.hpp"
+#include "fusedp/data/device_loader.hpp"
+#include "fusedp/data/idx.hpp"
+#include "fusedp/data/loader.hpp"
+#include "fusedp/data/sampler.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/layers/activation.hpp"
@@ -22,3 +30,7 @@
 #include "fusedp/optim/guard.hpp"
 #include "fusedp/optim/schedule.hpp"
 #include "fusedp/optim/sgd.hpp"
+#include "fusedp/parallel/parallel.hpp"
+#include "fusedp/train/checkpoint.hpp"
+#include "fusedp/train/metrics.hpp"
+#include "fusedp/train/progress.hpp"

@@ -16,6 +16,27 @@
 #define FUSEDP_HAS_CUDA 0
 #endif
 
+// Optional parts, switched on by the build, never guessed from the include path, so that every
+// translation unit of a program sees the same types with the same layout (the one-definition rule):
+//   FUSEDP_WITH_MPI=1   Parallel<> between processes (MpiWorld, parallel/mpi.hpp). Defined by the
+//                       CMake target fusedp::mpi (and the Conan and vcpkg packages' fusedp::mpi).
+//   FUSEDP_WITH_NCCL=1  Parallel<> on Cuda (parallel/nccl.hpp), in translation units compiled by nvcc.
+//                       Defined by fusedp::cuda.
+// A plain `-I include` build defines neither and gets replicas in one process on Host. Define them
+// the same for every translation unit of a program (-DFUSEDP_WITH_MPI=1 on the command line).
+#ifndef FUSEDP_WITH_MPI
+#define FUSEDP_WITH_MPI 0
+#endif
+#ifndef FUSEDP_WITH_NCCL
+#define FUSEDP_WITH_NCCL 0
+#endif
+// Whether this translation unit has NCCL's Parallel<Net, Cuda>: asked for by the build and compiled by nvcc.
+#if FUSEDP_HAS_CUDA && FUSEDP_WITH_NCCL
+#define FUSEDP_HAS_NCCL 1
+#else
+#define FUSEDP_HAS_NCCL 0
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define FUSEDP_ALWAYS_INLINE inline __attribute__((always_inline))
 #define FUSEDP_RESTRICT __restrict__

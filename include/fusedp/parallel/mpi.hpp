@@ -1,9 +1,9 @@
 #pragma once
 // MPI between processes and machines: the world (initialized once per process), and a communicator with
 // the collectives Parallel<> needs, each checked: a failure throws DeviceError naming the call, the MPI
-// error code and text, and the rank. Compiled only where <mpi.h> is on the include path (link
-// fusedp::mpi, or MPI::MPI_CXX); elsewhere this header declares only launched_by_mpirun and
-// collective_timeout.
+// error code and text, and the rank. Compiled only where the build asks for MPI (FUSEDP_WITH_MPI=1,
+// which linking fusedp::mpi defines; see core/config.hpp); elsewhere this header declares only
+// launched_by_mpirun and collective_timeout, whatever the include path holds.
 //
 // A collective never waits forever: each runs as non-blocking MPI calls polled against a deadline
 // (collective_timeout); large ones as rings of MPI_Isend/MPI_Irecv steps, since Open MPI's
@@ -47,7 +47,10 @@ inline std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fa
 }
 }  // namespace fusedp
 
-#if __has_include(<mpi.h>)
+#if FUSEDP_WITH_MPI
+#if !__has_include(<mpi.h>)
+#error "fusedp: FUSEDP_WITH_MPI is 1 but <mpi.h> is not on the include path: link fusedp::mpi (or add MPI's include folders and libraries), or build without FUSEDP_WITH_MPI"
+#endif
 #include "fusedp/kernels/bf16.hpp"
 
 // Only MPI's C API is used; its deprecated C++ bindings would only add warnings.
@@ -70,8 +73,6 @@ inline std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fa
 #include <thread>
 #include <type_traits>
 #include <vector>
-
-#define FUSEDP_HAS_MPI 1
 
 namespace fusedp {
 
@@ -787,6 +788,4 @@ class MpiCommunicator {
 
 }  // namespace parallel
 }  // namespace fusedp
-#else
-#define FUSEDP_HAS_MPI 0
-#endif
+#endif  // FUSEDP_WITH_MPI

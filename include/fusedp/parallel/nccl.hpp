@@ -4,11 +4,14 @@
 // wait that never hangs on a dead peer. Every call is checked: a failure throws DeviceError naming the
 // call, NCCL's error string (with its last-error detail) and the rank.
 //
-// Compiled only by nvcc (FUSEDP_HAS_CUDA) where <nccl.h> is on the include path (link NCCL::NCCL, or
-// fusedp::cuda); elsewhere this header declares nothing and FUSEDP_HAS_NCCL is 0.
+// Compiled only by nvcc (FUSEDP_HAS_CUDA) where the build asks for NCCL (FUSEDP_WITH_NCCL=1, which
+// linking fusedp::cuda defines; see core/config.hpp); elsewhere this header declares nothing.
 #include "fusedp/core/config.hpp"
 
-#if FUSEDP_HAS_CUDA && __has_include(<nccl.h>)
+#if FUSEDP_HAS_NCCL
+#if !__has_include(<nccl.h>)
+#error "fusedp: FUSEDP_WITH_NCCL is 1 but <nccl.h> is not on the include path: link fusedp::cuda (or NCCL::NCCL), or build without FUSEDP_WITH_NCCL"
+#endif
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/parallel/mpi.hpp"
@@ -27,8 +30,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#define FUSEDP_HAS_NCCL 1
 
 namespace fusedp::parallel {
 
@@ -131,7 +132,7 @@ class NcclCommunicator {
     return id;
   }
 
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   /// This rank of `world` on `device`: rank 0 makes the unique id and sends it to every rank over MPI,
   /// then every rank joins (giving up after `timeout`, see the constructor).
   [[nodiscard]] static NcclCommunicator from_mpi(const MpiWorld& world, int device, std::chrono::milliseconds timeout) {
@@ -301,6 +302,4 @@ class NcclCommunicator {
 };
 
 }  // namespace fusedp::parallel
-#else
-#define FUSEDP_HAS_NCCL 0
-#endif
+#endif  // FUSEDP_HAS_NCCL

@@ -181,7 +181,7 @@ class Parallel {
     init_shared();
   }
 
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   /// One replica on each rank of `world` (launched by mpirun). Every rank checks that all ranks run the
   /// same network, parameter count, policies, world size and options.agree_on; a mismatch throws on
   /// every rank. Then the parameters of rank 0 are broadcast.
@@ -269,7 +269,7 @@ class Parallel {
 
     double weighted_loss = 0;
     for (std::size_t r = 0; r < models_.size(); ++r) weighted_loss += double(losses[r]) * double(shards[r].count);
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) comm_->all_reduce_sum(&weighted_loss, 1);
 #endif
     return float(weighted_loss / double(global));
@@ -287,7 +287,7 @@ class Parallel {
   /// Adds up every rank's evaluation sums (a collective): for evaluation loops whose number of
   /// batches differs between ranks, which evaluate locally and combine once at the end.
   [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) return parallel::detail::sum_over(*comm_, local);
 #endif
     return local;
@@ -296,7 +296,7 @@ class Parallel {
   /// The smallest of every rank's `local` (steps per epoch): ranks that agree on it never wait in a
   /// collective for a rank that has run out of data.
   [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) return parallel::detail::min_over(*comm_, world_, local);
 #endif
     return local;
@@ -308,7 +308,7 @@ class Parallel {
     require(r.threads_per_replica >= 0, "Parallel: threads per replica must be >= 0, got ", r.threads_per_replica);
     return r.count;
   }
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   static int local_ranks(const MpiWorld& world) {
     // Ranks on this machine: the highest local rank + 1, agreed by all.
     std::vector<std::uint64_t> all(std::size_t(world.size()));
@@ -357,7 +357,7 @@ class Parallel {
 
   std::size_t global_count(std::size_t local, std::size_t batch) const {
     if (!sharded) return batch;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) {
       std::uint64_t n = local;
       comm_->all_reduce_sum(&n, 1);
@@ -398,7 +398,7 @@ class Parallel {
 
   // MPI: reduce a bucket when backward completes it (Overlap), else everything after backward.
   void mpi_stage_done([[maybe_unused]] std::size_t stage) {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if constexpr (policy::overlap && reduce_kind != parallel::detail::ReduceKind::reduce_scatter) {
       for (std::size_t b = 0; b < plan::count; ++b)
         if (plan::buckets[b].ready_after == stage) mpi_reduce_bucket(plan::buckets[b], true);
@@ -406,7 +406,7 @@ class Parallel {
 #endif
   }
   void mpi_finish_reduction() {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_scatter) {
       float* g = models_[0].grads().data();
       if constexpr (policy::deterministic || policy::compress) {
@@ -423,7 +423,7 @@ class Parallel {
 #endif
   }
 
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   void mpi_reduce_bucket(const parallel::GradientBucket& bucket, bool may_start) {
     float* g = models_[0].grads().data() + bucket.begin;
     const std::size_t n = bucket.end - bucket.begin;
@@ -479,7 +479,7 @@ class Parallel {
       }
       if (rank_ == 0) applied = models_[0].step(opt);
       else models_[0].set_step_counters(models_[0].steps() + 1, models_[0].optimizer_steps() + (applied ? 1 : 0));
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
       if (comm_) comm_->broadcast(models_[0].params().data(), Net::param_storage, 0);
 #endif
       for (std::size_t r = 1; r < models_.size(); ++r) {
@@ -527,7 +527,7 @@ class Parallel {
     };
     if (models_.size() == 1) update(0);
     else pool_.run_on_all([&](int r) { update(std::size_t(r)); });
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) {
       const auto [counts, displs] = zero_blocks();
       comm_->all_gather_blocks(models_[0].params().data(), counts, displs);
@@ -550,7 +550,7 @@ class Parallel {
 
   // Gradient stats of parts held by different ranks, added up (in-process: already whole).
   kernels::host::GradientStats sum_stats(kernels::host::GradientStats local) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) {
       std::array<double, 2> v{local.sum_squares, local.finite ? 0.0 : 1.0};
       comm_->all_reduce_sum(v.data(), v.size());
@@ -561,7 +561,7 @@ class Parallel {
   }
   // Rank 0's stats on every rank.
   kernels::host::GradientStats share_from_root(kernels::host::GradientStats stats) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (comm_) {
       std::array<double, 2> v{stats.sum_squares, stats.finite ? 0.0 : 1.0};
       comm_->broadcast(v.data(), v.size(), 0);
@@ -582,7 +582,7 @@ class Parallel {
   std::vector<HostBuffer<float>> zero_state_;
   const char* zero_owner_ = nullptr;
   std::uint64_t zero_steps_ = 0;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   std::optional<parallel::MpiCommunicator> comm_;
   std::vector<MPI_Request> requests_;
   HostBuffer<float> gathered_;
@@ -696,7 +696,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     broadcast_parameters();
   }
 
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   /// One replica on each rank of `world` (mpirun), on device options.device or, by default, the device
   /// numbered by the rank's place among the ranks of its machine. Every rank checks that all ranks run
   /// the same network, policies, world size and options.agree_on, and that each has its device; then
@@ -791,7 +791,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
     double weighted_loss = 0;
     for (std::size_t r = 0; r < replicas_.size(); ++r) weighted_loss += double(losses[r]) * double(shards[r].count);
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (mpi_) mpi_->all_reduce_sum(&weighted_loss, 1);
 #endif
     return float(weighted_loss / double(global));
@@ -808,7 +808,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
   /// Adds up every rank's evaluation sums (a collective).
   [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (mpi_) return parallel::detail::sum_over(*mpi_, local);
 #endif
     return local;
@@ -816,7 +816,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
   /// The smallest of every rank's `local` (steps per epoch), so no rank waits for one out of data.
   [[nodiscard]] std::size_t agree_steps(std::size_t local) const {
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (mpi_) return parallel::detail::min_over(*mpi_, world_, local);
 #endif
     return local;
@@ -886,7 +886,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     return int(ids.size());
   }
 
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   void handshake() {
     const std::array<std::uint64_t, 7> mine{0x66757365647031ull /* "fusedp1" */,
                                             FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
@@ -947,7 +947,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
   std::size_t global_count(std::size_t local, std::size_t batch) const {
     if (!sharded) return batch;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
     if (mpi_) {
       std::uint64_t n = local;
       mpi_->all_reduce_sum(&n, 1);
@@ -1107,7 +1107,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   std::size_t shard_ = 0;  // ZeRO-1: elements of each rank's block, the last rank's remainder aside
   std::size_t tail_ = 0;   // ZeRO-1: the remainder, owned by the last rank
   std::vector<double> weights_;
-#if FUSEDP_HAS_MPI
+#if FUSEDP_WITH_MPI
   std::optional<parallel::MpiCommunicator> mpi_;
 #else
   std::optional<int> mpi_;  // never engaged without MPI
