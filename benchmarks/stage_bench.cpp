@@ -35,7 +35,7 @@ std::vector<float> filled(std::size_t n, std::size_t seed) {
 
 // Buffers of one conv + ReLU + 2x2 max-pool block and its stages.
 struct ConvBlock {
-  kh::ConvGeometry conv, pool;
+  fp::kernels::ConvGeometry conv, pool;
   std::size_t batch;
   std::vector<float> w, b, x, y, pooled, dpooled, dy, dx, dw, db, scratch;
   ConvBlock(int c, int h, int wd, int k, int pad, int o, std::size_t batch_, int threads)
@@ -52,7 +52,7 @@ struct ConvBlock {
         dx(batch * conv.in_size()),
         dw(w.size()),
         db(b.size()),
-        scratch(std::size_t(threads) * conv.scratch_per_thread()) {}
+        scratch(std::size_t(threads) * fp::kernels::host::ConvScratch{conv}.per_thread()) {}
   void add(std::vector<Stage>& fwd, std::vector<Stage>& bwd, const fp::Host& host, const std::string& name,
            bool first) {
     const double macs = double(batch) * double(conv.out_size()) * double(conv.patch());
@@ -61,10 +61,10 @@ struct ConvBlock {
                                               scratch.data());
                    }});
     fwd.push_back({name + " pool fwd", 0, [this, &host] {
-                     kh::pool_forward<kh::PoolOp::max, 2, 2, None>(host, pool, batch, y.data(), pooled.data(), no_z);
+                     kh::pool_forward<fp::kernels::PoolOp::max, 2, 2, None>(host, pool, batch, y.data(), pooled.data(), no_z);
                    }});
     bwd.push_back({name + " pool bwd", 0, [this, &host] {
-                     kh::pool_backward<kh::PoolOp::max, 2, 2, None>(host, pool, batch, y.data(), pooled.data(), no_z,
+                     kh::pool_backward<fp::kernels::PoolOp::max, 2, 2, None>(host, pool, batch, y.data(), pooled.data(), no_z,
                                                                      dpooled.data(), dy.data());
                    }});
     bwd.push_back({name + " conv bwd", (first ? 2 : 4) * macs, [this, &host, first] {

@@ -10,6 +10,8 @@
 
 #include <cstdio>
 
+static_assert(FUSEDP_WITH_NCCL == 1, "fusedp::cuda must define FUSEDP_WITH_NCCL=1");
+
 int main() {
   int runtime = 0;
   int nccl = 0;

@@ -133,7 +133,7 @@ void check_linear(int batch, int in, int out, int sm_count) {
 }
 
 template <class Epi, class TileF, class TileX, class TileW>
-void check_conv(const kh::ConvGeometry& g, int batch, int sm_count) {
+void check_conv(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
   CAPTURE(batch);
   CAPTURE(g.in_channels);
   CAPTURE(g.in_h);
@@ -147,7 +147,7 @@ void check_conv(const kh::ConvGeometry& g, int batch, int sm_count) {
   const auto b = random_values(std::size_t(g.out_channels), 13), dy = random_values(batch * g.out_size(), 14);
   auto xd = widen(x), wd = widen(w), bd = widen(b), dyd = widen(dy);
   std::vector<double> y_ref(batch * g.out_size()), z_ref(y_ref.size()), dx_ref(x.size()), dw_ref(w.size()),
-      db_ref(b.size()), scratch(g.scratch_per_thread());
+      db_ref(b.size()), scratch(kh::ConvScratch{g}.per_thread());
   double* const zr = Epi::saves_input ? z_ref.data() : nullptr;
   kh::conv2d_forward<Epi>(host, g, batch, wd.data(), bd.data(), xd.data(), y_ref.data(), zr, scratch.data());
   kh::conv2d_backward<Epi>(host, g, batch, wd.data(), xd.data(), y_ref.data(), zr, dyd.data(), dx_ref.data(),
@@ -171,24 +171,24 @@ void check_conv(const kh::ConvGeometry& g, int batch, int sm_count) {
 
 // Conv + Epi + MaxPool2d<Kp> fused, against the Host conv stage followed by the Host pool stage.
 template <class Epi, int Kp, class TileF, class TileX, class TileW>
-void check_conv_maxpool(const kh::ConvGeometry& g, int batch, int sm_count) {
+void check_conv_maxpool(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
   CAPTURE(batch);
   CAPTURE(g.in_h);
   CAPTURE(g.in_w);
   CAPTURE(Kp);
   const fp::Host host{1};
   const int ph = g.out_h / Kp, pw = g.out_w / Kp;
-  const kh::ConvGeometry gp{g.out_channels, g.out_h, g.out_w, Kp, Kp, 0, g.out_channels, ph, pw};
+  const fp::kernels::ConvGeometry gp{g.out_channels, g.out_h, g.out_w, Kp, Kp, 0, g.out_channels, ph, pw};
   const auto x = random_values(batch * g.in_size(), 21), w = random_values(g.out_channels * g.patch(), 22);
   const auto b = random_values(std::size_t(g.out_channels), 23), dpool = random_values(batch * gp.out_size(), 24);
   auto xd = widen(x), wd = widen(w), bd = widen(b), dpd = widen(dpool);
   std::vector<double> yc(batch * g.out_size()), pooled_ref(batch * gp.out_size()), dyc(yc.size()), dx_ref(x.size()),
-      dw_ref(w.size()), db_ref(b.size()), scratch(g.scratch_per_thread());
+      dw_ref(w.size()), db_ref(b.size()), scratch(kh::ConvScratch{g}.per_thread());
   double* const none = nullptr;
   kh::conv2d_forward<Epi>(host, g, batch, wd.data(), bd.data(), xd.data(), yc.data(), none, scratch.data());
-  kh::pool_forward<kh::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
+  kh::pool_forward<fp::kernels::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
                                                                       none);
-  kh::pool_backward<kh::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
+  kh::pool_backward<fp::kernels::PoolOp::max, Kp, Kp, fp::kernels::Epilogue<>>(host, gp, batch, yc.data(), pooled_ref.data(),
                                                                        none, dpd.data(), dyc.data());
   kh::conv2d_backward<Epi>(host, g, batch, wd.data(), xd.data(), yc.data(), none, dyc.data(), dx_ref.data(),
                            dw_ref.data(), db_ref.data(), scratch.data());
@@ -241,22 +241,22 @@ TEST_CASE("Linear GEMM problems reproduce the Host kernels (CPU emulation)") {
 
 TEST_CASE("Conv2d implicit-GEMM problems reproduce the Host kernels (CPU emulation)") {
   // in_channels, h, w, kernel, stride, pad, out_channels, out_h, out_w
-  constexpr kh::ConvGeometry a{3, 11, 9, 3, 2, 1, 5, 6, 5};
+  constexpr fp::kernels::ConvGeometry a{3, 11, 9, 3, 2, 1, 5, 6, 5};
   check_conv<Epilogue<Relu>, kc::tile_for<5>, kc::tile_for<3>, kc::tile_for<27>>(a, 7, 132);
-  constexpr kh::ConvGeometry b{4, 10, 12, 5, 1, 0, 6, 6, 8};
+  constexpr fp::kernels::ConvGeometry b{4, 10, 12, 5, 1, 0, 6, 6, 8};
   check_conv<Epilogue<Gelu>, kc::tile_for<6>, kc::tile_for<4>, kc::tile_for<100>>(b, 5, 8);
-  constexpr kh::ConvGeometry c{2, 7, 7, 1, 1, 0, 33, 7, 7};
+  constexpr fp::kernels::ConvGeometry c{2, 7, 7, 1, 1, 0, 33, 7, 7};
   check_conv<Epilogue<>, kc::tile_for<33>, kc::tile_for<2>, kc::tile_for<2>>(c, 9, 132);
-  constexpr kh::ConvGeometry d{3, 9, 8, 4, 3, 2, 7, 4, 3};
+  constexpr fp::kernels::ConvGeometry d{3, 9, 8, 4, 3, 2, 7, 4, 3};
   check_conv<Epilogue<Tanh>, kc::tile_for<7>, kc::tile_for<3>, kc::tile_for<48>>(d, 3, 132);
 }
 
 TEST_CASE("Conv2d + MaxPool2d fused problems reproduce the Host conv and pool stages (CPU emulation)") {
-  constexpr kh::ConvGeometry a{3, 13, 11, 3, 1, 1, 7, 13, 11};  // odd output: floor-mode remainder
+  constexpr fp::kernels::ConvGeometry a{3, 13, 11, 3, 1, 1, 7, 13, 11};  // odd output: floor-mode remainder
   check_conv_maxpool<Epilogue<Relu>, 2, kc::tile_for<7>, kc::tile_for<3>, kc::tile_for<27>>(a, 5, 132);
-  constexpr kh::ConvGeometry b{1, 28, 28, 5, 1, 0, 6, 24, 24};   // LeNet's first stage
+  constexpr fp::kernels::ConvGeometry b{1, 28, 28, 5, 1, 0, 6, 24, 24};   // LeNet's first stage
   check_conv_maxpool<Epilogue<Relu>, 2, kc::tile_for<6>, kc::tile_for<1>, kc::tile_for<25>>(b, 3, 132);
-  constexpr kh::ConvGeometry c{2, 17, 18, 2, 1, 0, 40, 16, 17};
+  constexpr fp::kernels::ConvGeometry c{2, 17, 18, 2, 1, 0, 40, 16, 17};
   check_conv_maxpool<Epilogue<Tanh>, 4, kc::tile_for<40>, kc::tile_for<2>, kc::tile_for<8>>(c, 2, 8);
 }
 

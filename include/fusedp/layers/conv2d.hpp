@@ -39,7 +39,7 @@ struct Conv2d {
   using output = Shape<Out, window_out(In::height, K, Stride, Pad), window_out(In::width, K, Stride, Pad)>;
 
   template <class In>
-  static constexpr kernels::host::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, Pad, Out,
+  static constexpr kernels::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, Pad, Out,
                                                         output<In>::height, output<In>::width};
   template <class In>
   static constexpr std::array<ParamSpec, 2> params{{
@@ -48,7 +48,7 @@ struct Conv2d {
       {ParamRole::bias, std::size_t(Out), std::size_t(In::channels) * K * K, 1, {Out, 0, 0, 0}},
   }};
   template <class In>
-  static constexpr std::size_t host_scratch = geometry<In>.scratch_per_thread();
+  static constexpr std::size_t host_scratch = kernels::host::ConvScratch{geometry<In>}.per_thread();
 
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {

@@ -15,12 +15,12 @@
 namespace fusedp {
 
 namespace detail {
-template <kernels::host::PoolOp Op, int K, int Stride>
+template <kernels::PoolOp Op, int K, int Stride>
 struct Pool2d {
   static_assert(K > 0 && Stride > 0, "pooling: K and Stride must be positive");
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
-  static constexpr const char* name = Op == kernels::host::PoolOp::max ? "MaxPool2d" : "AvgPool2d";
+  static constexpr const char* name = Op == kernels::PoolOp::max ? "MaxPool2d" : "AvgPool2d";
   static constexpr std::array<int, 2> attributes{K, Stride};
 
   template <class In>
@@ -30,7 +30,7 @@ struct Pool2d {
   template <class In>
   using output = Shape<In::channels, window_out(In::height, K, Stride, 0), window_out(In::width, K, Stride, 0)>;
   template <class In>
-  static constexpr kernels::host::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, 0,
+  static constexpr kernels::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, 0,
                                                         In::channels, output<In>::height, output<In>::width};
 
   template <class In, class Epi, class T>
@@ -62,12 +62,12 @@ struct Pool2d {
 /// @tparam K window size
 /// @tparam Stride step between windows (defaults to K)
 template <int K, int Stride = K>
-struct MaxPool2d : detail::Pool2d<kernels::host::PoolOp::max, K, Stride> {};
+struct MaxPool2d : detail::Pool2d<kernels::PoolOp::max, K, Stride> {};
 
 /// Mean over K x K windows.
 /// @tparam K window size
 /// @tparam Stride step between windows (defaults to K)
 template <int K, int Stride = K>
-struct AvgPool2d : detail::Pool2d<kernels::host::PoolOp::average, K, Stride> {};
+struct AvgPool2d : detail::Pool2d<kernels::PoolOp::average, K, Stride> {};
 
 }  // namespace fusedp

@@ -19,7 +19,7 @@
 // it, and each group's kernels are instantiated once per network.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
-#include "fusedp/kernels/host/pool.hpp"
+#include "fusedp/kernels/pool_op.hpp"
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/layers/linear.hpp"
 #include "fusedp/layers/pooling.hpp"
@@ -63,7 +63,7 @@ struct is_conv2d<Conv2d<Out, K, S, P>> : std::true_type {};
 
 // The window of a max-pooling layer whose stride equals its window; 0 for any other layer.
 template <int K, int S>
-constexpr int max_pool_window(const Pool2d<kernels::host::PoolOp::max, K, S>*) {
+constexpr int max_pool_window(const Pool2d<kernels::PoolOp::max, K, S>*) {
   return K == S ? K : 0;
 }
 constexpr int max_pool_window(const void*) { return 0; }

@@ -21,7 +21,7 @@ namespace {
 
 using kernel_test::value;
 
-kh::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
+fp::kernels::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
   return {c, h, w, kernel, stride, pad, o, (h + 2 * pad - kernel) / stride + 1, (w + 2 * pad - kernel) / stride + 1};
 }
 
@@ -38,7 +38,7 @@ struct Mismatches {
 };
 
 template <class Epi, class T>
-void check_conv(const kh::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
+void check_conv(const fp::kernels::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
   CAPTURE(g.in_channels);
   CAPTURE(g.in_h);
   CAPTURE(g.in_w);
@@ -52,7 +52,7 @@ void check_conv(const kh::ConvGeometry& g, std::size_t batch, int threads, bool 
   const std::size_t O = std::size_t(g.out_channels), K = g.patch(), P = g.out_pixels();
   std::vector<T> w(O * K), b(O), x(batch * g.in_size()), y(batch * g.out_size()), z(batch * g.out_size());
   std::vector<T> dy(batch * g.out_size()), dx(batch * g.in_size()), dw(O * K), db(O);
-  std::vector<T> scratch(std::size_t(threads) * g.scratch_per_thread());
+  std::vector<T> scratch(std::size_t(threads) * kh::ConvScratch{g}.per_thread());
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = T(value(1, i));
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(value(2, i));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(value(3, i));
@@ -127,7 +127,7 @@ void check_conv(const kh::ConvGeometry& g, std::size_t batch, int threads, bool 
   CHECK(grad.bad == 0);
 }
 
-const kh::ConvGeometry geometries[] = {
+const fp::kernels::ConvGeometry geometries[] = {
     geometry(1, 28, 28, 5, 1, 0, 6),    // LeNet conv1
     geometry(6, 12, 12, 3, 1, 0, 16),   // LeNet conv2
     geometry(3, 32, 32, 3, 1, 1, 64),   // CIFAR conv1

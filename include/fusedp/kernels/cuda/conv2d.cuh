@@ -14,7 +14,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/cuda/fast_div.hpp"
 #include "fusedp/kernels/cuda/gemm.cuh"
-#include "fusedp/kernels/host/conv2d.hpp"
+#include "fusedp/kernels/conv_geometry.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -28,7 +28,7 @@ struct ConvShape {
   FastDiv div_w, div_hw, div_ow, div_ohw, div_k, div_kk, div_stride;
 
   ConvShape() = default;
-  FUSEDP_HD explicit ConvShape(const host::ConvGeometry& g)
+  FUSEDP_HD explicit ConvShape(const ConvGeometry& g)
       : c(g.in_channels), h(g.in_h), w(g.in_w), k(g.kernel), stride(g.stride), pad(g.pad), o(g.out_channels),
         oh(g.out_h), ow(g.out_w), hw(g.in_h * g.in_w), ohw(g.out_h * g.out_w), kk(g.kernel * g.kernel),
         patch(g.in_channels * g.kernel * g.kernel), div_w(g.in_w), div_hw(g.in_h * g.in_w), div_ow(g.out_w),
@@ -268,7 +268,7 @@ struct ConvInputStore {
 };
 
 /// Checks that the flat indices of this convolution fit the 31 bits the loaders use.
-inline void check_conv_extent(const host::ConvGeometry& g, std::size_t batch) {
+inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
   const std::size_t in = batch * g.in_size(), out = batch * g.out_size();
   require(in < (std::size_t(1) << 31) && out < (std::size_t(1) << 31) && g.patch() * g.out_channels < (std::size_t(1) << 31),
           "Conv2d on Cuda: a batch of ", batch, " needs indices beyond 2^31 (", in, " input and ", out,
@@ -322,7 +322,7 @@ ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch,
 
 /// Forward of Conv2d (no pooling fused). TileT: tile_for<out channels>.
 template <class Epi, class TileT, class P>
-void conv2d_forward(cudaStream_t stream, const host::ConvGeometry& g, int batch, const float* w, const float* b,
+void conv2d_forward(cudaStream_t stream, const ConvGeometry& g, int batch, const float* w, const float* b,
                     const float* x, float* y, float* z) {
   check_conv_extent(g, std::size_t(batch));
   launch_gemm<TileT, P, false>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z), 1, stream);
@@ -331,7 +331,7 @@ void conv2d_forward(cudaStream_t stream, const host::ConvGeometry& g, int batch,
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
 /// position of each window's maximum. TileT: tile_for<out channels>, whose BM must hold whole windows.
 template <class Epi, int Kp, class TileT, class P>
-void conv2d_maxpool_forward(cudaStream_t stream, const host::ConvGeometry& g, int batch, const float* w, const float* b,
+void conv2d_maxpool_forward(cudaStream_t stream, const ConvGeometry& g, int batch, const float* w, const float* b,
                             const float* x, float* pooled, std::uint8_t* argmax) {
   static_assert(TileT::bm % (Kp * Kp) == 0, "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
   static_assert(Kp * Kp <= 256, "conv2d_maxpool_forward: the window index must fit a byte");
@@ -341,14 +341,14 @@ void conv2d_maxpool_forward(cudaStream_t stream, const host::ConvGeometry& g, in
 }
 
 /// Floats of scratch the dense dz of a backward pass takes (rounded up to keep what follows aligned).
-inline std::size_t conv2d_dz_floats(const host::ConvGeometry& g, int batch) {
+inline std::size_t conv2d_dz_floats(const ConvGeometry& g, int batch) {
   const std::size_t n = std::size_t(batch) * g.out_channels * g.out_pixels();
   return (n + 63) / 64 * 64;
 }
 
 /// Scratch (floats) of the conv backward passes. TileW: tile_for<C*K*K>.
 template <class TileW>
-std::size_t conv2d_backward_scratch(const host::ConvGeometry& g, int batch, int sm_count) {
+std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_count) {
   return conv2d_dz_floats(g, batch) +
          weight_gradient_scratch<TileW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
 }
@@ -368,7 +368,7 @@ void conv2d_backward_gemms(cudaStream_t stream, int sm_count, const ConvShape& s
 /// that reads it); a ConvGradient without an activation is dy itself and is read in place.
 /// TileX: tile_for<C>, TileW: tile_for<C*K*K>.
 template <class TileX, class TileW, class P, class Dz>
-void conv2d_backward(cudaStream_t stream, int sm_count, const host::ConvGeometry& g, int batch, const Dz& dz,
+void conv2d_backward(cudaStream_t stream, int sm_count, const ConvGeometry& g, int batch, const Dz& dz,
                      const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);

@@ -8,8 +8,8 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
-#include "fusedp/kernels/host/conv2d.hpp"
-#include "fusedp/kernels/host/pool.hpp"
+#include "fusedp/kernels/conv_geometry.hpp"
+#include "fusedp/kernels/pool_op.hpp"
 
 #include <cstddef>
 
@@ -18,10 +18,10 @@ namespace fusedp::kernels::cuda {
 namespace detail {
 // The pooled value of the window at (oy, ox) of one plane and, for max, the index of the first
 // maximum in scan order (NaN wins), exactly as kernels::host::detail::pool_window.
-template <host::PoolOp Op, int K, int S>
+template <PoolOp Op, int K, int S>
 __device__ FUSEDP_ALWAYS_INLINE float pool_window(const float* plane, int in_w, int oy, int ox, int& arg) {
   const float* w0 = plane + (oy * S) * in_w + ox * S;
-  if constexpr (Op == host::PoolOp::max) {
+  if constexpr (Op == PoolOp::max) {
     float best = w0[0];
     int at = 0;
     for (int ky = 0; ky < K; ++ky)
@@ -48,7 +48,7 @@ struct PoolExtents {
   int in_h, in_w, out_h, out_w;
 };
 
-template <host::PoolOp Op, int K, int S, class Epi>
+template <PoolOp Op, int K, int S, class Epi>
 __global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const float* x, float* y, float* z) {
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
   for (std::size_t i = grid_index(); i < outputs; i += grid_stride()) {
@@ -61,7 +61,7 @@ __global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const fl
   }
 }
 
-template <host::PoolOp Op, int K, int S, class Epi>
+template <PoolOp Op, int K, int S, class Epi>
 __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const float* x, const float* y,
                                      const float* z, const float* dy, float* dx) {
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
@@ -80,7 +80,7 @@ __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const fl
         float d = dy[o];
         if constexpr (Epi::saves_input) d *= Epi::derivative(z[o], y[o]);
         else if constexpr (!Epi::empty) d *= Epi::derivative(y[o], y[o]);
-        if constexpr (Op == host::PoolOp::max) {
+        if constexpr (Op == PoolOp::max) {
           int arg = 0;
           (void)pool_window<Op, K, S>(xp, g.in_w, oy, ox, arg);
           if (arg == p) sum += d;
@@ -94,8 +94,8 @@ __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const fl
 }  // namespace detail
 
 /// y = Epi(pool(x)) over K x K windows with stride S (NCHW, floor mode); z = pool(x) when Epi saves it.
-template <host::PoolOp Op, int K, int S, class Epi>
-void pool_forward(cudaStream_t stream, const host::ConvGeometry& g, std::size_t batch, const float* x, float* y,
+template <PoolOp Op, int K, int S, class Epi>
+void pool_forward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch, const float* x, float* y,
                   float* z) {
   const std::size_t n = batch * g.out_size();
   if (n == 0) return;
@@ -105,8 +105,8 @@ void pool_forward(cudaStream_t stream, const host::ConvGeometry& g, std::size_t 
 }
 
 /// dx = pool^T(dy * Epi'); dy is not changed.
-template <host::PoolOp Op, int K, int S, class Epi>
-void pool_backward(cudaStream_t stream, const host::ConvGeometry& g, std::size_t batch, const float* x, const float* y,
+template <PoolOp Op, int K, int S, class Epi>
+void pool_backward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch, const float* x, const float* y,
                    const float* z, const float* dy, float* dx) {
   const std::size_t n = batch * g.in_size();
   if (n == 0) return;

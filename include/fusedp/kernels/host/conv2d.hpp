@@ -9,6 +9,7 @@
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
 
 #include <algorithm>
@@ -16,45 +17,35 @@
 
 namespace fusedp::kernels::host {
 
-/// Geometry of a 2-d convolution or pooling window over one sample.
-struct ConvGeometry {
-  int in_channels, in_h, in_w, kernel, stride, pad, out_channels, out_h, out_w;
-  [[nodiscard]] constexpr std::size_t in_size() const { return std::size_t(in_channels) * in_h * in_w; }
-  [[nodiscard]] constexpr std::size_t out_pixels() const { return std::size_t(out_h) * out_w; }
-  [[nodiscard]] constexpr std::size_t out_size() const { return std::size_t(out_channels) * out_pixels(); }
-  [[nodiscard]] constexpr std::size_t patch() const { return std::size_t(in_channels) * kernel * kernel; }
-  // A 1x1 kernel with stride 1 and no padding reads the input as its own im2col matrix.
-  [[nodiscard]] constexpr bool direct() const { return kernel == 1 && stride == 1 && pad == 0; }
-
-  // Scratch of one thread, in elements, for any tile shape of any target (bounds from gemm.hpp):
-  //   packed weights  W for forward, W^T for backward (thread 0's copy is shared by all threads)
-  //   col             im2col: packed B panels (forward) or the row-major matrix (backward)
-  //   dcol            the im2col gradient (backward)
-  //   dz panels       dz packed as B of the input-gradient GEMM, or dz transposed (direct path)
-  //   dW, db          this thread's weight and bias gradients (W^T with padded channels, direct path)
-  //   padded          the input with its zero border (when pad > 0)
-  [[nodiscard]] constexpr std::size_t packed_weights_size() const {
-    const std::size_t o = std::size_t(out_channels), k = patch();
+/// How one thread's scratch is laid out for the Host conv2d kernels on geometry `g`, in elements, for
+/// any tile shape of any target (bounds from gemm.hpp):
+///   packed weights  W for forward, W^T for backward (thread 0's copy is shared by all threads)
+///   col             im2col: packed B panels (forward) or the row-major matrix (backward)
+///   dcol            the im2col gradient (backward)
+///   dz panels       dz packed as B of the input-gradient GEMM, or dz transposed (direct path)
+///   dW, db          this thread's weight and bias gradients (W^T with padded channels, direct path)
+///   padded          the input with its zero border (when pad > 0)
+struct ConvScratch {
+  ConvGeometry g;
+  [[nodiscard]] constexpr std::size_t packed_weights() const {
+    const std::size_t o = std::size_t(g.out_channels), k = g.patch();
     // A shape's row count pads m to less than m + max_tile_rows (12 does not divide 16).
     const std::size_t forward = (o + max_tile_rows) * k, backward = (k + max_tile_rows) * o;
     return align_elements(std::max(forward, backward) + max_tile_cols);
   }
-  [[nodiscard]] constexpr std::size_t col_size() const {
-    return align_elements(patch() * (out_pixels() + max_tile_cols));
-  }
-  [[nodiscard]] constexpr std::size_t dz_panels_size() const {
-    const std::size_t o = std::size_t(out_channels), p = out_pixels();
+  [[nodiscard]] constexpr std::size_t col() const { return align_elements(g.patch() * (g.out_pixels() + max_tile_cols)); }
+  [[nodiscard]] constexpr std::size_t dz_panels() const {
+    const std::size_t o = std::size_t(g.out_channels), p = g.out_pixels();
     return align_elements(std::max(o * (p + max_tile_cols), p * (o + max_tile_rows)));
   }
-  [[nodiscard]] constexpr std::size_t dw_size() const {
-    return align_elements((std::size_t(out_channels) + max_tile_rows) * patch());
+  [[nodiscard]] constexpr std::size_t dw() const {
+    return align_elements((std::size_t(g.out_channels) + max_tile_rows) * g.patch());
   }
-  [[nodiscard]] constexpr std::size_t padded_size() const {
-    return pad == 0 ? 0 : align_elements(std::size_t(in_channels) * (in_h + 2 * pad) * (in_w + 2 * pad));
+  [[nodiscard]] constexpr std::size_t padded() const {
+    return g.pad == 0 ? 0 : align_elements(std::size_t(g.in_channels) * (g.in_h + 2 * g.pad) * (g.in_w + 2 * g.pad));
   }
-  [[nodiscard]] constexpr std::size_t scratch_per_thread() const {
-    return packed_weights_size() + 2 * col_size() + dz_panels_size() + dw_size() +
-           align_elements(std::size_t(out_channels)) + padded_size();
+  [[nodiscard]] constexpr std::size_t per_thread() const {
+    return packed_weights() + 2 * col() + dz_panels() + dw() + align_elements(std::size_t(g.out_channels)) + padded();
   }
 };
 
@@ -80,7 +71,7 @@ FUSEDP_NO_LIBCALL_LOOPS void pad_input(const ConvGeometry& g, const T* FUSEDP_RE
 /// im2col: col(k, p) = x[c, oy*s - pad + ky, ox*s - pad + kx] for k = (c, ky, kx), p = (oy, ox), zero
 /// outside the image. Written to col + (p / width) * (K * width) + k * width + p % width: width = P
 /// gives the row-major matrix (K x P); width = a tile's NR gives the B panels of gemm_packed (the
-/// last panel zero-padded). `padded`: g.padded_size() elements of scratch, used when pad > 0.
+/// last panel zero-padded). `padded`: ConvScratch{g}.padded() elements of scratch, used when pad > 0.
 template <class T>
 FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTRICT x, T* FUSEDP_RESTRICT col,
                                     std::size_t width, T* FUSEDP_RESTRICT padded) {
@@ -122,7 +113,7 @@ FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTR
 }
 
 /// The adjoint of the row-major im2col: dx[c, iy, ix] = sum of the col entries that read it. Sums into
-/// the padded input (`padded`: g.padded_size() elements, used when pad > 0), so every patch row adds
+/// the padded input (`padded`: ConvScratch{g}.padded() elements, used when pad > 0), so every patch row adds
 /// as one run with no bounds checks, then copies the inside out.
 template <class T>
 FUSEDP_NO_LIBCALL_LOOPS void col2im(const ConvGeometry& g, const T* FUSEDP_RESTRICT col, T* FUSEDP_RESTRICT dx,
@@ -392,12 +383,13 @@ FUSEDP_BROADCAST_LOADS void direct_dw_sample(const ConvGeometry& g, const T* src
 }  // namespace detail
 
 /// y = Epi(conv(x, w) + b) for `batch` samples; z receives the values before the epilogue when the
-/// epilogue needs them in backward (else null). scratch: threads x g.scratch_per_thread() elements.
+/// epilogue needs them in backward (else null). scratch: threads x ConvScratch{g}.per_thread() elements.
 template <class Epi, class T>
 void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* b,
                     const T* x, T* y, T* z, T* scratch) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
-  const std::size_t stride = g.scratch_per_thread();
+  const ConvScratch layout{g};
+  const std::size_t stride = layout.per_thread();
   auto epilogue = [&](T* yn, T* zn) {
     return [=](std::size_t o, std::size_t, T* p, std::size_t cnt) {
       const T bias = b[o];
@@ -420,7 +412,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
         for (std::size_t k = 0; k < patch; ++k)
           for (std::size_t o = 0; o < NV * W; ++o) wt[k * NV * W + o] = o < outs ? w[o * patch + k] : T(0);
         host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
-          T* padded = scratch + std::size_t(thread + 1) * stride - g.padded_size();
+          T* padded = scratch + std::size_t(thread + 1) * stride - layout.padded();
           for (std::size_t n = n0; n < n1; ++n) {
             const T* xn = x + n * g.in_size();
             if (g.pad > 0) pad_input(g, xn, padded);
@@ -437,8 +429,8 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
     T* packed_w = scratch;  // thread 0's, read by all
     pack_a<S>(row_major(w, patch), 0, outs, 0, patch, packed_w);
     host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
-      T* panels = scratch + std::size_t(thread) * stride + g.packed_weights_size();
-      T* padded = scratch + std::size_t(thread + 1) * stride - g.padded_size();
+      T* panels = scratch + std::size_t(thread) * stride + layout.packed_weights();
+      T* padded = scratch + std::size_t(thread + 1) * stride - layout.padded();
       for (std::size_t n = n0; n < n1; ++n) {
         T* yn = y + n * g.out_size();
         im2col(g, x + n * g.in_size(), panels, S::template nr<T>, padded);
@@ -455,9 +447,10 @@ template <class Epi, class T>
 void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* x, const T* y,
                      const T* z, T* dy, T* dx, T* dw, T* db, T* scratch) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
-  const std::size_t stride = g.scratch_per_thread(), weights = g.packed_weights_size();
-  const std::size_t col_at = weights, dcol_at = col_at + g.col_size(), dz_at = dcol_at + g.col_size();
-  const std::size_t dw_at = dz_at + g.dz_panels_size(), db_at = dw_at + g.dw_size();
+  const ConvScratch layout{g};
+  const std::size_t stride = layout.per_thread(), weights = layout.packed_weights();
+  const std::size_t col_at = weights, dcol_at = col_at + layout.col(), dz_at = dcol_at + layout.col();
+  const std::size_t dw_at = dz_at + layout.dz_panels(), db_at = dw_at + layout.dw();
   const int threads = host.threads();
   const bool direct = detail::use_direct<T>(g);
   // The weight gradient: dW (O x K) += dz (O x P) col^T (P x K) by GEMM, or (direct path) dW^T with
@@ -494,7 +487,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       T* dz_panels = own + dz_at;
       T* dw_t = own + dw_at;
       T* db_t = own + db_at;
-      T* padded = own + stride - g.padded_size();
+      T* padded = own + stride - layout.padded();
       simd::zero(dw_t, direct ? patch * width : outs * patch);
       simd::zero(db_t, outs);
       const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);

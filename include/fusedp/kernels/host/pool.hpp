@@ -9,14 +9,14 @@
 // (stride >= window) write every input gradient once, instead of clearing the plane and scattering.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/host.hpp"
-#include "fusedp/kernels/host/conv2d.hpp"
+#include "fusedp/kernels/conv_geometry.hpp"
+#include "fusedp/kernels/pool_op.hpp"
+#include "fusedp/kernels/host/simd.hpp"
 
 #include <algorithm>
 #include <cstddef>
 
 namespace fusedp::kernels::host {
-
-enum class PoolOp { max, average };
 
 namespace detail {
 
