@@ -25,6 +25,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/data/loader.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/cuda_event.hpp"
 
 #include <algorithm>
 #include <array>
@@ -61,16 +62,14 @@ class DeviceLoader {
   DeviceLoader(const Dataset& data, DistributedSampler sampler, Options options, const CudaSpace<P>& space)
       : device_(space.device()), compute_(space.shared_stream()), host_(data, std::move(sampler), std::move(options)) {
     space.activate();
-    cudaStream_t s = nullptr;
-    FUSEDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    copy_ = std::shared_ptr<CUstream_st>(s, [](cudaStream_t p) { cudaStreamDestroy(p); });
+    copy_ = CudaStream::make();
     const std::size_t capacity = std::min(host_.options().batch, host_.sampler().num_samples());
     for (Slot& slot : slots_) {
       slot.images = DeviceBuffer<float>(capacity * data.sample_size());
       slot.labels = DeviceBuffer<std::int32_t>(data.regression() ? 0 : capacity);
       slot.targets = DeviceBuffer<float>(capacity * data.target_size);
-      slot.copied = make_event();
-      slot.consumed = make_event();
+      slot.copied = CudaEvent::make();
+      slot.consumed = CudaEvent::make();
     }
   }
   /// A single-process loader (world size 1) whose sampler takes `sampling`.
@@ -83,7 +82,7 @@ class DeviceLoader {
   /// Waits for the copies in flight (they read pinned memory that is freed with the loader) and for
   /// the compute stream (its queued work may still read the device slots).
   ~DeviceLoader() {
-    if (copy_) (void)cudaStreamSynchronize(copy_.get());
+    if (copy_.get() != nullptr) (void)cudaStreamSynchronize(copy_.get());
     if (compute_) (void)cudaStreamSynchronize(compute_.get());
   }
 
@@ -93,7 +92,7 @@ class DeviceLoader {
     activate();
     release_current();
     if (pending_) {
-      FUSEDP_CUDA_CHECK(cudaEventSynchronize(slots_[pending_->slot].copied.get()));
+      slots_[pending_->slot].copied.synchronize();
       pending_.reset();
     }
     host_.set_epoch(epoch, first_batch);
@@ -114,9 +113,9 @@ class DeviceLoader {
     pending_.reset();
     Slot& slot = slots_[cur.slot];
     // The pinned slot goes back to the worker with the host loader's next(): its copy must be done.
-    FUSEDP_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
+    slot.copied.synchronize();
     if (std::optional<Batch> ahead = host_.next()) queue_copy(*ahead, 1 - cur.slot);
-    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), slot.copied.get(), 0));
+    slot.copied.make_wait(compute_.get());
     current_ = cur.slot;
     handed_ = cur.index + 1;
 
@@ -142,16 +141,12 @@ class DeviceLoader {
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return copy_.get(); }
 
  private:
-  struct EventDeleter {
-    void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
-  };
-  using Event = std::unique_ptr<CUevent_st, EventDeleter>;
   struct Slot {
     DeviceBuffer<float> images;
     DeviceBuffer<std::int32_t> labels;
     DeviceBuffer<float> targets;
-    Event copied;    // recorded on the copy stream after this slot's copies
-    Event consumed;  // recorded on the compute stream after the work on this slot's batch was queued
+    CudaEvent copied;    // recorded on the copy stream after this slot's copies
+    CudaEvent consumed;  // recorded on the compute stream after the work on this slot's batch was queued
   };
   struct Pending {
     int slot = 0;
@@ -159,17 +154,12 @@ class DeviceLoader {
     std::size_t index = 0;
   };
 
-  static Event make_event() {
-    cudaEvent_t e = nullptr;
-    FUSEDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return Event(e);
-  }
   void activate() const { FUSEDP_CUDA_CHECK(cudaSetDevice(device_)); }
 
   // The caller is done queueing work on the batch it holds: mark the point on the compute stream.
   void release_current() {
     if (current_ < 0) return;
-    FUSEDP_CUDA_CHECK(cudaEventRecord(slots_[current_].consumed.get(), compute_.get()));
+    slots_[current_].consumed.record(compute_.get());
     current_ = -1;
   }
 
@@ -177,18 +167,18 @@ class DeviceLoader {
   void queue_copy(const Batch& h, int s) {
     Slot& slot = slots_[s];
     cudaStream_t stream = copy_.get();
-    FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(stream, slot.consumed.get(), 0));  // no-op before its first record
+    slot.consumed.make_wait(stream);  // no-op before its first record
     copy_async(slot.images.data(), h.images.data(), h.images.size(), stream);
     copy_async(slot.labels.data(), h.labels.data(), h.labels.size(), stream);
     copy_async(slot.targets.data(), h.targets.data(), h.targets.size(), stream);
-    FUSEDP_CUDA_CHECK(cudaEventRecord(slot.copied.get(), stream));
+    slot.copied.record(stream);
     pending_ = Pending{s, h.size(), h.index};
     next_slot_ = 1 - s;
   }
 
   int device_;
   std::shared_ptr<CUstream_st> compute_;
-  std::shared_ptr<CUstream_st> copy_;
+  CudaStream copy_;
   PinnedDataLoader host_;
   std::array<Slot, 2> slots_;
   std::optional<Pending> pending_;  // the batch whose copy is queued and not yet handed out

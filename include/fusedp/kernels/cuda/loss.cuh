@@ -9,6 +9,7 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
+#include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/loss.hpp"
 
@@ -16,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace fusedp::kernels::cuda {
 
@@ -31,6 +33,37 @@ struct LossOutput {
 
 /// Blocks of the loss kernels for a batch (and floats of LossOutput::block_sums).
 inline int loss_blocks(std::size_t batch) { return int((batch + loss_threads - 1) / loss_threads); }
+
+/// The device memory a model's loss kernels write (LossOutput) and its pinned host end: the loss of the
+/// latest step stays on the device until read() is asked for it.
+class LossResult {
+ public:
+  LossResult() : status_(1), value_host_(1), status_host_(1) {}
+  /// Room for the block sums of batches up to `batch`.
+  void allocate(std::size_t batch) { values_ = DeviceBuffer<float>(1 + std::size_t(loss_blocks(batch))); }
+  [[nodiscard]] bool allocated() const noexcept { return values_.size() > 0; }
+  [[nodiscard]] LossOutput output() noexcept { return {values_.data(), values_.data() + 1, status_.data()}; }
+  /// Reads the mean loss after the work queued on `stream` (waits). A label that was outside
+  /// [0, classes) throws InvalidArgument naming `loss` (the flag is cleared first, so the model can go on).
+  float read(cudaStream_t stream, const char* loss, std::size_t classes) {
+    copy_async(value_host_.data(), values_.data(), 1, stream);
+    copy_async(status_host_.data(), status_.data(), 1, stream);
+    FUSEDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (status_host_[0] != 0) {
+      FUSEDP_CUDA_CHECK(cudaMemsetAsync(status_.data(), 0, sizeof(int), stream));
+      FUSEDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      throw InvalidArgument(std::string(loss) + ": a label on the device is outside [0, " + std::to_string(classes) +
+                            ") (the step ran; its loss is NaN)");
+    }
+    return value_host_[0];
+  }
+
+ private:
+  DeviceBuffer<float> values_;  // the mean, then the block sums
+  DeviceBuffer<int> status_;
+  PinnedBuffer<float> value_host_;
+  PinnedBuffer<int> status_host_;
+};
 
 namespace detail {
 template <class RowLoss>

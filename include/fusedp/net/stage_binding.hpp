@@ -1,0 +1,126 @@
+#pragma once
+// StageBinding<Net, Space, T>: the workspace of one model and where each stage of Net's plan reads and
+// writes in it (net/sequential.hpp places the regions per sample). Binds stage I to its input, output,
+// saved pre-activation, parameters and gradients (StageArgs) and runs it forward or backward with the
+// layer's executor for Space. Held by both models; the Cuda model adds its fused groups around it.
+#include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/layers/activation.hpp"
+#include "fusedp/net/parameter_store.hpp"
+#include "fusedp/net/sequential.hpp"
+
+#include <cstddef>
+#include <type_traits>
+
+namespace fusedp {
+
+/// The workspace of a model of Net on Space and the binding of every stage to it.
+/// @tparam Net a Sequential<...>
+/// @tparam Space the execution space whose memory holds the workspace
+/// @tparam T the scalar type
+template <Network Net, class Space, class T>
+class StageBinding {
+ public:
+  template <class U>
+  using buffer = typename Space::template buffer<U>;
+  using store_type = ParameterStore<Net, Space, T>;
+  static constexpr std::size_t input_size = Net::input_shape::size;
+
+  /// The number of samples in `values` input values; anything but a whole, non-zero number of samples
+  /// throws InvalidArgument naming the sample shape.
+  static std::size_t samples_in(std::size_t values) {
+    require(values != 0 && values % input_size == 0, "Model: ", values,
+            " input values are not a whole number of samples of ", input_size, " values (",
+            Net::input_shape::channels, "x", Net::input_shape::height, "x", Net::input_shape::width, ")");
+    return values / input_size;
+  }
+
+  /// Makes room for batches up to `batch`, plus `tail_elements` after the per-sample regions (Host:
+  /// the threads' scratch; Cuda: the fused MLP's gradients). Returns false when it already had room.
+  bool reserve(std::size_t batch, std::size_t tail_elements) {
+    if (batch <= capacity_) return false;
+    workspace_ = buffer<T>(batch * Net::workspace_elements_per_sample + tail_elements);
+    capacity_ = batch;
+    return true;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] T* data() noexcept { return workspace_.data(); }
+  /// What follows the per-sample regions of `capacity()` samples.
+  [[nodiscard]] T* tail() noexcept { return workspace_.data() + capacity_ * Net::workspace_elements_per_sample; }
+
+  /// One of the two gradient buffers backward alternates between, (batch, widest activation).
+  T* gradient_buffer(int which, std::size_t batch) {
+    return workspace_.data() + batch * (Net::activation_elements + std::size_t(which) * Net::gradient_elements);
+  }
+
+  template <std::size_t I>
+  T* output_of(const T* x, std::size_t batch) {
+    if constexpr (Net::stage_plan[I].aliases_input) return const_cast<T*>(input_of<I>(x, batch));
+    else return workspace_.data() + Net::stage_plan[I].out_offset * batch;
+  }
+  template <std::size_t I>
+  const T* input_of(const T* x, std::size_t batch) {
+    if constexpr (I == 0) return x;
+    else return output_of<I - 1>(x, batch);
+  }
+
+  /// Stage I's arguments for a batch `x` of `batch` samples. `scratch`: the stage's scratch memory.
+  template <std::size_t I>
+  StageArgs<Space, T> args_of(const Space& space, store_type& store, const T* x, std::size_t batch, bool training,
+                              T* scratch) {
+    constexpr StagePlan p = Net::stage_plan[I];
+    using S = typename Net::template stage<I>;
+    T* params = store.params().data();
+    T* grads = store.grads().data();
+    return StageArgs<Space, T>{space,
+                               batch,
+                               input_of<I>(x, batch),
+                               output_of<I>(x, batch),
+                               p.saves_z ? workspace_.data() + p.z_offset * batch : nullptr,
+                               S::has_params ? params + p.weight : nullptr,
+                               S::has_params ? params + p.bias : nullptr,
+                               nullptr,
+                               nullptr,
+                               S::has_params ? grads + p.weight : nullptr,
+                               S::has_params ? grads + p.bias : nullptr,
+                               scratch,
+                               training,
+                               store.seed(),
+                               store.steps(),
+                               S::first};
+  }
+
+  /// Runs stage I forward (a reshape runs nothing: its output aliases its input).
+  template <std::size_t I>
+  void forward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, bool training, T* scratch) {
+    using S = typename Net::template stage<I>;
+    if constexpr (S::kind != LayerKind::reshape)
+      executor<S>::template forward<typename S::in, typename S::epilogue>(
+          args_of<I>(space, store, x, batch, training, scratch));
+  }
+
+  /// Runs stage I backward from gradient buffer `current` into the other one, which becomes current
+  /// (stage 0 without parameters, and reshapes, run nothing); then tells `on_stage_done(I)`.
+  template <std::size_t I, class StageDone>
+  void backward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, int& current,
+                      StageDone& on_stage_done, T* scratch) {
+    using S = typename Net::template stage<I>;
+    if constexpr (S::kind != LayerKind::reshape && (I > 0 || S::has_params)) {
+      StageArgs<Space, T> a = args_of<I>(space, store, x, batch, true, scratch);
+      a.dy = gradient_buffer(current, batch);
+      a.dx = I > 0 ? gradient_buffer(1 - current, batch) : nullptr;
+      executor<S>::template backward<typename S::in, typename S::epilogue>(a);
+      current = 1 - current;
+    }
+    on_stage_done(I);
+  }
+
+ private:
+  template <class S>
+  using executor = std::conditional_t<S::kind == LayerKind::pointwise, PointwiseStage, typename S::layer>;
+
+  buffer<T> workspace_;
+  std::size_t capacity_ = 0;
+};
+
+}  // namespace fusedp
