@@ -337,6 +337,12 @@ class Model<Net, CudaSpace<P>, T> {
   }
   /// Counts a step whose update was applied (or skipped) elsewhere: see ParameterStore::count_step.
   std::uint64_t count_step(bool updated) noexcept { return store_.count_step(updated); }
+  /// Makes Opt this model's optimizer while its state lives elsewhere (ZeRO-1): see
+  /// ParameterStore::adopt_optimizer.
+  template <class Opt>
+  bool adopt_optimizer() {
+    return store_.template adopt_optimizer<Opt>(space_);
+  }
   [[nodiscard]] const space_type& space() const noexcept { return space_; }
 
   /// Whether train steps are recorded and replayed as CUDA graphs (on by default; always off for a

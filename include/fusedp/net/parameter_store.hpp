@@ -121,12 +121,25 @@ class ParameterStore {
       state_ = buffer<T>(Opt::state_slots * Net::param_storage);
       state_owner_ = Opt::name;
       optimizer_steps_ = 0;
+    } else if (state_.size() != Opt::state_slots * Net::param_storage) {
+      state_ = buffer<T>(Opt::state_slots * Net::param_storage);  // adopted without state (ZeRO-1)
     }
     return state_.span();
   }
+  /// Makes Opt the optimizer of these parameters while its state lives elsewhere (ZeRO-1 keeps the
+  /// state of one block in Parallel): a new optimizer type frees the state held here and restarts the
+  /// count of optimizer steps. Returns whether the optimizer changed.
+  template <class Opt>
+  bool adopt_optimizer(const Space& space) {
+    if (state_owner_ != nullptr && std::strcmp(state_owner_, Opt::name) == 0) return false;
+    detail::wait_for_space(space);
+    state_ = buffer<T>();
+    state_owner_ = Opt::name;
+    optimizer_steps_ = 0;
+    return true;
+  }
   /// Optimizer state (state_slots x param_storage values), empty before the first step.
   [[nodiscard]] std::span<const T> optimizer_state() const noexcept { return state_.span(); }
-  [[nodiscard]] std::span<T> optimizer_state_values() noexcept { return state_.span(); }
   /// Name of the optimizer that owns the state (nullptr before the first step).
   [[nodiscard]] const char* optimizer_name() const noexcept { return state_owner_; }
 

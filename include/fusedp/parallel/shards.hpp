@@ -65,18 +65,19 @@ struct Shard {
   return s;
 }
 
-/// Splits `n` elements into `world` aligned blocks (ZeRO-1 ownership of the flat buffer).
-[[nodiscard]] inline std::vector<Shard> element_blocks(std::size_t n, std::size_t world, std::size_t align) {
-  std::vector<Shard> s(world);
-  const std::size_t units = (n + align - 1) / align;
-  std::size_t offset = 0;
-  for (std::size_t r = 0; r < world; ++r) {
-    const std::size_t u = units / world + (r < units % world ? 1 : 0);
-    const std::size_t end = std::min(n, offset + u * align);
-    s[r] = {offset, end - offset};
-    offset = end;
-  }
-  return s;
-}
+/// ZeRO-1's ownership of the flat buffer of `n` elements among `world` replicas: replica r owns
+/// [r*s, (r+1)*s) with s = n rounded down to a multiple of world * align, divided by world; the last
+/// replica also owns the remainder (fewer than world * align elements). Equal blocks let NCCL
+/// reduce-scatter and all-gather in place; the same layout on Host keeps one checkpoint format.
+struct ZeroLayout {
+  std::size_t world = 1;
+  std::size_t shard = 0;  // elements of every block, the remainder aside
+  std::size_t tail = 0;   // the remainder, owned by the last replica
+  ZeroLayout() = default;
+  ZeroLayout(std::size_t n, std::size_t world_size, std::size_t align)
+      : world(world_size), shard(n / (world_size * align) * align), tail(n - world_size * shard) {}
+  /// The block replica `r` owns.
+  [[nodiscard]] Shard block(std::size_t r) const noexcept { return {r * shard, shard + (r + 1 == world ? tail : 0)}; }
+};
 
 }  // namespace fusedp::parallel

@@ -1,0 +1,352 @@
+#pragma once
+// Parallel<Net, CudaSpace<P>, Policies...>: replicas on GPUs, gradients through NCCL. Two process
+// models, as on Host: one process driving one replica per listed device (a thread each), or one replica
+// per MPI rank (mpirun; the NCCL unique id travels over MPI, each rank takes the device of its rank
+// among the ranks of its machine). Each replica's BucketReducer (parallel/reducer.hpp, the one the Host
+// uses) queues the reductions on the replica's NcclChannel: with Overlap a bucket's collective is queued
+// as soon as the Cuda model's stage hook says backward has queued its last gradient (an event orders it
+// after those kernels); the update waits for the last one (another event). Shards' gradients are their
+// share of the global mean (Model::compute_gradients' normalizer), so every reduction is a plain sum.
+// Available on Cuda: every policy of Host. AllReduce; ReduceBroadcast; ReduceScatter (ZeRO-1: see
+// ZeroLayout); Deterministic (an all-gather and a sum in rank order, the Host's order and bits);
+// Compress<bf16> (each bucket packed to bfloat16 rounded to nearest even, summed by NCCL in
+// ncclBfloat16, unpacked); Average/Sum; every scatter policy; Guarded optimizers (the gradient's sum of
+// squares and first non-finite element measured on the device over this rank's part, combined over the
+// ranks with NCCL, one 16-byte read per step, so every rank takes the same decision). Steps do not
+// replay CUDA graphs (the NCCL calls sit between the model's kernels); each step waits for its update
+// before returning.
+#include "fusedp/parallel/parallel.hpp"
+
+#if FUSEDP_HAS_NCCL
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/cuda/gradient.cuh"
+#include "fusedp/net/model.hpp"
+#include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/detail/startup.hpp"
+#include "fusedp/parallel/detail/step.hpp"
+#include "fusedp/parallel/nccl.hpp"
+#include "fusedp/parallel/nccl_channel.hpp"
+#include "fusedp/parallel/policy.hpp"
+#include "fusedp/parallel/process_group.hpp"
+#include "fusedp/parallel/reducer.hpp"
+#include "fusedp/parallel/shards.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fusedp {
+
+/// Data-parallel training of Net on GPUs (see the comment above and parallel/policy.hpp).
+/// @tparam Net a Sequential<...>
+/// @tparam P the precision policy of every replica's CudaSpace
+/// @tparam Policies scatter, reduce, comm and knob tags, in any order
+template <Network Net, class P, class... Policies>
+class Parallel<Net, CudaSpace<P>, Policies...> {
+ public:
+  using space_type = CudaSpace<P>;
+  using policy = parallel::Policy<space_type, Policies...>;
+  using value_type = float;
+  using model_type = Model<Net, space_type, float>;
+  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
+  static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
+  static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+
+  /// `r.count` replicas in this process on devices 0 .. r.count - 1 (r.threads_per_replica is unused).
+  /// More replicas than visible devices is an error.
+  explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
+      : Parallel(Devices(first_devices(r.count)), seed, options) {}
+
+  /// One replica on each of `d`'s devices, in this process, started from the same parameters (drawn
+  /// from `seed`, then broadcast from the first device over NCCL).
+  explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(check_devices(d.ids)) {
+    world_ = d.ids.size();
+    std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
+    replicas_.reserve(world_);
+    for (std::size_t i = 0; i < world_; ++i) replicas_.emplace_back(seed, d.ids[i], std::move(comms[i]));
+    init();
+  }
+
+#if FUSEDP_WITH_MPI
+  /// One replica on each rank of `world` (mpirun), on device options.device or, by default, the device
+  /// numbered by the rank's place among the ranks of its machine. Every rank checks that all ranks run
+  /// the same network, policies, world size and options.agree_on, and that each has its device; then
+  /// NCCL is bootstrapped over MPI and rank 0's parameters are broadcast.
+  explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(1), processes_(world, options.timeout) {
+    world_ = std::size_t(world.size());
+    parallel::MpiCommunicator& comm = *processes_.mpi();
+    parallel::detail::check_same_run(
+        {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
+         world_, options.agree_on},
+        world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
+          comm.all_gather_or_abort(mine, all, n, options_.timeout, "Parallel start-up check");
+        });
+    const int device = agree_on_devices(world, comm);
+    replicas_.emplace_back(seed, device, parallel::NcclCommunicator::from_mpi(world, device, options.timeout));
+    init();
+  }
+#endif
+
+  Parallel(const Parallel&) = delete;
+  Parallel& operator=(const Parallel&) = delete;
+  /// Waits for queued collectives (unless their communicator was aborted) before memory is freed.
+  ~Parallel() {
+    for (auto& rep : replicas_)
+      if (rep.channel.comm().valid()) (void)cudaStreamSynchronize(rep.channel.stream());
+  }
+
+  /// Replicas taking part in all (ranks times local replicas).
+  [[nodiscard]] std::size_t world_size() const noexcept { return world_; }
+  /// This process's rank (0 without MPI).
+  [[nodiscard]] int rank() const noexcept { return processes_.rank(); }
+  [[nodiscard]] bool is_root() const noexcept { return rank() == 0; }
+  /// Replicas in this process.
+  [[nodiscard]] std::size_t local_replicas() const noexcept { return replicas_.size(); }
+  /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
+  [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
+  [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }
+  /// ZeRO-1 (ReduceScatter): the block of the flat buffer that replica `global` (its rank) owns and
+  /// updates.
+  [[nodiscard]] parallel::Shard zero_block(std::size_t global) const noexcept { return zero_.block(global); }
+  /// ZeRO-1: the optimizer state of local replica `i`'s block (state_slots x its block), on its device.
+  [[nodiscard]] std::span<const float> zero_optimizer_state(std::size_t i = 0) const {
+    return replicas_.at(i).zero_state.span();
+  }
+
+  /// The NCCL communicator of local replica `i`.
+  [[nodiscard]] parallel::NcclCommunicator& communicator(std::size_t i = 0) { return replicas_.at(i).channel.comm(); }
+
+  /// Run-time weights of scatter::Weighted, one per replica (world_size()).
+  void set_weights(std::span<const double> weights) {
+    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
+    weights_ = parallel::detail::checked_weights(weights, world_);
+  }
+
+  /// One data-parallel step (host inputs, as on Host: the global batch with Even or Weighted, this
+  /// process's own data with Sharded). Returns the mean loss over the global batch once the update
+  /// has run on every local replica. A collective that does not finish within options.timeout aborts
+  /// the communicator and throws DeviceError naming the rank.
+  template <class Loss, class Opt>
+  float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                   const Loss& loss, Opt& opt) {
+    opt.validate();
+    const std::size_t in = model_type::input_size;
+    const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
+    const std::vector<parallel::Shard> shards = parallel::detail::process_shards(
+        sharded, weighted, batch, replicas_.size(), world_, weights_, processes_.under_mpi() ? rank() : -1);
+    std::uint64_t local = 0;
+    for (const auto& sh : shards) local += sh.count;
+    std::uint64_t global = batch;
+    if constexpr (sharded) {
+      global = local;
+      processes_.all_reduce_sum(&global, 1);
+    }
+
+    std::vector<float> losses(replicas_.size());
+    auto run = [&](std::size_t r) {
+      Replica& rep = replicas_[r];
+      const parallel::Shard& s = shards[r];
+      rep.model.space().activate();
+      // Average: this shard's gradient becomes its share of the mean over the global batch.
+      const std::size_t normalizer = policy::sum ? s.count : std::size_t(global);
+      float* grads = rep.model.grads().data();
+      rep.reducer.begin();
+      losses[r] = rep.model.compute_gradients(
+          inputs.subspan(s.offset * in, s.count * in), parallel::detail::targets_of(targets, batch, s), loss,
+          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); }, normalizer);
+      rep.reducer.finish(rep.channel, grads, zero_);
+      finish(rep, global_index(r), opt);
+    };
+    if (replicas_.size() == 1) run(0);
+    else pool_.run_on_all([&](int r) { run(std::size_t(r)); });
+
+    double weighted_loss = 0;
+    for (std::size_t r = 0; r < replicas_.size(); ++r) weighted_loss += double(losses[r]) * double(shards[r].count);
+    processes_.all_reduce_sum(&weighted_loss, 1);
+    return float(weighted_loss / double(global));
+  }
+
+  /// Evaluates this process's samples on local replica 0 and sums loss and correct predictions over
+  /// all ranks (a collective; see the Host Parallel).
+  template <class Loss>
+  GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                            const Loss& loss) {
+    replicas_[0].model.space().activate();
+    return sum_over_ranks(parallel::detail::evaluate_local(replicas_[0].model, inputs, targets, loss));
+  }
+
+  /// Adds up every rank's evaluation sums (a collective).
+  [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
+    return parallel::detail::sum_over(processes_, local);
+  }
+
+  /// The smallest of every rank's `local` (steps per epoch), so no rank waits for one out of data.
+  [[nodiscard]] std::size_t agree_steps(std::size_t local) const { return processes_.min(local); }
+
+ private:
+  using Reducer = parallel::BucketReducer<policy, plan>;
+
+  struct Replica {
+    model_type model;
+    parallel::NcclChannel channel;
+    Reducer reducer;
+    DeviceBuffer<float> zero_state;  // ZeRO-1: state_slots x own block
+
+    Replica(Seed seed, int device, parallel::NcclCommunicator c)
+        : model(seed, space_type{device}), channel(std::move(c), model.space().stream()) {}
+  };
+
+  static std::vector<int> first_devices(int count) {
+    require(count >= 1, "Parallel: replica count must be >= 1, got ", count);
+    std::vector<int> list;
+    for (int i = 0; i < count; ++i) list.push_back(i);
+    return list;
+  }
+  static int check_devices(const std::vector<int>& ids) {
+    require(!ids.empty(), "Parallel: no devices given");
+    const int count = cuda_device_count();
+    if (count == 0)
+      throw DeviceError("Parallel on Cuda", int(cudaErrorNoDevice), "no CUDA device: " + cuda_unavailable_reason());
+    require(ids.size() <= std::size_t(count), "Parallel: ", ids.size(), " replicas on the Cuda space need ", ids.size(),
+            " devices (one replica per device), but ", count, " CUDA device(s) are visible; use at most ", count,
+            " replicas, or the Host space");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      require(ids[i] >= 0 && ids[i] < count, "Parallel: device ", ids[i], " does not exist (", count,
+              " CUDA device(s) are visible)");
+      for (std::size_t j = 0; j < i; ++j)
+        require(ids[j] != ids[i], "Parallel: device ", ids[i], " is listed twice; NCCL needs one replica per device");
+    }
+    return int(ids.size());
+  }
+
+#if FUSEDP_WITH_MPI
+  // This rank's device; every rank learns whether every rank has one, so all fail together.
+  int agree_on_devices(const MpiWorld& world, parallel::MpiCommunicator& comm) {
+    const int count = cuda_device_count();
+    const int device = options_.device >= 0 ? options_.device : world.local_rank();
+    const std::array<std::uint64_t, 2> mine{std::uint64_t(device), std::uint64_t(count)};
+    std::vector<std::uint64_t> all(2 * world_);
+    comm.all_gather_or_abort(mine.data(), all.data(), 2, options_.timeout, "Parallel device check");
+    std::ostringstream bad;
+    for (std::size_t r = 0; r < world_; ++r)
+      if (all[2 * r] >= all[2 * r + 1])
+        bad << "\n  rank " << r << " wants device " << all[2 * r] << " but sees " << all[2 * r + 1] << " CUDA device(s)";
+    if (!bad.str().empty())
+      throw InvalidArgument("Parallel on Cuda: one replica per device, and some ranks have none (start at most as "
+                            "many ranks per machine as it has GPUs, or set ParallelOptions::device):" + bad.str());
+    return device;
+  }
+#endif
+
+  void init() {
+    zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
+    if (weighted) weights_.assign(world_, 1.0);
+    broadcast_parameters();
+  }
+
+  // Rank 0's parameters (local replica 0, or MPI rank 0) on every replica, before the first step.
+  void broadcast_parameters() {
+    {
+      parallel::NcclGroup group(rank());
+      for (auto& rep : replicas_)
+        rep.channel.comm().broadcast(rep.model.params().data(), Net::param_storage, 0, rep.channel.stream());
+      group.end();
+    }
+    for (auto& rep : replicas_) {
+      rep.channel.comm().wait_ready("ncclBroadcast of the parameters");
+      rep.channel.comm().wait(rep.channel.stream(), "Parallel start-up: the broadcast of rank 0's parameters");
+    }
+  }
+
+  std::size_t global_index(std::size_t local) const {
+    return processes_.under_mpi() ? std::size_t(rank()) : local;
+  }
+
+  // A guarded optimizer's decision, the same on every rank: each replica measures its part of the
+  // reduced gradient on the communication stream (its ZeRO block, so the parts cover the whole once;
+  // with ReduceBroadcast the root measures the whole sum it holds), the parts are combined with NCCL
+  // (a sum of the squares, the smallest first index), and the 16-byte result is read once.
+  template <class Opt>
+  double decide(Replica& rep, std::size_t global, const Opt& opt) {
+    cudaStream_t cs = rep.channel.stream();
+    parallel::NcclCommunicator& comm = rep.channel.comm();
+    kernels::cuda::GradientStatsBuffer& stats = rep.model.stats_buffer();
+    parallel::Shard part = zero_.block(global);
+    if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast)
+      part = global == 0 ? parallel::Shard{0, Net::param_storage} : parallel::Shard{0, 0};
+    stats.enqueue(cs, rep.model.grads().data() + part.offset, part.count, part.offset);
+    if (world_ > 1) {
+      comm.all_reduce_sum(&stats.result()->sum_squares, 1, cs);
+      comm.all_reduce_min(&stats.result()->first_nonfinite, 1, cs);
+    }
+    stats.copy_to_host(cs);
+    comm.wait(cs, "Parallel::train_step (the guard's gradient statistics)");
+    const kernels::cuda::DeviceGradientStats s = stats.host();
+    return opt.decide(kernels::host::GradientStats{s.sum_squares, s.finite()}, rep.model.steps() + 1,
+                      model_type::nonfinite_tensor_name(s.first_nonfinite));
+  }
+
+  // After the last bucket: the update waits for the reductions (and a guarded optimizer decides on
+  // them); ReduceBroadcast steps on the root and broadcasts its parameters; ReduceScatter updates this
+  // rank's block and all-gathers. Then waits for it all, polling NCCL (see NcclCommunicator::wait).
+  template <class Opt>
+  void finish(Replica& rep, std::size_t global, Opt& opt) {
+    double factor = 1.0;
+    if constexpr (requires { typename Opt::on_nonfinite; }) factor = decide(rep, global, opt);
+    rep.channel.finish_into_model_stream();
+    if constexpr (reduce_kind == parallel::detail::ReduceKind::all_reduce) {
+      (void)rep.model.apply_step(opt, factor);
+    } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
+      // Only the root holds the summed gradient and the optimizer state.
+      if (global == 0) (void)rep.model.apply_step(opt, factor);
+      else rep.model.count_step(factor != 0.0);
+      rep.channel.after_model_stream();
+      rep.channel.comm().broadcast(rep.model.params().data(), Net::param_storage, 0, rep.channel.stream());
+      rep.channel.finish_into_model_stream();
+    } else {
+      zero_update(rep, global, opt, factor);
+    }
+    rep.channel.comm().wait(rep.model.space().stream(), "Parallel::train_step (gradient reduction and update)");
+  }
+
+  // ZeRO-1: this replica updates its block with the optimizer state of that block only, then the
+  // blocks are all-gathered in place. A skipped step (factor 0) changes neither.
+  template <class Opt>
+  void zero_update(Replica& rep, std::size_t global, Opt& opt, double factor) {
+    const parallel::Shard block = zero_.block(global);
+    if (rep.model.template adopt_optimizer<Opt>()) rep.zero_state = DeviceBuffer<float>(Opt::state_slots * block.count);
+    if (factor == 0.0) {
+      rep.model.count_step(false);
+      return;
+    }
+    float* p = rep.model.params().data() + block.offset;
+    float* g = rep.model.grads().data() + block.offset;
+    if (factor != 1.0) kernels::cuda::scale_gradient(rep.model.space().stream(), g, block.count, float(factor));
+    opt.step(rep.model.space(), p, g, rep.zero_state.data(), block.count, rep.model.optimizer_steps() + 1);
+    rep.model.count_step(true);
+    rep.channel.after_model_stream();
+    rep.channel.all_gather_blocks(rep.model.params().data(), zero_);
+    rep.channel.finish_into_model_stream();
+  }
+
+  ParallelOptions options_;
+  Host pool_;  // one thread per local replica
+  parallel::ProcessGroup processes_;
+  std::vector<Replica> replicas_;
+  std::size_t world_ = 1;
+  parallel::ZeroLayout zero_;
+  std::vector<double> weights_;
+};
+
+}  // namespace fusedp
+#endif  // FUSEDP_HAS_NCCL

@@ -1,0 +1,50 @@
+#pragma once
+// The start-up check of a Parallel under MPI, written once for both spaces: every rank gathers what
+// every other rank runs (library, network, parameter count, policies, world size, the program's
+// agree_on value) and all fail together, naming each difference, when they are not the same run.
+#include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fusedp::parallel::detail {
+
+/// What a rank tells the others at start-up.
+struct RunIdentity {
+  std::uint64_t fingerprint;     // Net::fingerprint
+  std::uint64_t param_count;     // Net::param_count
+  std::uint64_t policy;          // Policy::hash (and the precision on Cuda)
+  std::uint64_t world;           // world size as this rank sees it
+  std::uint64_t agree_on;        // ParallelOptions::agree_on
+};
+
+/// Gathers every rank's identity with `gather(mine, all, n)` (a collective over `world` ranks that
+/// cannot hang: it times out) and throws InvalidArgument on every rank when any differs from rank 0's.
+template <class Gather>
+void check_same_run(const RunIdentity& id, std::size_t world, Gather&& gather) {
+  const std::array<std::uint64_t, 7> mine{0x66757365647031ull /* "fusedp1" */,
+                                          FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
+                                          id.fingerprint,
+                                          id.param_count,
+                                          id.policy,
+                                          id.world,
+                                          id.agree_on};
+  static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
+                                         "policy hash", "world size",      "agree_on value"};
+  std::vector<std::uint64_t> all(mine.size() * world);
+  gather(mine.data(), all.data(), mine.size());
+  std::ostringstream diff;
+  for (std::size_t r = 1; r < world; ++r)
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      if (all[r * mine.size() + k] != all[k])
+        diff << "\n  rank " << r << " has " << what[k] << " " << all[r * mine.size() + k] << ", rank 0 has " << all[k];
+  if (!diff.str().empty())
+    throw InvalidArgument("Parallel: the ranks were not started with the same network and settings:" + diff.str());
+}
+
+}  // namespace fusedp::parallel::detail

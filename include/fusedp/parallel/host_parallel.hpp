@@ -1,0 +1,330 @@
+#pragma once
+// Parallel<Net, Host, Policies...>: data-parallel training on the CPU. Every replica is a rank of one
+// communicator, whichever process model was chosen at construction:
+//   Replicas   the replicas of this process, one thread each (DataParallel style): InProcessCommunicator
+//   MpiWorld   one replica per MPI rank (DistributedDataParallel style, across machines through
+//              mpirun's host list): MpiCommunicator
+// and a step is written once for both (replica_step): each replica computes the gradient of its shard,
+// its BucketReducer reduces it as the policies say (parallel/reducer.hpp), and the update runs as the
+// reduce policy says (every replica, the root and a broadcast, or each its ZeRO-1 block and an
+// all-gather).
+#include "fusedp/parallel/parallel.hpp"
+
+#include "fusedp/core/buffer.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/gradient.hpp"
+#include "fusedp/net/model.hpp"
+#include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/detail/startup.hpp"
+#include "fusedp/parallel/detail/step.hpp"
+#include "fusedp/parallel/gradient_channel.hpp"
+#include "fusedp/parallel/in_process.hpp"
+#include "fusedp/parallel/mpi.hpp"
+#include "fusedp/parallel/policy.hpp"
+#include "fusedp/parallel/process_group.hpp"
+#include "fusedp/parallel/reducer.hpp"
+#include "fusedp/parallel/shards.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
+#include <thread>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+namespace fusedp {
+
+/// Data-parallel training of Net on the CPU with the given policies (see parallel/policy.hpp).
+/// @tparam Net a Sequential<...>
+/// @tparam Policies scatter, reduce, comm and knob tags, in any order
+template <Network Net, class... Policies>
+class Parallel<Net, Host, Policies...> {
+ public:
+  using policy = parallel::Policy<Host, Policies...>;
+  using value_type = float;
+  using model_type = Model<Net, Host, float>;
+  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
+  static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
+  static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+
+  /// `r.count` replicas in this process, started from the same parameters (drawn from `seed`).
+  explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(check_replicas(r)), group_(std::make_unique<parallel::InProcessGroup>(r.count)) {
+    static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
+                      std::is_same_v<typename policy::comm_policy, comm::InProcess>,
+                  "fusedp::Parallel: replicas in one process reduce in shared memory (category comm: Auto or "
+                  "InProcess); construct from an MpiWorld for comm::Mpi");
+    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int per = r.threads_per_replica > 0 ? r.threads_per_replica : std::max(1, hw / r.count);
+    models_.reserve(std::size_t(r.count));
+    for (int i = 0; i < r.count; ++i) models_.emplace_back(seed, Host{per});
+    for (std::size_t i = 1; i < models_.size(); ++i) models_[i].load_params(models_[0].params());
+    InProcessChannels channels;
+    channels.reserve(models_.size());
+    for (int i = 0; i < r.count; ++i) channels.emplace_back(parallel::InProcessCommunicator(*group_, i));
+    channels_.template emplace<InProcessChannels>(std::move(channels));
+    init(std::size_t(r.count));
+  }
+
+#if FUSEDP_WITH_MPI
+  /// One replica on each rank of `world` (launched by mpirun). Every rank checks that all ranks run the
+  /// same network, parameter count, policies, world size and options.agree_on; a mismatch throws on
+  /// every rank. Then the parameters of rank 0 are broadcast.
+  explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
+      : options_(options), pool_(1), processes_(world, options.timeout) {
+    static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
+                      std::is_same_v<typename policy::comm_policy, comm::Mpi>,
+                  "fusedp::Parallel: one replica per MPI rank reduces through MPI (category comm: Auto or Mpi)");
+    parallel::MpiCommunicator& comm = *processes_.mpi();
+    // First: the only collective that cannot hang on a missing rank.
+    parallel::detail::check_same_run({Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()),
+                                      options.agree_on},
+                                     std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all,
+                                                                    std::size_t n) {
+                                       comm.all_gather(mine, all, n, "Parallel start-up check");
+                                     });
+    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = options.threads > 0 ? options.threads : std::max(1, hw / std::max(1, local_ranks(world, comm)));
+    models_.emplace_back(seed, Host{threads});
+    comm.broadcast(models_[0].params().data(), Net::param_storage, 0);
+    channels_.template emplace<MpiChannel>(comm);
+    init(std::size_t(world.size()));
+  }
+#endif
+
+  Parallel(const Parallel&) = delete;
+  Parallel& operator=(const Parallel&) = delete;
+
+  /// Replicas taking part in all (ranks times local replicas).
+  [[nodiscard]] std::size_t world_size() const noexcept { return world_; }
+  /// This process's rank (0 without MPI).
+  [[nodiscard]] int rank() const noexcept { return processes_.rank(); }
+  [[nodiscard]] bool is_root() const noexcept { return rank() == 0; }
+  /// Replicas in this process.
+  [[nodiscard]] std::size_t local_replicas() const noexcept { return models_.size(); }
+  /// Replica `i` of this process. All replicas hold the same parameters between steps.
+  [[nodiscard]] model_type& model(std::size_t i = 0) { return models_.at(i); }
+  [[nodiscard]] const model_type& model(std::size_t i = 0) const { return models_.at(i); }
+  /// ZeRO-1 (ReduceScatter): the block of the flat buffer that replica `global` (its rank) owns and
+  /// updates.
+  [[nodiscard]] parallel::Shard zero_block(std::size_t global) const noexcept { return zero_.block(global); }
+  /// ZeRO-1: the optimizer state of local replica `i`'s block (state_slots x its block).
+  [[nodiscard]] std::span<const float> zero_optimizer_state(std::size_t i = 0) const {
+    return zero_state_.at(i).span();
+  }
+
+  /// Run-time weights of scatter::Weighted, one per replica (world_size()).
+  void set_weights(std::span<const double> weights) {
+    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
+    weights_ = parallel::detail::checked_weights(weights, world_);
+  }
+
+  /// One data-parallel step. With Even or Weighted, `inputs` is the global batch (the same on every
+  /// rank) and each replica takes its slice; with Sharded it is this process's own data (split evenly
+  /// among the local replicas). Returns the mean loss over the global batch. Bad input throws before
+  /// anything changes.
+  template <class Loss, class Opt>
+  float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                   const Loss& loss, Opt& opt) {
+    opt.validate();
+    const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
+    const std::vector<parallel::Shard> shards = parallel::detail::process_shards(
+        sharded, weighted, batch, models_.size(), world_, weights_, processes_.under_mpi() ? rank() : -1);
+    auto one = [&](std::size_t r, auto& channel) {
+      return replica_step(r, channel, inputs.subspan(shards[r].offset * model_type::input_size,
+                                                     shards[r].count * model_type::input_size),
+                          parallel::detail::targets_of(targets, batch, shards[r]), batch, loss, opt);
+    };
+    return std::visit([&](auto& channels) { return on_every_replica(channels, one); }, channels_);
+  }
+
+  /// Evaluates this process's samples (`inputs` may be empty on a rank without any) and sums loss and
+  /// correct predictions over all ranks: with an evaluation sampler that gives each sample to one
+  /// rank, every sample is counted exactly once. Every rank must call it (it is a collective).
+  template <class Loss>
+  GlobalEvaluation evaluate(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
+                            const Loss& loss) {
+    return sum_over_ranks(parallel::detail::evaluate_local(models_[0], inputs, targets, loss));
+  }
+
+  /// Adds up every rank's evaluation sums (a collective): for evaluation loops whose number of
+  /// batches differs between ranks, which evaluate locally and combine once at the end.
+  [[nodiscard]] GlobalEvaluation sum_over_ranks(const GlobalEvaluation& local) const {
+    return parallel::detail::sum_over(processes_, local);
+  }
+
+  /// The smallest of every rank's `local` (steps per epoch): ranks that agree on it never wait in a
+  /// collective for a rank that has run out of data.
+  [[nodiscard]] std::size_t agree_steps(std::size_t local) const { return processes_.min(local); }
+
+ private:
+  using InProcessChannels = std::vector<parallel::HostChannel<parallel::InProcessCommunicator>>;
+#if FUSEDP_WITH_MPI
+  using MpiChannel = parallel::HostChannel<parallel::MpiCommunicator>;
+  using Channels = std::variant<InProcessChannels, MpiChannel>;
+#else
+  using Channels = std::variant<InProcessChannels>;
+#endif
+  using Reducer = parallel::BucketReducer<policy, plan>;
+  template <class Opt>
+  static constexpr bool guarded = requires { typename Opt::on_nonfinite; };
+
+  static int check_replicas(Replicas r) {
+    require(r.count >= 1, "Parallel: replica count must be >= 1, got ", r.count);
+    require(r.threads_per_replica >= 0, "Parallel: threads per replica must be >= 0, got ", r.threads_per_replica);
+    return r.count;
+  }
+#if FUSEDP_WITH_MPI
+  // Ranks on this machine: the highest local rank + 1, agreed by all.
+  static int local_ranks(const MpiWorld& world, parallel::MpiCommunicator& comm) {
+    std::vector<std::uint64_t> all(std::size_t(world.size()));
+    const std::uint64_t mine = std::uint64_t(world.local_rank());
+    comm.all_gather(&mine, all.data(), 1);
+    return int(*std::max_element(all.begin(), all.end()) + 1);
+  }
+#endif
+
+  void init(std::size_t world) {
+    world_ = world;
+    reducers_.resize(models_.size());
+    zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
+    zero_state_.resize(models_.size());
+    if (weighted) weights_.assign(world_, 1.0);
+  }
+
+  // The replicas of this process, one thread each; the first replica to fail breaks the group, so the
+  // others stop in their next collective, and its error is the one rethrown.
+  template <class F>
+  float on_every_replica(InProcessChannels& channels, F& one) {
+    if (channels.size() == 1) return one(0, channels[0]);
+    group_->reset();
+    std::vector<float> losses(channels.size());
+    std::vector<std::exception_ptr> errors(channels.size());
+    std::atomic<int> first_failed{-1};
+    pool_.run_on_all([&](int r) {
+      try {
+        losses[std::size_t(r)] = one(std::size_t(r), channels[std::size_t(r)]);
+      } catch (...) {
+        errors[std::size_t(r)] = std::current_exception();
+        int none = -1;
+        first_failed.compare_exchange_strong(none, r);
+        group_->break_all();
+      }
+    });
+    if (first_failed.load() >= 0) std::rethrow_exception(errors[std::size_t(first_failed.load())]);
+    return losses[0];
+  }
+#if FUSEDP_WITH_MPI
+  template <class F>
+  float on_every_replica(MpiChannel& channel, F& one) {
+    return one(0, channel);
+  }
+#endif
+
+  // One replica's step, the same for every process model: gradient of the shard, reduction, update.
+  // Returns the mean loss over the global batch (the same on every replica).
+  template <class Channel, class Loss, class Opt>
+  float replica_step(std::size_t r, Channel& channel, std::span<const float> inputs,
+                     std::span<const typename Loss::template target<float>> targets, std::size_t batch,
+                     const Loss& loss, Opt& opt) {
+    model_type& m = models_[r];
+    const std::size_t count = inputs.size() / model_type::input_size;
+    std::uint64_t global = batch;
+    if constexpr (sharded) {
+      global = count;
+      channel.comm().all_reduce_sum(&global, 1);
+    }
+    // Average: each replica's gradient is its share of the mean over the global batch (its loss sum
+    // divided by the global count), so the reduction is a plain sum. Sum: each replica's own mean.
+    const std::size_t normalizer = policy::sum ? count : std::size_t(global);
+    Reducer& reducer = reducers_[r];
+    reducer.begin();
+    const float l = m.compute_gradients(
+        inputs, targets, loss, [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); },
+        normalizer);
+    reducer.finish(channel, m.grads().data(), zero_);
+    update(r, channel, opt);
+    double weighted_loss = double(l) * double(count);
+    channel.comm().all_reduce_sum(&weighted_loss, 1);
+    return float(weighted_loss / double(global));
+  }
+
+  template <class Channel, class Opt>
+  void update(std::size_t r, Channel& channel, Opt& opt) {
+    using parallel::detail::ReduceKind;
+    model_type& m = models_[r];
+    if constexpr (reduce_kind == ReduceKind::all_reduce) {
+      m.step(opt);  // every replica holds the same sum, so a guard decides the same everywhere
+    } else if constexpr (reduce_kind == ReduceKind::reduce_broadcast) {
+      // Only the root (replica 0 of the world) holds the summed gradient and the optimizer state. A
+      // guarded optimizer's decision is the root's, shared with every replica so they act together.
+      double factor = 1.0;
+      if constexpr (guarded<Opt>) {
+        std::array<double, 2> stats{};
+        if (channel.rank() == 0) {
+          const auto s = kernels::host::gradient_stats(m.space(), m.grads().data(), Net::param_storage);
+          stats = {s.sum_squares, s.finite ? 0.0 : 1.0};
+        }
+        channel.comm().broadcast(stats.data(), stats.size(), 0);
+        factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1,
+                            channel.rank() == 0 ? m.first_nonfinite_tensor() : "the gradient summed on rank 0");
+      }
+      if (channel.rank() == 0) m.apply_step(opt, factor);
+      else m.count_step(factor != 0.0);
+      channel.comm().broadcast(m.params().data(), Net::param_storage, 0);
+    } else {
+      zero_update(r, channel, opt);
+    }
+  }
+
+  // ZeRO-1: replica g (its rank in the world) owns block g of the flat buffer and the optimizer state of
+  // that block only; it updates its block, then the blocks are all-gathered.
+  template <class Channel, class Opt>
+  void zero_update(std::size_t r, Channel& channel, Opt& opt) {
+    model_type& m = models_[r];
+    const parallel::Shard block = zero_.block(std::size_t(channel.rank()));
+    if (m.template adopt_optimizer<Opt>()) zero_state_[r] = HostBuffer<float>(Opt::state_slots * block.count);
+    float* g = m.grads().data() + block.offset;
+    // A guarded optimizer decides on the whole gradient: each replica measures its block, the parts are
+    // added over all replicas, and every replica takes the same decision.
+    double factor = 1.0;
+    if constexpr (guarded<Opt>) {
+      const auto s = kernels::host::gradient_stats(m.space(), g, block.count);
+      std::array<double, 2> stats{s.sum_squares, s.finite ? 0.0 : 1.0};
+      channel.comm().all_reduce_sum(stats.data(), stats.size());
+      factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1, m.first_nonfinite_tensor());
+      if (factor == 0.0) {
+        m.count_step(false);
+        return;
+      }
+    }
+    if (factor != 1.0) kernels::host::scale_gradient(m.space(), g, block.count, float(factor));
+    opt.step(m.space(), m.params().data() + block.offset, g, zero_state_[r].data(), block.count,
+             m.optimizer_steps() + 1);
+    m.count_step(true);
+    channel.all_gather_blocks(m.params().data(), zero_);
+  }
+
+  ParallelOptions options_;
+  Host pool_;  // one thread per local replica
+  std::unique_ptr<parallel::InProcessGroup> group_;  // the replicas of this process (none under MPI)
+  parallel::ProcessGroup processes_;
+  std::vector<model_type> models_;
+  Channels channels_;
+  std::vector<Reducer> reducers_;
+  std::size_t world_ = 1;
+  std::vector<double> weights_;
+  parallel::ZeroLayout zero_;
+  std::vector<HostBuffer<float>> zero_state_;
+};
+
+}  // namespace fusedp

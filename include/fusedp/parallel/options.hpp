@@ -1,0 +1,59 @@
+#pragma once
+// What a Parallel<> is made from (Replicas, Devices, ParallelOptions) and what its evaluation returns.
+#include "fusedp/core/config.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+namespace fusedp {
+
+/// Replicas in this process: `count` models, each with `threads_per_replica` Host threads (0: the
+/// hardware threads divided among the replicas, at least one each).
+struct Replicas {
+  int count = 1;
+  int threads_per_replica = 0;
+};
+constexpr Replicas replicas(int count, int threads_per_replica = 0) { return {count, threads_per_replica}; }
+
+/// Cuda replicas in this process: one on each listed device (`fp::Devices{0, 1, 2, 3}`).
+struct Devices {
+  std::vector<int> ids;
+  Devices(std::initializer_list<int> list) : ids(list) {}
+  explicit Devices(std::vector<int> list) : ids(std::move(list)) {}
+};
+/// `devices(0, 1)`: the same as Devices{0, 1}.
+template <class... Ids>
+Devices devices(Ids... ids) {
+  return Devices{int(ids)...};
+}
+
+struct ParallelOptions {
+  /// MPI: Host threads of this rank's replica (0: the hardware threads divided among the ranks of
+  /// this machine).
+  int threads = 0;
+  /// MPI: how long each collective (the start-up check included) waits for every rank before it
+  /// throws DeviceError naming the rank that stopped responding (FUSEDP_COLLECTIVE_TIMEOUT, in
+  /// seconds, overrides it; see parallel/mpi.hpp). Cuda: also how long NCCL's start-up and each
+  /// step's collectives may take before the communicator is aborted and the step throws (a dead peer
+  /// never hangs the job).
+  std::chrono::milliseconds timeout{60000};
+  /// Cuda with MPI: this rank's device (-1: its rank among the ranks of its machine).
+  int device = -1;
+  /// Any value that every rank must share, e.g. a hash of the command line's flags.
+  std::uint64_t agree_on = 0;
+};
+
+/// Loss and accuracy summed over every rank's evaluation samples.
+struct GlobalEvaluation {
+  double loss_sum = 0;
+  std::size_t correct = 0;
+  std::size_t count = 0;
+  [[nodiscard]] double loss() const { return count ? loss_sum / double(count) : 0.0; }
+  [[nodiscard]] double accuracy() const { return count ? double(correct) / double(count) : 0.0; }
+};
+
+}  // namespace fusedp

@@ -1,0 +1,87 @@
+#pragma once
+// BucketReducer<Policy, Plan>: the one place where the reduce policy becomes collectives. Each replica
+// holds one; it walks the compile-time bucket plan as backward completes stages (Overlap: a bucket is
+// reduced, or queued, as soon as backward has finished it) and reduces what is left after backward, over
+// any GradientChannel: replicas of this process, MPI ranks, NCCL devices. Per bucket:
+//   Deterministic     all-gather every replica's values, sum in rank order (kernels/rank_order_sum.hpp):
+//                     the same bits whatever the communicator's own algorithm
+//   Compress<bf16>    pack to bfloat16, sum in bfloat16, unpack
+//   ReduceBroadcast   sum into the root only (the root steps and broadcasts the parameters)
+//   otherwise         sum in place on every replica
+// ReduceScatter (ZeRO-1) without Deterministic or Compress skips the buckets: one reduce-scatter of the
+// whole buffer after backward leaves each replica the sum of the block it updates.
+#include "fusedp/core/config.hpp"
+#include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/gradient_channel.hpp"
+#include "fusedp/parallel/policy.hpp"
+#include "fusedp/parallel/shards.hpp"
+
+#include <array>
+#include <cstddef>
+
+namespace fusedp::parallel {
+
+/// Reduces one replica's flat gradient as the policy says, bucket by bucket.
+/// @tparam Policy a parallel::Policy<...>
+/// @tparam Plan the BucketPlan of the network
+template <class Policy, class Plan>
+class BucketReducer {
+ public:
+  /// ZeRO-1 with a plain sum: one reduce-scatter after backward instead of the buckets.
+  static constexpr bool whole_reduce_scatter =
+      Policy::reduce_kind == detail::ReduceKind::reduce_scatter && !Policy::deterministic && !Policy::compress;
+
+  /// Before backward starts: no bucket is reduced yet.
+  void begin() noexcept { done_.fill(false); }
+
+  /// Backward has finished (Cuda: queued) stage `stage`: with Overlap, the buckets it completes are reduced.
+  template <GradientChannel C>
+  void stage_done(C& channel, float* grads, std::size_t stage) {
+    if constexpr (Policy::overlap && !whole_reduce_scatter) {
+      for (std::size_t b = 0; b < Plan::count; ++b)
+        if (Plan::buckets[b].ready_after == stage && !done_[b]) reduce(channel, grads, b, true);
+    }
+  }
+
+  /// After backward: reduces what is left and waits for what was started (Cuda: queues it).
+  template <GradientChannel C>
+  void finish(C& channel, float* grads, const ZeroLayout& zero) {
+    if constexpr (whole_reduce_scatter) {
+      channel.before_reduction();
+      channel.reduce_scatter_sum(grads, zero);
+    } else {
+      for (std::size_t b = 0; b < Plan::count; ++b)
+        if (!done_[b]) reduce(channel, grads, b, false);
+    }
+    channel.finish_started();
+  }
+
+ private:
+  template <GradientChannel C>
+  void reduce(C& channel, float* grads, std::size_t b, bool may_start) {
+    float* g = grads + Plan::buckets[b].begin;
+    const std::size_t n = Plan::buckets[b].end - Plan::buckets[b].begin;
+    channel.before_reduction();
+    if constexpr (Policy::deterministic) {
+      float* all = channel.gathered(n * std::size_t(channel.size()));
+      channel.all_gather(g, all, n);
+      channel.template sum_in_rank_order<Policy::compress>(all, g, n);
+    } else if constexpr (Policy::compress) {
+      std::uint16_t* h = channel.packed(n);
+      channel.pack_bf16(g, h, n);
+      channel.all_reduce_sum_bf16(h, n);
+      channel.unpack_bf16(h, g, n);
+    } else if constexpr (Policy::reduce_kind == detail::ReduceKind::reduce_broadcast) {
+      channel.reduce_sum(g, n, 0);
+    } else if (may_start) {
+      channel.start_all_reduce_sum(g, n);
+    } else {
+      channel.all_reduce_sum(g, n);
+    }
+    done_[b] = true;
+  }
+
+  std::array<bool, Plan::count> done_{};
+};
+
+}  // namespace fusedp::parallel
