@@ -5,6 +5,8 @@
 //   train_step_bench --net lenet --batch 64 --threads 2 --steps 200
 #include <fusedp/fusedp.hpp>
 
+#include "../tests/support/seed_networks.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -15,12 +17,8 @@
 
 namespace fp = fusedp;
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
-using CifarCnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
-                                fp::Conv2d<128, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten,
-                                fp::Linear<1024>, fp::ReLU, fp::Linear<10>>;
+using LeNet = seed_networks::LeNet;
+using CifarCnn = seed_networks::CifarCnn;
 
 // Multiply-adds per sample of one forward pass through the conv and linear layers; a train step does
 // three times as many (forward, input gradient, weight gradient), less the first layer's input gradient.

@@ -5,6 +5,8 @@
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
 #include "gpu_test.hpp"
 
+#include "../support/seed_networks.hpp"
+
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -17,9 +19,7 @@ namespace {
 using Smooth = fp::Sequential<fp::Input<3, 12, 12>, fp::Conv2d<8, 3, 1, 1>, fp::Tanh, fp::AvgPool2d<2>,
                               fp::Conv2d<12, 3>, fp::GELU, fp::Flatten, fp::Linear<40>, fp::Tanh, fp::Linear<30>,
                               fp::Sigmoid, fp::Linear<10>>;
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
+using LeNet = seed_networks::LeNet;
 using Mlp = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
                            fp::Linear<64>>;
 

@@ -16,6 +16,8 @@
 #include <fusedp/net/sequential.hpp>
 #include <fusedp/optim/sgd.hpp>
 
+#include "../support/seed_networks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,9 +29,7 @@ namespace fp = fusedp;
 
 namespace {
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
+using LeNet = seed_networks::LeNet;
 using Model = fp::Model<LeNet, fp::Host>;
 static_assert(Model::input_size == 784 && Model::output_size == 10);
 

@@ -6,8 +6,10 @@
 #include <fusedp/fusedp.hpp>
 #include <fusedp/parallel/parallel.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace fp = fusedp;
@@ -170,4 +172,46 @@ TEST_CASE("evaluation counts every sample once and matches one model") {
   CHECK(g.count == 17);
   CHECK(g.loss() == doctest::Approx(e.loss).epsilon(1e-6));
   CHECK(g.correct == fp::count_correct(e.outputs, std::span<const std::int32_t>(b.y)));
+}
+
+namespace {
+// SoftmaxCrossEntropy, except that the replica whose shard has `fail_at` samples throws: one replica
+// fails while the others go on into the step's collectives.
+struct FailingLoss : fp::SoftmaxCrossEntropy {
+  std::size_t fail_at;
+  template <class T>
+  T operator()(const fp::Host& h, std::size_t batch, std::size_t classes, const T* logits, const std::int32_t* labels,
+               T* dlogits) const {
+    if (batch == fail_at && dlogits != nullptr) throw std::runtime_error("the loss of one replica failed");
+    return fp::SoftmaxCrossEntropy::operator()(h, batch, classes, logits, labels, dlogits);
+  }
+};
+
+template <class P>
+void check_one_replica_fails() {
+  P dp{fp::replicas(3, 1), fp::seed(3)};
+  const Batch b = batch_of(10, 0);  // shards of 4, 3 and 3 samples
+  const Batch even = batch_of(9, 1);
+  // Replicas 1 and 2 fail; replica 0 waits for them in its first collective and must be released.
+  CHECK_THROWS_WITH(dp.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), FailingLoss{{}, 3},
+                                  sgd),
+                    "the loss of one replica failed");
+  // Replica 0 alone fails; the others are released, and the original error is the one reported.
+  CHECK_THROWS_WITH(dp.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), FailingLoss{{}, 4},
+                                  sgd),
+                    "the loss of one replica failed");
+  // The group is usable again: a normal step runs on every replica and keeps them equal.
+  const float l = dp.train_step(std::span<const float>(even.x), std::span<const std::int32_t>(even.y),
+                                fp::SoftmaxCrossEntropy{}, sgd);
+  CHECK(std::isfinite(l));
+  for (std::size_t r = 1; r < dp.local_replicas(); ++r)
+    CHECK(std::equal(dp.model(0).params().begin(), dp.model(0).params().end(), dp.model(r).params().begin()));
+}
+}  // namespace
+
+TEST_CASE("a replica that fails during a step makes the step throw its error on the caller, never hang") {
+  check_one_replica_fails<fp::Parallel<Net, fp::Host>>();
+  check_one_replica_fails<fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<256>>>();
+  check_one_replica_fails<fp::Parallel<Net, fp::Host, fp::Deterministic, fp::reduce::ReduceScatter<>>>();
+  check_one_replica_fails<fp::Parallel<Net, fp::Host, fp::reduce::ReduceBroadcast<>>>();
 }

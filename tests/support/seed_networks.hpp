@@ -3,7 +3,13 @@
 // of width W and an output layer of width W). The examples spell their networks out, for the reader.
 #pragma once
 
-#include <fusedp/fusedp.hpp>
+#include <fusedp/layers/activation.hpp>
+#include <fusedp/layers/conv2d.hpp>
+#include <fusedp/layers/flatten.hpp>
+#include <fusedp/layers/input.hpp>
+#include <fusedp/layers/linear.hpp>
+#include <fusedp/layers/pooling.hpp>
+#include <fusedp/net/sequential.hpp>
 
 namespace seed_networks {
 

@@ -7,15 +7,15 @@
 #include <fusedp/data/idx.hpp>
 #include <fusedp/fusedp.hpp>
 
+#include "../support/seed_networks.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
 
 namespace fp = fusedp;
 
-using LeNet = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<6, 5>, fp::ReLU, fp::MaxPool2d<2>, fp::Conv2d<16, 3>,
-                             fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<120>, fp::ReLU, fp::Linear<60>,
-                             fp::ReLU, fp::Linear<10>>;
+using LeNet = seed_networks::LeNet;
 
 TEST_CASE("LeNet learns Fashion-MNIST in one epoch") {
   const std::string dir = "/usr/share/datasets/fashion-mnist";

@@ -20,7 +20,8 @@
 //     of narrow Linear layers as one fused MLP kernel.
 // What it shares with the Host model is written once: the parameters, gradients, optimizer state,
 // counters and the step decision (net/parameter_store.hpp), and the workspace with every stage's
-// binding (net/stage_binding.hpp). Its own pieces live where they belong: pinned staging of host data
+// binding (net/stage_binding.hpp); the fused groups run through net/cuda_groups.hpp. Its own pieces
+// live where they belong: pinned staging of host data
 // (exec/cuda_staging.hpp), the graph cache (exec/cuda_graph.hpp), the loss result
 // (kernels/cuda/loss.cuh), gradient statistics (kernels/cuda/gradient.cuh).
 // Parameters are initialized on the host with the same Philox numbers as on Host, then copied, so a
@@ -37,9 +38,9 @@
 #include "fusedp/exec/cuda_staging.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
 #include "fusedp/kernels/cuda/loss.cuh"
-#include "fusedp/kernels/cuda/mlp.cuh"
 #include "fusedp/kernels/cuda/optimizer.cuh"
 #include "fusedp/layers/conv2d.hpp"
+#include "fusedp/net/cuda_groups.hpp"
 #include "fusedp/net/cuda_plan.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
@@ -61,16 +62,6 @@ constexpr bool cuda_graph_safe() {
   if constexpr (requires { L::cuda_graph_safe; }) return L::cuda_graph_safe;
   else return true;
 }
-
-// The fused-MLP description of stages [First, First + sizeof...(L)) of Net.
-template <class Net, std::size_t First, class Seq>
-struct mlp_spec_of;
-template <class Net, std::size_t First, std::size_t... L>
-struct mlp_spec_of<Net, First, std::index_sequence<L...>> {
-  using type = kernels::cuda::MlpSpec<kernels::cuda::MlpLayer<int(Net::template stage<First + L>::in::size),
-                                                              int(Net::template stage<First + L>::out::size),
-                                                              typename Net::template stage<First + L>::epilogue>...>;
-};
 
 // What a recorded training step depends on: replaying it is right only while all of these are unchanged.
 struct StepGraphKey {
@@ -290,7 +281,7 @@ class Model<Net, CudaSpace<P>, T> {
     space_.synchronize();  // nothing in flight may use what is freed below
     graphs_.clear();
     binding_.reserve(batch, batch * plan::mlp_gradient_elements);
-    scratch_ = buffer<float>(scratch_elements(batch));
+    scratch_ = buffer<float>(CudaGroups<Net, P>::scratch_elements(space_, batch));
     loss_.allocate(batch);
     staging_.allocate(batch * input_size, batch * target_bytes, batch * output_size);
   }
@@ -442,157 +433,12 @@ class Model<Net, CudaSpace<P>, T> {
     }
   }
 
-  std::size_t scratch_elements(std::size_t batch) const {
-    std::size_t most = 0;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            using S = typename Net::template stage<I>;
-            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, space_); })
-              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, space_));
-          }(),
-          ...);
-    }(std::make_index_sequence<Net::stage_count>{});
-    [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (
-          [&] {
-            using Gr = typename plan::template group<G>;
-            if constexpr (Gr::kind == CudaGroupKind::mlp)
-              most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), space_.sm_count()));
-          }(),
-          ...);
-    }(std::make_index_sequence<plan::group_count>{});
-    return most;
-  }
-
-  // Per-layer dz of a fused MLP group, after everything the Host plan places.
-  T* mlp_gradients() { return binding_.tail(); }
-  // The argmax bytes of a fused conv + max-pool live in the conv's own output region, which the fused
-  // kernel does not otherwise write (Out*OH*OW floats per sample hold Out*(OH/K)*(OW/K) bytes).
-  template <std::size_t I>
-  std::uint8_t* argmax_of(const T* x, std::size_t batch) {
-    return reinterpret_cast<std::uint8_t*>(binding_.template output_of<I>(x, batch));
-  }
-  template <std::size_t I>
-  StageArgs<space_type, T> args_of(const T* x, std::size_t batch, bool training) {
-    return binding_.template args_of<I>(space_, store_, x, batch, training, scratch_.data());
-  }
-
-  template <class Gr>
-  using mlp_spec = typename detail::mlp_spec_of<Net, Gr::first, std::make_index_sequence<Gr::last - Gr::first + 1>>::type;
-
-  // --- forward ----------------------------------------------------------------------------------
-
-  void forward_pass(const T* x, std::size_t batch, bool training) {
-    [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (forward_group<typename plan::template group<G>>(x, batch, training), ...);
-    }(std::make_index_sequence<plan::group_count>{});
-  }
-
-  template <std::size_t... I>
-  void forward_stages(const T* x, std::size_t batch, bool training, std::index_sequence<I...>) {
-    (binding_.template forward_stage<I>(space_, store_, x, batch, training, scratch_.data()), ...);
-  }
-
-  template <class Gr>
-  void forward_group(const T* x, std::size_t batch, bool training) {
-    if constexpr (Gr::kind == CudaGroupKind::stage) {
-      forward_stages(x, batch, training, std::index_sequence<Gr::first>{});
-    } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
-      using S = typename Net::template stage<Gr::first>;
-      constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
-      S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k>(
-          args_of<Gr::first>(x, batch, training), binding_.template output_of<Gr::first + 1>(x, batch),
-          argmax_of<Gr::first>(x, batch));
-    } else {
-      if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space_)) {
-        [&]<std::size_t... L>(std::index_sequence<L...>) {
-          forward_stages(x, batch, training, std::index_sequence<Gr::first + L...>{});
-        }(std::make_index_sequence<Gr::last - Gr::first + 1>{});
-        return;
-      }
-      kernels::cuda::mlp_forward<mlp_spec<Gr>>(space_, mlp_args<Gr>(x, batch, nullptr, nullptr));
-    }
-  }
-
-  template <class Gr>
-  kernels::cuda::MlpArgs<int(Gr::last - Gr::first + 1)> mlp_args(const T* x, std::size_t batch, const T* dy, T* dx) {
-    constexpr int n = int(Gr::last - Gr::first + 1);
-    kernels::cuda::MlpArgs<n> a{};
-    a.batch = int(batch);
-    a.x = binding_.template input_of<Gr::first>(x, batch);
-    a.dy = dy;
-    a.dx = dx;
-    std::size_t dz_offset = 0;
-    T* params = store_.params().data();
-    [&]<std::size_t... L>(std::index_sequence<L...>) {
-      (
-          [&] {
-            constexpr StagePlan p = Net::stage_plan[Gr::first + L];
-            a.w[L] = params + p.weight;
-            a.b[L] = params + p.bias;
-            a.y[L] = binding_.template output_of<Gr::first + L>(x, batch);
-            a.dz[L] = mlp_gradients() + dz_offset * batch;
-            dz_offset += align_elements(Net::template stage<Gr::first + L>::out::size);
-          }(),
-          ...);
-    }(std::make_index_sequence<std::size_t(n)>{});
-    return a;
-  }
-
-  // --- backward ---------------------------------------------------------------------------------
-
+  // How the plan's groups run over this model's store, workspace and scratch (net/cuda_groups.hpp).
+  CudaGroups<Net, P> groups() { return {space_, store_, binding_, scratch_.data()}; }
+  void forward_pass(const T* x, std::size_t batch, bool training) { groups().forward(x, batch, training); }
   template <class StageDone>
   void backward_pass(const T* x, std::size_t batch, StageDone& on_stage_done) {
-    int current = 0;
-    [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (backward_group<typename plan::template group<plan::group_count - 1 - G>>(x, batch, current, on_stage_done), ...);
-    }(std::make_index_sequence<plan::group_count>{});
-  }
-
-  template <class StageDone, std::size_t... I>
-  void backward_stages(const T* x, std::size_t batch, int& current, StageDone& on_stage_done, std::index_sequence<I...>) {
-    (binding_.template backward_stage<I>(space_, store_, x, batch, current, on_stage_done, scratch_.data()), ...);
-  }
-
-  template <class Gr, class StageDone>
-  void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
-    if constexpr (Gr::kind == CudaGroupKind::stage) {
-      backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::first>{});
-    } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
-      using S = typename Net::template stage<Gr::first>;
-      constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
-      StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
-      a.dx = Gr::first > 0 ? binding_.gradient_buffer(1 - current, batch) : nullptr;
-      S::layer::template backward_maxpool<typename S::in, typename S::epilogue, k>(
-          a, binding_.gradient_buffer(current, batch), binding_.template output_of<Gr::first + 1>(x, batch),
-          argmax_of<Gr::first>(x, batch));
-      current = 1 - current;
-      on_stage_done(Gr::first + 1);
-      on_stage_done(Gr::first);
-    } else {
-      constexpr std::size_t n = Gr::last - Gr::first + 1;
-      if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space_)) {
-        [&]<std::size_t... L>(std::index_sequence<L...>) {
-          backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::last - L...>{});
-        }(std::make_index_sequence<n>{});
-        return;
-      }
-      T* dx = Gr::first > 0 ? binding_.gradient_buffer(1 - current, batch) : nullptr;
-      const auto args = mlp_args<Gr>(x, batch, binding_.gradient_buffer(current, batch), dx);
-      float* dw[n];
-      float* db[n];
-      T* grads = store_.grads().data();
-      [&]<std::size_t... L>(std::index_sequence<L...>) {
-        ((dw[L] = grads + Net::stage_plan[Gr::first + L].weight, db[L] = grads + Net::stage_plan[Gr::first + L].bias),
-         ...);
-      }(std::make_index_sequence<n>{});
-      kernels::cuda::mlp_backward<mlp_spec<Gr>>(space_, args, dw, db, scratch_.data());
-      current = 1 - current;
-      [&]<std::size_t... L>(std::index_sequence<L...>) {
-        (on_stage_done(Gr::last - L), ...);
-      }(std::make_index_sequence<n>{});
-    }
+    groups().backward(x, batch, on_stage_done);
   }
 
   space_type space_;

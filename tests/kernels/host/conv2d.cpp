@@ -21,7 +21,7 @@ namespace {
 
 using kernel_test::value;
 
-fp::kernels::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
+k::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
   return {c, h, w, kernel, stride, pad, o, (h + 2 * pad - kernel) / stride + 1, (w + 2 * pad - kernel) / stride + 1};
 }
 
@@ -38,7 +38,7 @@ struct Mismatches {
 };
 
 template <class Epi, class T>
-void check_conv(const fp::kernels::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
+void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
   CAPTURE(g.in_channels);
   CAPTURE(g.in_h);
   CAPTURE(g.in_w);
@@ -127,7 +127,7 @@ void check_conv(const fp::kernels::ConvGeometry& g, std::size_t batch, int threa
   CHECK(grad.bad == 0);
 }
 
-const fp::kernels::ConvGeometry geometries[] = {
+const k::ConvGeometry geometries[] = {
     geometry(1, 28, 28, 5, 1, 0, 6),    // LeNet conv1
     geometry(6, 12, 12, 3, 1, 0, 16),   // LeNet conv2
     geometry(3, 32, 32, 3, 1, 1, 64),   // CIFAR conv1

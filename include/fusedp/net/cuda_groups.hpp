@@ -1,0 +1,206 @@
+#pragma once
+// CudaGroups<Net, P>: how the groups of CudaPlan<Net, P> (net/cuda_plan.hpp) run on one device over a
+// model's parameter store and stage binding: a plain stage through its layer's Cuda overloads (the
+// StageBinding the Host model uses), conv + max-pooling as one fused kernel writing the pooled values
+// and a one-byte argmax, a run of narrow Linear layers as one fused MLP kernel forward and one
+// backward (or stage by stage where the device cannot run it). Made on the fly by Model<Net, Cuda>
+// for each pass; it owns nothing.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/mlp.cuh"
+#include "fusedp/layers/conv2d.hpp"
+#include "fusedp/net/cuda_plan.hpp"
+#include "fusedp/net/parameter_store.hpp"
+#include "fusedp/net/sequential.hpp"
+#include "fusedp/net/stage_binding.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace fusedp {
+
+namespace detail {
+// The fused-MLP description of stages [First, First + sizeof...(L)) of Net.
+template <class Net, std::size_t First, class Seq>
+struct mlp_spec_of;
+template <class Net, std::size_t First, std::size_t... L>
+struct mlp_spec_of<Net, First, std::index_sequence<L...>> {
+  using type = kernels::cuda::MlpSpec<kernels::cuda::MlpLayer<int(Net::template stage<First + L>::in::size),
+                                                              int(Net::template stage<First + L>::out::size),
+                                                              typename Net::template stage<First + L>::epilogue>...>;
+};
+}  // namespace detail
+
+/// The groups of Net's Cuda plan, bound to one model's memory.
+/// @tparam Net a Sequential<...>
+/// @tparam P the precision policy of the space
+template <Network Net, class P>
+struct CudaGroups {
+  using T = float;
+  using space_type = CudaSpace<P>;
+  using plan = CudaPlan<Net, P>;
+  template <class Gr>
+  using mlp_spec = typename detail::mlp_spec_of<Net, Gr::first, std::make_index_sequence<Gr::last - Gr::first + 1>>::type;
+
+  const space_type& space;
+  ParameterStore<Net, space_type, T>& store;
+  StageBinding<Net, space_type, T>& binding;
+  T* scratch;
+
+  /// Scratch floats the stages and fused groups need at `batch` (the largest of them).
+  static std::size_t scratch_elements(const space_type& space, std::size_t batch) {
+    std::size_t most = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using S = typename Net::template stage<I>;
+            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, space); })
+              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, space));
+          }(),
+          ...);
+    }(std::make_index_sequence<Net::stage_count>{});
+    [&]<std::size_t... G>(std::index_sequence<G...>) {
+      (
+          [&] {
+            using Gr = typename plan::template group<G>;
+            if constexpr (Gr::kind == CudaGroupKind::mlp)
+              most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), space.sm_count()));
+          }(),
+          ...);
+    }(std::make_index_sequence<plan::group_count>{});
+    return most;
+  }
+
+  // Per-layer dz of a fused MLP group, after everything the Host plan places.
+  T* mlp_gradients() { return binding.tail(); }
+  // The argmax bytes of a fused conv + max-pool live in the conv's own output region, which the fused
+  // kernel does not otherwise write (Out*OH*OW floats per sample hold Out*(OH/K)*(OW/K) bytes).
+  template <std::size_t I>
+  std::uint8_t* argmax_of(const T* x, std::size_t batch) {
+    return reinterpret_cast<std::uint8_t*>(binding.template output_of<I>(x, batch));
+  }
+  template <std::size_t I>
+  StageArgs<space_type, T> args_of(const T* x, std::size_t batch, bool training) {
+    return binding.template args_of<I>(space, store, x, batch, training, scratch);
+  }
+
+  /// Runs every group forward.
+  void forward(const T* x, std::size_t batch, bool training) {
+    [&]<std::size_t... G>(std::index_sequence<G...>) {
+      (forward_group<typename plan::template group<G>>(x, batch, training), ...);
+    }(std::make_index_sequence<plan::group_count>{});
+  }
+
+  template <std::size_t... I>
+  void forward_stages(const T* x, std::size_t batch, bool training, std::index_sequence<I...>) {
+    (binding.template forward_stage<I>(space, store, x, batch, training, scratch), ...);
+  }
+
+  template <class Gr>
+  void forward_group(const T* x, std::size_t batch, bool training) {
+    if constexpr (Gr::kind == CudaGroupKind::stage) {
+      forward_stages(x, batch, training, std::index_sequence<Gr::first>{});
+    } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+      using S = typename Net::template stage<Gr::first>;
+      constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
+      S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k>(
+          args_of<Gr::first>(x, batch, training), binding.template output_of<Gr::first + 1>(x, batch),
+          argmax_of<Gr::first>(x, batch));
+    } else {
+      if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
+        [&]<std::size_t... L>(std::index_sequence<L...>) {
+          forward_stages(x, batch, training, std::index_sequence<Gr::first + L...>{});
+        }(std::make_index_sequence<Gr::last - Gr::first + 1>{});
+        return;
+      }
+      kernels::cuda::mlp_forward<mlp_spec<Gr>>(space, mlp_args<Gr>(x, batch, nullptr, nullptr));
+    }
+  }
+
+  template <class Gr>
+  kernels::cuda::MlpArgs<int(Gr::last - Gr::first + 1)> mlp_args(const T* x, std::size_t batch, const T* dy, T* dx) {
+    constexpr int n = int(Gr::last - Gr::first + 1);
+    kernels::cuda::MlpArgs<n> a{};
+    a.batch = int(batch);
+    a.x = binding.template input_of<Gr::first>(x, batch);
+    a.dy = dy;
+    a.dx = dx;
+    std::size_t dz_offset = 0;
+    T* params = store.params().data();
+    [&]<std::size_t... L>(std::index_sequence<L...>) {
+      (
+          [&] {
+            constexpr StagePlan p = Net::stage_plan[Gr::first + L];
+            a.w[L] = params + p.weight;
+            a.b[L] = params + p.bias;
+            a.y[L] = binding.template output_of<Gr::first + L>(x, batch);
+            a.dz[L] = mlp_gradients() + dz_offset * batch;
+            dz_offset += align_elements(Net::template stage<Gr::first + L>::out::size);
+          }(),
+          ...);
+    }(std::make_index_sequence<std::size_t(n)>{});
+    return a;
+  }
+
+  /// Runs every group backward, last first, from the loss gradient in gradient buffer 0; tells
+  /// `on_stage_done(i)` when stage i's gradients are queued.
+  template <class StageDone>
+  void backward(const T* x, std::size_t batch, StageDone& on_stage_done) {
+    int current = 0;
+    [&]<std::size_t... G>(std::index_sequence<G...>) {
+      (backward_group<typename plan::template group<plan::group_count - 1 - G>>(x, batch, current, on_stage_done), ...);
+    }(std::make_index_sequence<plan::group_count>{});
+  }
+
+  template <class StageDone, std::size_t... I>
+  void backward_stages(const T* x, std::size_t batch, int& current, StageDone& on_stage_done, std::index_sequence<I...>) {
+    (binding.template backward_stage<I>(space, store, x, batch, current, on_stage_done, scratch), ...);
+  }
+
+  template <class Gr, class StageDone>
+  void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
+    if constexpr (Gr::kind == CudaGroupKind::stage) {
+      backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::first>{});
+    } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+      using S = typename Net::template stage<Gr::first>;
+      constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
+      StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
+      a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+      S::layer::template backward_maxpool<typename S::in, typename S::epilogue, k>(
+          a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
+          argmax_of<Gr::first>(x, batch));
+      current = 1 - current;
+      on_stage_done(Gr::first + 1);
+      on_stage_done(Gr::first);
+    } else {
+      constexpr std::size_t n = Gr::last - Gr::first + 1;
+      if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
+        [&]<std::size_t... L>(std::index_sequence<L...>) {
+          backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::last - L...>{});
+        }(std::make_index_sequence<n>{});
+        return;
+      }
+      T* dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+      const auto args = mlp_args<Gr>(x, batch, binding.gradient_buffer(current, batch), dx);
+      float* dw[n];
+      float* db[n];
+      T* grads = store.grads().data();
+      [&]<std::size_t... L>(std::index_sequence<L...>) {
+        ((dw[L] = grads + Net::stage_plan[Gr::first + L].weight, db[L] = grads + Net::stage_plan[Gr::first + L].bias),
+         ...);
+      }(std::make_index_sequence<n>{});
+      kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch);
+      current = 1 - current;
+      [&]<std::size_t... L>(std::index_sequence<L...>) {
+        (on_stage_done(Gr::last - L), ...);
+      }(std::make_index_sequence<n>{});
+    }
+  }
+};
+
+}  // namespace fusedp
+#endif  // FUSEDP_HAS_CUDA
