@@ -11,7 +11,9 @@
 
 #include <fusedp/data/device_loader.hpp>
 #include <fusedp/data/loader.hpp>
+#include <fusedp/exec/peak.hpp>
 #include <fusedp/fusedp.hpp>
+#include <fusedp/net/cost.hpp>
 #include <fusedp/parallel/parallel.hpp>
 #include <fusedp/train/checkpoint.hpp>
 #include <fusedp/train/metrics.hpp>
@@ -60,6 +62,7 @@ struct TrainFlags {
   std::string metrics;     // JSON lines, one per epoch
   std::string checkpoint;  // folder written after every epoch
   std::string resume;      // folder to continue from
+  double peak_gflops = 0;  // the machines' peak for utilization (0: measured on the CPU, from the GPU's data)
 };
 
 inline void add_training_flags(CLI::App& app, TrainFlags& f) {
@@ -84,6 +87,10 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "save weights (model.safetensors, loadable by PyTorch) and training state into this folder after "
                  "every epoch");
   app.add_option("--resume", f.resume, "continue the run saved in this checkpoint folder");
+  app.add_option("--peak-gflops", f.peak_gflops,
+                 "the peak GFLOP/s of all the processors the run uses, the denominator of the utilization printed "
+                 "per epoch (default: the CPU's FMA rate, measured at start, or the GPU's tensor-core rate)")
+      ->check(CLI::Range(0.0, 1e9));
 }
 
 /// Parses the command line and runs `body`. Help exits 0; a bad flag prints CLI11's message and exits 1;
@@ -346,6 +353,39 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
 #endif
 }
 
+/// The peak FLOP/s of every processor the run uses, all ranks together: --peak-gflops, or each process's
+/// own (its CPU threads' FMA rate measured now, or its GPUs' dense rate at their precision) added up
+/// over the ranks. 0 when unknown.
+template <class Trainer>
+double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
+  if (f.peak_gflops > 0) return f.peak_gflops * 1e9;
+  double mine = 0;
+  int threads = 0;
+  for_each_model(trainer, [&](auto& m) {
+    if constexpr (on_gpu<Trainer>) {
+#if FUSEDP_HAS_CUDA
+      mine += fp::cuda_peak_flops(m.space());
+#endif
+    } else {
+      threads += m.space().threads();
+    }
+  });
+  if (threads > 0) mine = fp::measure_host_peak_flops(threads);
+  // A sum of doubles over the ranks, through the evaluation sums' collective.
+  if constexpr (requires { trainer.sum_over_ranks(fp::GlobalEvaluation{}); })
+    return trainer.sum_over_ranks(fp::GlobalEvaluation{mine, 0, 0}).loss_sum;
+  return mine;
+}
+
+/// Achieved model FLOP/s and their share of the peak, for the epoch lines.
+inline std::string utilization(double flops, double seconds, double peak) {
+  char text[96];
+  const double rate = seconds > 0 ? flops / seconds : 0.0;
+  if (peak > 0) std::snprintf(text, sizeof text, "  %.1f GFLOP/s (%.1f%% of peak)", rate / 1e9, 100 * rate / peak);
+  else std::snprintf(text, sizeof text, "  %.1f GFLOP/s", rate / 1e9);
+  return text;
+}
+
 /// Mean loss over a dataset, and the accuracy for classification.
 struct Evaluation {
   double loss = 0;
@@ -460,6 +500,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
                                 " here); start every rank with the same data and flags");
   }
   const double world = double(launch.world());
+  using Net = typename std::remove_reference_t<decltype(model_of(trainer))>::network;
+  const double peak = run_peak_flops(trainer, f);
   double total_seconds = 0, total_samples = 0;
   Evaluation result;
   for (std::uint64_t epoch = first_epoch; epoch <= std::uint64_t(f.epochs); ++epoch) {
@@ -484,16 +526,18 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     seen = std::size_t(double(seen) * world);  // every rank trained on as many samples
     total_samples += double(seen);
     result = evaluate(trainer, test, loss);
-    char line[256];
+    const double flops = fp::CostModel<Net>::train_flops * double(seen);  // model FLOPs of the epoch's steps
+    const std::string used = utilization(flops, seconds, peak);
+    char line[320];
     if (result.accuracy)
       std::snprintf(line, sizeof line,
-                    "epoch %llu/%d  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f images/s  %.1fs",
+                    "epoch %llu/%d  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f images/s%s  %.1fs",
                     static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, 100 * *result.accuracy,
-                    double(seen) / seconds, seconds);
+                    double(seen) / seconds, used.c_str(), seconds);
     else
-      std::snprintf(line, sizeof line, "epoch %llu/%d  train loss %.6f  test loss %.6f  %.0f samples/s  %.1fs",
+      std::snprintf(line, sizeof line, "epoch %llu/%d  train loss %.6f  test loss %.6f  %.0f samples/s%s  %.1fs",
                     static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, double(seen) / seconds,
-                    seconds);
+                    used.c_str(), seconds);
     if (root) progress.finish(line);
     if (result.accuracy)
       metrics.write({{"epoch", static_cast<long long>(epoch)},
@@ -501,12 +545,16 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
                      {"test_loss", result.loss},
                      {"test_accuracy", *result.accuracy},
                      {"images_per_s", double(seen) / seconds},
+                     {"train_gflops", flops / seconds / 1e9},
+                     {"mfu", peak > 0 ? flops / seconds / peak : 0.0},
                      {"seconds", seconds}});
     else
       metrics.write({{"epoch", static_cast<long long>(epoch)},
                      {"train_loss", train_loss},
                      {"test_loss", result.loss},
                      {"samples_per_s", double(seen) / seconds},
+                     {"train_gflops", flops / seconds / 1e9},
+                     {"mfu", peak > 0 ? flops / seconds / peak : 0.0},
                      {"seconds", seconds}});
     if (root && !f.checkpoint.empty()) {
       ft::TrainingState s;

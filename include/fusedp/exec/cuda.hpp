@@ -25,6 +25,8 @@ struct Bf16 {
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
+#include "fusedp/exec/cuda_check.hpp"
+#include "fusedp/exec/cuda_event.hpp"
 
 #include <cuda_runtime.h>
 
@@ -36,44 +38,6 @@ struct Bf16 {
 #include <utility>
 
 namespace fusedp {
-
-namespace detail {
-inline void cuda_check(cudaError_t code, const char* call) {
-  if (code != cudaSuccess) {
-    std::string message = cudaGetErrorString(code);
-    if (code == cudaErrorNoKernelImageForDevice || code == cudaErrorUnsupportedPtxVersion ||
-        code == cudaErrorInvalidDeviceFunction)
-      message += " (this build does not target the device's architecture: set CMAKE_CUDA_ARCHITECTURES)";
-    if (code == cudaErrorInsufficientDriver) message += " (no NVIDIA driver is loaded, or it is older than this CUDA runtime)";
-    if (code == cudaErrorMemoryAllocation) message += " (out of device memory)";
-    throw DeviceError(call, int(code), message);
-  }
-}
-
-// Architectures this translation unit was compiled for, as nvcc lists them (e.g. "800,900"; the
-// list holds commas, hence the variadic stringizing).
-#if defined(__CUDA_ARCH_LIST__)
-#define FUSEDP_DETAIL_STR2(...) #__VA_ARGS__
-#define FUSEDP_DETAIL_STR(...) FUSEDP_DETAIL_STR2(__VA_ARGS__)
-inline constexpr const char* built_architectures = FUSEDP_DETAIL_STR(__CUDA_ARCH_LIST__);
-#undef FUSEDP_DETAIL_STR
-#undef FUSEDP_DETAIL_STR2
-#else
-inline constexpr const char* built_architectures = "unknown";
-#endif
-
-// An empty kernel: whether the device can load it tells whether this build targets the device.
-template <int = 0>
-__global__ void probe_kernel() {}
-}  // namespace detail
-
-/// Checks a CUDA runtime call; a failure throws DeviceError naming the call, the code and the reason.
-#define FUSEDP_CUDA_CHECK(call) ::fusedp::detail::cuda_check((call), #call)
-
-/// Checks the launch just made with <<<...>>> (bad configuration, too much shared memory, no kernel
-/// image for the device); `what` names the kernel. Asynchronous faults surface at the next checked
-/// synchronization.
-#define FUSEDP_CUDA_CHECK_LAUNCH(what) ::fusedp::detail::cuda_check(cudaGetLastError(), "launch of " what)
 
 /// Owning device memory on the current device. Move-only; zeroed on allocation. Running out of memory
 /// throws DeviceError with the size asked for and the memory free on the device.
@@ -253,9 +217,7 @@ struct CudaSpace {
     sm_count_ = prop.multiProcessorCount;
     shared_optin_ = std::size_t(prop.sharedMemPerBlockOptin);
     arch_ = prop.major * 10 + prop.minor;
-    cudaStream_t s = nullptr;
-    FUSEDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    stream_ = std::shared_ptr<CUstream_st>(s, [](cudaStream_t p) { cudaStreamDestroy(p); });
+    stream_ = CudaStream::make().shared();
   }
 
   /// The same device and stream with another precision policy.

@@ -4,7 +4,7 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
-#include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/cuda_check.hpp"
 
 #include <cuda_runtime.h>
 

@@ -286,16 +286,16 @@ class Model<Net, CudaSpace<P>, T> {
     staging_.allocate(batch * input_size, batch * target_bytes, batch * output_size);
   }
 
-  /// The flat parameter buffer on the device (padding included; see Net::param_layout).
+  // Device memory: the views below are of the device's buffers (copy_*_to_host reads them).
+  /// The flat parameter buffer (padding included; see Net::param_layout) and its gradient twin.
   [[nodiscard]] std::span<T> params() noexcept { return store_.params(); }
-  [[nodiscard]] std::span<const T> params() const noexcept { return store_.params(); }
-  /// The gradient twin of params(), on the device.
   [[nodiscard]] std::span<T> grads() noexcept { return store_.grads(); }
+  [[nodiscard]] std::span<const T> params() const noexcept { return store_.params(); }
   [[nodiscard]] std::span<const T> grads() const noexcept { return store_.grads(); }
-  /// Parameter tensor `i` of Net::param_layout, on the device.
+  /// Parameter tensor `i` of Net::param_layout, and its gradient.
   [[nodiscard]] std::span<T> param(std::size_t i) { return store_.param(i); }
   [[nodiscard]] std::span<const T> grad(std::size_t i) const { return store_.grad(i); }
-  /// Optimizer state on the device (state_slots x param_storage values), empty before the first step.
+  /// Optimizer state (state_slots x param_storage values), empty before the first step, and its owner.
   [[nodiscard]] std::span<const T> optimizer_state() const noexcept { return store_.optimizer_state(); }
   [[nodiscard]] const char* optimizer_name() const noexcept { return store_.optimizer_name(); }
 

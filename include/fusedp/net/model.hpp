@@ -6,6 +6,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/rng.hpp"
 #include "fusedp/kernels/host/gradient.hpp"
+#include "fusedp/net/cost.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
@@ -146,6 +147,16 @@ class Model {
     Loss::validate(targets, batch, output_size);
     const std::span<const T> out = predict(inputs);
     return {loss(space_, batch, output_size, out.data(), targets.data(), static_cast<T*>(nullptr)), out};
+  }
+
+  /// What this model has allocated, in bytes (net/cost.hpp predicts it from the type: CostModel::host_memory).
+  [[nodiscard]] MemoryUse memory_use() const noexcept {
+    MemoryUse m;
+    m.parameters = store_.params().size_bytes();
+    m.gradients = store_.grads().size_bytes();
+    m.optimizer_state = store_.optimizer_state().size_bytes();
+    m.workspace = binding_.allocated() * sizeof(T);
+    return m;
   }
 
   /// Allocates the workspace for batches up to `batch`, so that no later step allocates.

@@ -44,6 +44,8 @@ class StageBinding {
     return true;
   }
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// Elements allocated (the per-sample regions of capacity() samples and the tail).
+  [[nodiscard]] std::size_t allocated() const noexcept { return workspace_.size(); }
   [[nodiscard]] T* data() noexcept { return workspace_.data(); }
   /// What follows the per-sample regions of `capacity()` samples.
   [[nodiscard]] T* tail() noexcept { return workspace_.data() + capacity_ * Net::workspace_elements_per_sample; }

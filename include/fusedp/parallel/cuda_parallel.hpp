@@ -127,10 +127,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   [[nodiscard]] parallel::NcclCommunicator& communicator(std::size_t i = 0) { return replicas_.at(i).channel.comm(); }
 
   /// Run-time weights of scatter::Weighted, one per replica (world_size()).
-  void set_weights(std::span<const double> weights) {
-    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
-    weights_ = parallel::detail::checked_weights(weights, world_);
-  }
+  void set_weights(std::span<const double> weights) { weights_ = parallel::detail::checked_weights<weighted>(weights, world_); }
 
   /// One data-parallel step (host inputs, as on Host: the global batch with Even or Weighted, this
   /// process's own data with Sharded). Returns the mean loss over the global batch once the update

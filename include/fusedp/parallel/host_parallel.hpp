@@ -123,10 +123,7 @@ class Parallel<Net, Host, Policies...> {
   }
 
   /// Run-time weights of scatter::Weighted, one per replica (world_size()).
-  void set_weights(std::span<const double> weights) {
-    static_assert(weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
-    weights_ = parallel::detail::checked_weights(weights, world_);
-  }
+  void set_weights(std::span<const double> weights) { weights_ = parallel::detail::checked_weights<weighted>(weights, world_); }
 
   /// One data-parallel step. With Even or Weighted, `inputs` is the global batch (the same on every
   /// rank) and each replica takes its slice; with Sharded it is this process's own data (split evenly

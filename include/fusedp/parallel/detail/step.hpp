@@ -52,7 +52,9 @@ std::size_t checked_batch(std::span<const float> inputs,
 }
 
 /// scatter::Weighted's run-time weights, checked: one per replica of the world, finite and > 0.
-inline std::vector<double> checked_weights(std::span<const double> weights, std::size_t world) {
+template <bool Weighted>
+std::vector<double> checked_weights(std::span<const double> weights, std::size_t world) {
+  static_assert(Weighted, "fusedp::Parallel::set_weights: only scatter::Weighted takes weights");
   require(weights.size() == world, "Parallel::set_weights: ", weights.size(), " weights for ", world, " replicas");
   for (double w : weights) require(std::isfinite(w) && w > 0, "Parallel::set_weights: weights must be finite and > 0");
   return {weights.begin(), weights.end()};
