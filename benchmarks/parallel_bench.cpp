@@ -5,7 +5,7 @@
 //
 //   parallel_bench --net lenet --replicas 2 --threads-per-replica 1
 //   mpirun -np 3 parallel_bench --net lenet --mpi --threads-per-replica 1
-#include <fusedp/fusedp.hpp>
+#include "../tests/support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "../tests/support/seed_networks.hpp"

@@ -3,7 +3,7 @@
 // with the shapes of the real step, and prints the median time of each and its share of their sum.
 //
 //   stage_bench --net cifar --batch 64 --threads 2 --reps 20
-#include <fusedp/fusedp.hpp>
+#include "../tests/support/fusedp_core.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -3,7 +3,7 @@
 // timed steps. Prints ms/step, images/s and the achieved GFLOP/s of the convolutions and GEMMs.
 //
 //   train_step_bench --net lenet --batch 64 --threads 2 --steps 200
-#include <fusedp/fusedp.hpp>
+#include "../tests/support/fusedp_core.hpp"
 
 #include "../tests/support/seed_networks.hpp"
 

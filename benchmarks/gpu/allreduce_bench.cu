@@ -18,7 +18,7 @@
 //   nvcc -std=c++20 -O3 -arch=sm_90 -Iinclude -Xcompiler=-pthread benchmarks/gpu/allreduce_bench.cu -lnccl
 //        -o build/allreduce_bench      (one line)
 //   LD_LIBRARY_PATH=<dir of libnccl.so.2>:$LD_LIBRARY_PATH build/allreduce_bench [--reps 50] [--warmup 10]
-#include <fusedp/fusedp.hpp>
+#include "../../tests/support/fusedp_core.hpp"
 #include <fusedp/parallel/bucket_plan.hpp>
 #include <fusedp/parallel/nccl.hpp>
 

@@ -12,7 +12,7 @@
 // -DFUSEDP_BENCH_ALL_PRECISIONS=1 adds fp32 and bf16.
 //
 // Written and compiled without a GPU; its numbers exist only once someone runs it on one.
-#include <fusedp/fusedp.hpp>
+#include "../../tests/support/fusedp_core.hpp"
 
 #include <algorithm>
 #include <cstdio>

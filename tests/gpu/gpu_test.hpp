@@ -10,7 +10,7 @@
 // is allowed d times the bound.
 #include <doctest/doctest.h>
 
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 
 #include <cmath>
 #include <cstdint>

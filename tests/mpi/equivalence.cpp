@@ -2,7 +2,7 @@
 // reduce policy and knob (20 steps; losses and parameters within 1e-5 relative, Compress<bf16>
 // within 1e-2); Sharded with uneven shards; Deterministic bitwise equal to accumulating the shard
 // gradients in rank order.
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"

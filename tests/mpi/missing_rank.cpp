@@ -1,7 +1,7 @@
 // Under mpirun: a rank that never arrives at start-up makes the others stop within the timeout with a
 // message naming it, instead of hanging (tests/mpi/expect_run.cmake checks the message, the exit
 // status and the time).
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // Under mpirun: a NaN on one rank only makes every rank take the same decision: with
 // nonfinite::Skip all ranks keep their parameters, with nonfinite::Stop all ranks throw NumericError
 // (none is left waiting in a collective), for every reduce policy.
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"

@@ -15,7 +15,7 @@
 //             zero (reduce-scatter + all-gather of blocks)
 //
 // Survivors print "rank R: caught: <what>" and return 2 (the MpiWorld then aborts the job).
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"

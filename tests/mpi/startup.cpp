@@ -1,7 +1,7 @@
 // Under mpirun: ranks started with a different network or different settings all fail at start-up
 // with a message naming what differs, instead of hanging or training wrongly. Also: ranks agree on
 // the step count, and evaluation counts every sample exactly once.
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"

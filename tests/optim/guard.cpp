@@ -3,7 +3,7 @@
 // reduce policy of Parallel<> (all replicas take the same decision).
 #include <doctest/doctest.h>
 
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include <cmath>

@@ -3,7 +3,7 @@
 // one model accumulating the same shard gradients in replica order.
 #include <doctest/doctest.h>
 
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include <algorithm>

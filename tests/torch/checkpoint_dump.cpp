@@ -9,7 +9,7 @@
 //       load_weights(FILE) into a model of another seed, predict() on the input, write the logits.
 //
 // Exit status: 0 on success, 1 on any error (the message names the file), 2 on bad arguments.
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 #include <fusedp/train/checkpoint.hpp>
 
 #include <cstdio>

@@ -13,7 +13,7 @@
 //   manifest.json          network, seed, batch, SGD options, loss, the train losses, and per tensor
 //                          its name, layer, role, dims and files
 // Every train step uses the same batch. Exit code 0 on success, 2 on bad arguments, 1 on errors.
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -6,7 +6,7 @@
 #include "../data/temp_dir.hpp"
 
 #include <doctest/doctest.h>
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>

@@ -5,7 +5,7 @@
 
 #include <fusedp/data/batches.hpp>
 #include <fusedp/data/idx.hpp>
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 
 #include "../support/seed_networks.hpp"
 

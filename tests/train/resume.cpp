@@ -8,7 +8,7 @@
 
 #include <doctest/doctest.h>
 #include <fusedp/data/loader.hpp>
-#include <fusedp/fusedp.hpp>
+#include "../support/fusedp_core.hpp"
 
 #include <optional>
 #include <string>
