@@ -63,6 +63,8 @@ struct TrainFlags {
   std::string checkpoint;  // folder written after every epoch
   std::string resume;      // folder to continue from
   double peak_gflops = 0;  // the machines' peak for utilization (0: measured on the CPU, from the GPU's data)
+  std::string schedule = "constant";  // the learning rate over the run: constant or cosine
+  int warmup = 0;                     // steps of linear warm-up before it
 };
 
 inline void add_training_flags(CLI::App& app, TrainFlags& f) {
@@ -87,6 +89,13 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "save weights (model.safetensors, loadable by PyTorch) and training state into this folder after "
                  "every epoch");
   app.add_option("--resume", f.resume, "continue the run saved in this checkpoint folder");
+  app.add_option("--schedule", f.schedule,
+                 "the learning rate over the run: constant, or cosine (from --lr down to 0 at the last step)")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--warmup", f.warmup, "steps over which the learning rate rises linearly to --lr first")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
   app.add_option("--peak-gflops", f.peak_gflops,
                  "the peak GFLOP/s of all the processors the run uses, the denominator of the utilization printed "
                  "per epoch (default: the CPU's FMA rate, measured at start, or the GPU's tensor-core rate)")
@@ -219,16 +228,22 @@ class Launch {
 };
 
 /// The data-parallel trainer of the examples: each replica or rank trains on its own batches
-/// (Sharded), gradients are all-reduced in 4 MiB buckets while backward continues.
+/// (Sharded), gradients are all-reduced in 4 MiB buckets while backward continues; a network with
+/// BatchNorm takes rank 0's running statistics after every step (batch_norm::Broadcast).
+template <class Net, class Space>
+using ExampleParallel = std::conditional_t<
+    (Net::state_storage > 0),
+    fp::Parallel<Net, Space, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>,
+                 fp::batch_norm::Broadcast>,
+    fp::Parallel<Net, Space, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>>;
 template <class Net>
-using DataParallel = fp::Parallel<Net, fp::Host, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>;
+using DataParallel = ExampleParallel<Net, fp::Host>;
 
 #if defined(FUSEDP_EXAMPLE_GPU_PART) && FUSEDP_HAS_NCCL
 /// The same on GPUs: one replica per GPU, gradients all-reduced by NCCL in 4 MiB buckets while
 /// backward continues.
 template <class Net>
-using GpuDataParallel =
-    fp::Parallel<Net, fp::Cuda, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>;
+using GpuDataParallel = ExampleParallel<Net, fp::Cuda>;
 #endif
 
 /// The one model of a trainer (replica 0 of a Parallel).
@@ -501,6 +516,14 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   }
   const double world = double(launch.world());
   using Net = typename std::remove_reference_t<decltype(model_of(trainer))>::network;
+  // The learning rate of step s (counted over the whole run, so a resumed run continues the curve).
+  const std::uint64_t total_steps = std::uint64_t(f.epochs) * train.batches();
+  const auto lr_at = [&f, total_steps](std::uint64_t step) -> float {
+    if (f.schedule == "cosine")
+      return fp::CosineWarmup{f.lr, std::uint64_t(f.warmup), std::max(total_steps, std::uint64_t(f.warmup) + 1)}(step);
+    if (step < std::uint64_t(f.warmup)) return f.lr * float(step + 1) / float(f.warmup);
+    return f.lr;
+  };
   const double peak = run_peak_flops(trainer, f);
   double total_seconds = 0, total_samples = 0;
   Evaluation result;
@@ -513,6 +536,7 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     std::size_t seen = 0;
     while (auto b = train.next()) {
       const std::size_t n = b->size();
+      opt.options.lr = lr_at(model_of(trainer).steps());
       float l = 0;
       if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>) l = trainer.train_step(b->images, b->labels, loss, opt);
       else l = trainer.train_step(b->images, b->targets, loss, opt);

@@ -16,15 +16,19 @@
 #include <fusedp/core/rng.hpp>
 #include <fusedp/exec/host.hpp>
 #include <fusedp/layers/activation.hpp>
+#include <fusedp/layers/batch_norm.hpp>
 #include <fusedp/layers/conv2d.hpp>
 #include <fusedp/layers/dropout.hpp>
 #include <fusedp/layers/flatten.hpp>
+#include <fusedp/layers/global_avg_pool.hpp>
 #include <fusedp/layers/input.hpp>
 #include <fusedp/layers/linear.hpp>
+#include <fusedp/layers/named.hpp>
 #include <fusedp/layers/pooling.hpp>
 #include <fusedp/loss/mse.hpp>
 #include <fusedp/loss/softmax_cross_entropy.hpp>
 #include <fusedp/net/model.hpp>
+#include <fusedp/net/residual.hpp>
 #include <fusedp/net/sequential.hpp>
 
 #include <algorithm>

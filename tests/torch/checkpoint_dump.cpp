@@ -1,11 +1,11 @@
 // checkpoint_dump: the fusedp side of checkpoint_torch.py, which checks that PyTorch loads fusedp's
 // safetensors weights and that fusedp loads PyTorch's.
 //
-//   checkpoint_dump export --net lenet|cifar --out DIR [--seed N] [--batch N]
+//   checkpoint_dump export --net lenet|cifar|resnet18 --out DIR [--seed N] [--batch N]
 //       trains 2 SGD steps from seed N (so the weights are not the initial ones), then writes
 //       DIR/fusedp.safetensors (save_weights), DIR/input.f32 (B, C, H, W) and DIR/logits.f32
 //       (B, 10) from predict(), raw little-endian float32.
-//   checkpoint_dump import --net lenet|cifar --weights FILE --input FILE --out FILE
+//   checkpoint_dump import --net lenet|cifar|resnet18 --weights FILE --input FILE --out FILE
 //       load_weights(FILE) into a model of another seed, predict() on the input, write the logits.
 //
 // Exit status: 0 on success, 1 on any error (the message names the file), 2 on bad arguments.
@@ -28,6 +28,7 @@ namespace {
 
 using seed_networks::LeNet;
 using seed_networks::CifarCnn;
+using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 void write_floats(const std::string& path, std::span<const float> v) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -77,8 +78,8 @@ int import_weights(const std::string& weights, const std::string& input, const s
 
 int usage() {
   std::fprintf(stderr,
-               "usage: checkpoint_dump export --net lenet|cifar --out DIR [--seed N] [--batch N]\n"
-               "       checkpoint_dump import --net lenet|cifar --weights FILE --input FILE --out FILE\n");
+               "usage: checkpoint_dump export --net lenet|cifar|resnet18 --out DIR [--seed N] [--batch N]\n"
+               "       checkpoint_dump import --net lenet|cifar|resnet18 --weights FILE --input FILE --out FILE\n");
   return 2;
 }
 
@@ -100,12 +101,18 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = std::strtoull(v.c_str(), nullptr, 10);
     else return usage();
   }
-  if ((net != "lenet" && net != "cifar") || out.empty() || batch == 0) return usage();
+  if ((net != "lenet" && net != "cifar" && net != "resnet18") || out.empty() || batch == 0) return usage();
   try {
-    if (mode == "export")
-      return net == "lenet" ? export_weights<LeNet>(out, seed, batch) : export_weights<CifarCnn>(out, seed, batch);
-    if (mode == "import" && !weights.empty() && !input.empty())
-      return net == "lenet" ? import_weights<LeNet>(weights, input, out) : import_weights<CifarCnn>(weights, input, out);
+    if (mode == "export") {
+      if (net == "lenet") return export_weights<LeNet>(out, seed, batch);
+      if (net == "cifar") return export_weights<CifarCnn>(out, seed, batch);
+      return export_weights<ResNet18>(out, seed, batch);
+    }
+    if (mode == "import" && !weights.empty() && !input.empty()) {
+      if (net == "lenet") return import_weights<LeNet>(weights, input, out);
+      if (net == "cifar") return import_weights<CifarCnn>(weights, input, out);
+      return import_weights<ResNet18>(weights, input, out);
+    }
     return usage();
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "checkpoint_dump: error: %s\n", e.what());

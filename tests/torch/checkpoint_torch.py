@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checks fusedp's weights files against PyTorch, both ways.
 
-    checkpoint_torch.py CHECKPOINT_DUMP --net lenet|cifar [--tol T] [--keep DIR]
+    checkpoint_torch.py CHECKPOINT_DUMP --net lenet|cifar|resnet18 [--tol T] [--keep DIR]
 
 1. fusedp -> PyTorch: checkpoint_dump (tests/torch/checkpoint_dump.cpp) trains 2 steps and saves the
    weights with fusedp::train::save_weights. This script reads the safetensors file with the few lines
@@ -13,6 +13,11 @@
    fusedp::train::load_weights and its logits must match torch's.
 3. A torch file of another network (wrong shapes) must be refused by fusedp with exit code 1 and a
    message naming the file and the tensor.
+4. (resnet18) A torch file without one BatchNorm running statistic is refused, naming the tensor.
+
+resnet18 is torchvision's ResNet-18 in its CIFAR form (cross_check.CifarResNet, torchvision's names):
+its BatchNorm buffers (running_mean, running_var, num_batches_tracked) travel with the weights, and the
+logits compared are evaluation-mode logits, which use them.
 
 Logits are compared by the norm-relative error ||fusedp - torch|| / ||torch|| <= tol (1e-5: the
 same float32 math, summed in another order). Exit status: 0 pass, 1 mismatch or failure, 2 bad
@@ -45,7 +50,10 @@ except ImportError:
 
 
 def build(net):
-    """The nn.Sequential equal to fusedp's network; state_dict keys are fusedp's tensor names."""
+    """The module equal to fusedp's network; state_dict keys are fusedp's tensor names."""
+    if net == "resnet18":
+        from cross_check import CifarResNet  # beside this script
+        return CifarResNet([64, 128, 256, 512], [2, 2, 2, 2])
     if net == "lenet":
         return nn.Sequential(
             nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
@@ -59,7 +67,7 @@ def build(net):
         nn.Linear(128 * 8 * 8, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 
-INPUT_SHAPE = {"lenet": (1, 28, 28), "cifar": (3, 32, 32)}
+INPUT_SHAPE = {"lenet": (1, 28, 28), "cifar": (3, 32, 32), "resnet18": (3, 32, 32)}
 
 
 def read_safetensors(path):
@@ -71,20 +79,24 @@ def read_safetensors(path):
     metadata = header.pop("__metadata__", {})
     tensors = {}
     for name, entry in header.items():
-        assert entry["dtype"] == "F32", f"{path}: {name} has dtype {entry['dtype']}"
+        assert entry["dtype"] in ("F32", "I64"), f"{path}: {name} has dtype {entry['dtype']}"
         begin, end = entry["data_offsets"]
-        values = np.frombuffer(data[8 + n + begin:8 + n + end], dtype="<f4").copy()
+        values = np.frombuffer(data[8 + n + begin:8 + n + end],
+                               dtype="<f4" if entry["dtype"] == "F32" else "<i8").copy()
         tensors[name] = torch.from_numpy(values).reshape(entry["shape"])
     return tensors, metadata
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """The inverse of read_safetensors, laid out as the reference writer does (header padded to 8)."""
+    """The inverse of read_safetensors, laid out as the reference writer does (header padded to 8).
+    Integer tensors (BatchNorm's num_batches_tracked) stay I64, as PyTorch holds them."""
     header = {"__metadata__": metadata} if metadata else {}
     blobs, offset = [], 0
     for name, t in tensors.items():
-        blob = t.detach().contiguous().to(torch.float32).numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        integer = t.dtype == torch.int64
+        blob = t.detach().contiguous().numpy().astype("<i8" if integer else "<f4").tobytes()
+        header[name] = {"dtype": "I64" if integer else "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -115,7 +127,7 @@ def run(cmd):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dump", help="path of the checkpoint_dump program")
-    parser.add_argument("--net", choices=["lenet", "cifar"], required=True)
+    parser.add_argument("--net", choices=["lenet", "cifar", "resnet18"], required=True)
     parser.add_argument("--tol", type=float, default=1e-5)
     parser.add_argument("--keep", help="write the files here and keep them (default: a temporary folder)")
     args = parser.parse_args()
@@ -197,11 +209,24 @@ def check(args, d):
     write_safetensors(wrong, other.state_dict())
     rc, out = run([args.dump, "import", "--net", args.net, "--weights", wrong,
                    "--input", os.path.join(d, "input.f32"), "--out", os.path.join(d, "unused.f32")])
-    expected = f"{wrong}: tensor '0.weight' has shape"
+    expected = f"{wrong}: has no tensor 'conv1.weight'" if args.net == "resnet18" else \
+        f"{wrong}: tensor '0.weight' has shape"
     ok = rc == 1 and expected in out
     print(f"  another network's weights refused: {'ok' if ok else 'NO'} ({out.strip()})")
     if not ok:
         failures.append("another network's weights were not refused clearly")
+
+    # 4. A running statistic missing from an otherwise complete file.
+    if args.net == "resnet18":
+        partial = {k: v for k, v in tmodel.state_dict().items() if k != "layer3.1.bn2.running_var"}
+        path = os.path.join(d, "no_running_var.safetensors")
+        write_safetensors(path, partial)
+        rc, out = run([args.dump, "import", "--net", args.net, "--weights", path,
+                       "--input", os.path.join(d, "input.f32"), "--out", os.path.join(d, "unused.f32")])
+        ok = rc == 1 and f"{path}: has no tensor 'layer3.1.bn2.running_var'" in out
+        print(f"  a missing running statistic refused: {'ok' if ok else 'NO'} ({out.strip()})")
+        if not ok:
+            failures.append("a weights file without a running statistic was not refused clearly")
 
     if failures:
         print(f"FAILED: {', '.join(failures)}", file=sys.stderr)

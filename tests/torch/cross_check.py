@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Cross-checks fusedp's Host space against PyTorch's CPU build.
 
-    cross_check.py TORCH_DUMP --net lenet|cifar [--seed N] [--batch N] [--threads N] [--tol T] [--keep DIR]
+    cross_check.py TORCH_DUMP --net lenet|cifar|resblock|resnet18 [--seed N] [--batch N] [--threads N] [--tol T] [--keep DIR]
 
 Runs the torch_dump program (tests/torch/torch_dump.cpp), which builds the network in fusedp, draws a
 batch, computes logits, the mean cross-entropy and every parameter gradient, then takes 3 SGD steps
@@ -34,8 +34,58 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(SKIP)
 
 
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock, with its names (conv1, bn1, conv2, bn2, downsample)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class CifarResNet(nn.Module):
+    """torchvision's ResNet with a 3x3 stride-1 stem and no max-pool (the CIFAR form)."""
+
+    def __init__(self, widths, blocks, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU()
+        cin = widths[0]
+        for i, (w, n) in enumerate(zip(widths, blocks)):
+            layers = []
+            for b in range(n):
+                layers.append(BasicBlock(cin, w, 2 if (i > 0 and b == 0) else 1))
+                cin = w
+            setattr(self, f"layer{i + 1}", nn.Sequential(*layers))
+        self.stages = len(widths)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        for i in range(self.stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 def build(net):
-    """The nn.Sequential that mirrors fusedp's network; indices match fusedp's layer - 1."""
+    """The module that mirrors fusedp's network; its state_dict keys are fusedp's tensor names."""
+    if net == "resnet18":
+        return CifarResNet([64, 128, 256, 512], [2, 2, 2, 2])
+    if net == "resblock":
+        return CifarResNet([4, 8], [1, 1])
     if net == "lenet":
         return nn.Sequential(
             nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
@@ -76,11 +126,17 @@ def run_torch(model, x, labels, dtype, lr, momentum, steps):
     model = model.to(dtype)
     x = x.to(dtype)
     loss_fn = nn.CrossEntropyLoss()
+    model.train()
     model.zero_grad()
-    logits = model(x)
-    loss = loss_fn(logits, labels)
+    loss = loss_fn(model(x), labels)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    # fusedp's predict() is evaluation mode (BatchNorm's running statistics; the same as training
+    # for networks without BatchNorm).
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+    model.train()
     out = {"logits": logits.detach().clone(), "loss": loss.item(), "grads": grads}
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     losses = []
@@ -92,19 +148,27 @@ def run_torch(model, x, labels, dtype, lr, momentum, steps):
         losses.append(loss.item())
     out["train_losses"] = losses
     out["after"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out["buffers"] = {n: b.detach().clone().to(torch.float64) for n, b in model.named_buffers()}
+    model.eval()
+    with torch.no_grad():
+        out["eval_logits"] = model(x).detach().clone()
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dump", help="path of the torch_dump executable")
-    ap.add_argument("--net", required=True, choices=["lenet", "cifar"])
+    ap.add_argument("--net", required=True, choices=["lenet", "cifar", "resblock", "resnet18"])
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="fusedp Host threads (torch always uses 2)")
     ap.add_argument("--tol", type=float, default=1e-4, help="largest norm-relative error allowed")
     ap.add_argument("--step-tol", type=float, default=1e-3,
                     help="largest norm-relative error allowed in each parameter's change over the SGD steps")
+    ap.add_argument("--precision", choices=["f32", "f64"], default="f32",
+                    help="fusedp's scalar type; f64 (resnet18) is held against torch float64 with --tol64")
+    ap.add_argument("--tol64", type=float, default=1e-10,
+                    help="with --precision f64: the largest norm-relative error against torch float64")
     ap.add_argument("--keep", help="write the dump here and keep it (default: a temporary folder)")
     args = ap.parse_args()
 
@@ -118,6 +182,8 @@ def main():
         out = args.keep or tmp
         cmd = [args.dump, "--net", args.net, "--out", out, "--seed", str(args.seed),
                "--batch", str(args.batch), "--threads", str(args.threads), "--steps", "3"]
+        if args.precision == "f64":
+            cmd += ["--precision", "f64"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         sys.stdout.write(r.stdout)
         if r.returncode != 0:
@@ -137,7 +203,13 @@ def compare(out, args):
     batch = m["batch"]
     x = torch.from_numpy(load(out, m["input"], np.float32).reshape(m["input"]["dims"]).copy())
     labels = torch.from_numpy(load(out, m["labels"], np.int32).astype(np.int64))
-    fd_logits = load(out, m["logits"], np.float32).reshape(m["logits"]["dims"])
+    fdt = np.float64 if m.get("dtype") == "float64" else np.float32  # fusedp's tensors
+    if fdt == np.float64:
+        # Double on both sides: no float32 rounding, so no ReLU decision flips between the two
+        # (a deep float32 network has pre-activations within 1e-5 of zero, and a flip there moves every
+        # gradient below it by more than any float32 tolerance). Only torch float64 is the reference.
+        args.tol = args.step_tol = args.tol64
+    fd_logits = load(out, m["logits"], fdt).reshape(m["logits"]["dims"])
     lr, momentum, steps = m["sgd"]["lr"], m["sgd"]["momentum"], m["sgd"]["steps"]
     # The options were float32 in fusedp; torch keeps Python floats. Round them the same way.
     lr, momentum = float(np.float32(lr)), float(np.float32(momentum))
@@ -146,8 +218,9 @@ def compare(out, args):
     model = build(args.net)
     state = model.state_dict()
     names = [p["name"] for p in m["params"]]
-    if sorted(names) != sorted(state.keys()):
-        problems.append(f"parameter names differ: fusedp {names}, torch {list(state.keys())}")
+    buffer_names = [b["name"] for b in m.get("buffers", [])]
+    if sorted(names + buffer_names) != sorted(state.keys()):
+        problems.append(f"tensor names differ: fusedp {names + buffer_names}, torch {list(state.keys())}")
         print("\n".join(problems), file=sys.stderr)
         return 1
     fd_params, fd_grads, fd_after = {}, {}, {}
@@ -157,9 +230,15 @@ def compare(out, args):
         if list(state[name].shape) != dims:
             problems.append(f"{name}: fusedp dims {dims}, torch {list(state[name].shape)}")
             continue
-        fd_params[name] = load(out, p["param"], np.float32).reshape(dims)
-        fd_grads[name] = load(out, p["grad"], np.float32).reshape(dims)
-        fd_after[name] = load(out, p["after"], np.float32).reshape(dims)
+        fd_params[name] = load(out, p["param"], fdt).reshape(dims)
+        fd_grads[name] = load(out, p["grad"], fdt).reshape(dims)
+        fd_after[name] = load(out, p["after"], fdt).reshape(dims)
+        if p.get("constant"):  # BatchNorm: weight 1, bias 0, as PyTorch starts them
+            want = state[name].numpy()
+            if not np.array_equal(fd_params[name], want):
+                problems.append(f"{name}: initial values differ from PyTorch's constant start")
+                init_ok = False
+            continue
         # PyTorch's default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias alike.
         weight_dims = state[name.rsplit(".", 1)[0] + ".weight"].shape
         bound = 1.0 / math.sqrt(int(np.prod(weight_dims[1:])))
@@ -171,9 +250,9 @@ def compare(out, args):
         print("\n".join(problems), file=sys.stderr)
         return 1
     initial = {n: torch.from_numpy(v.copy()) for n, v in fd_params.items()}
-    m32, m64 = build(args.net), build(args.net)
-    m32.load_state_dict(initial)
-    m64.load_state_dict(initial)
+    m32, m64 = build(args.net), build(args.net).double()  # float64 weights stay unrounded
+    m32.load_state_dict(initial, strict=False)  # buffers start as PyTorch's own (mean 0, var 1)
+    m64.load_state_dict(initial, strict=False)
     ref32 = run_torch(m32, x, labels, torch.float32, lr, momentum, steps)
     ref64 = run_torch(m64, x, labels, torch.float64, lr, momentum, steps)
 
@@ -183,7 +262,7 @@ def compare(out, args):
         rows.append((what, fd, t32, t64, start, scalar))
 
     add("logits", fd_logits, ref32["logits"].numpy(), ref64["logits"].numpy())
-    add("loss", np.float32(m["loss"]), np.float64(ref32["loss"]), np.float64(ref64["loss"]), scalar=True)
+    add("loss", fdt(m["loss"]), np.float64(ref32["loss"]), np.float64(ref64["loss"]), scalar=True)
     for n in names:
         add(f"grad {n}", fd_grads[n], ref32["grads"][n].numpy(), ref64["grads"][n].numpy())
     fd_losses = m["train_losses"]
@@ -195,6 +274,13 @@ def compare(out, args):
                 np.float64(ref64["train_losses"][s]), scalar=True)
     for n in names:
         add(f"sgd {steps} {n}", fd_after[n], ref32["after"][n].numpy(), ref64["after"][n].numpy(), fd_params[n])
+    for b in m.get("buffers", []):
+        n = b["name"]
+        fd = load(out, b["file"], fdt).reshape(b["dims"])
+        add(f"buffer {n}", fd, ref32["buffers"][n].numpy(), ref64["buffers"][n].numpy())
+    if "eval_logits" in m:
+        add(f"eval logits {steps}", load(out, m["eval_logits"], fdt).reshape(m["eval_logits"]["dims"]),
+            ref32["eval_logits"].numpy(), ref64["eval_logits"].numpy())
 
     print(f"\nfusedp Host vs PyTorch {torch.__version__} CPU: {args.net}, batch {batch}, seed {m['seed']}, "
           f"fusedp threads {m['threads']}, torch threads {torch.get_num_threads()}")
@@ -221,7 +307,10 @@ def compare(out, args):
             floor, _ = rel_err(t32, t64)
             rel64, _ = rel_err(fd, t64)
         worst, worst_floor, worst64 = max(worst, rel), max(worst_floor, floor), max(worst64, rel64)
-        status = "ok" if rel <= args.tol else ("ok (t64)" if rel64 <= args.tol else "FAIL")
+        if fdt == np.float64:
+            status = "ok (t64)" if rel64 <= args.tol else "FAIL"
+        else:
+            status = "ok" if rel <= args.tol else ("ok (t64)" if rel64 <= args.tol else "FAIL")
         if status == "FAIL":
             problems.append(f"{what}: rel error {rel:.3e} > {args.tol:g} against torch float32 (max abs {maxabs:.3e}) "
                             f"and {rel64:.3e} against float64; torch float32 vs float64 is {floor:.3e}")
@@ -231,7 +320,7 @@ def compare(out, args):
             s32, _ = rel_err(moved, np.asarray(t32, np.float64) - start)
             s64, _ = rel_err(moved, np.asarray(t64, np.float64) - start)
             step32, step64 = f"{s32:9.2e}", f"{s64:9.2e}"
-            if not (s32 <= args.step_tol or s64 <= args.step_tol):
+            if not (s64 <= args.step_tol or (fdt == np.float32 and s32 <= args.step_tol)):
                 status = "FAIL"
                 problems.append(f"{what}: the change over the SGD steps has rel error {s32:.3e} against torch "
                                 f"float32 and {s64:.3e} against float64 (> {args.step_tol:g})")

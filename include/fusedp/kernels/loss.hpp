@@ -7,10 +7,12 @@
 
 namespace fusedp::kernels {
 
-/// Softmax cross-entropy of one row: returns -log softmax(logits)[label]; when dlogits is not null,
-/// writes scale * (softmax(logits) - onehot(label)) to it.
+/// Softmax cross-entropy of one row against the target (1 - eps) onehot(label) + eps / classes
+/// (PyTorch's label_smoothing eps; 0 gives -log softmax(logits)[label]); when dlogits is not null,
+/// writes scale * (softmax(logits) - target) to it.
 template <class T>
-FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T* dlogits, T scale) {
+FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T* dlogits, T scale,
+                                      T smoothing = T(0)) {
   using std::exp;
   using std::log;
   T m = logits[0];
@@ -21,10 +23,15 @@ FUSEDP_HD T softmax_cross_entropy_row(const T* logits, int classes, int label, T
   const T log_s = log(s);
   if (dlogits) {
     const T inv = T(1) / s;
-    for (int c = 0; c < classes; ++c) dlogits[c] = exp(logits[c] - m) * inv * scale;
-    dlogits[label] -= scale;
+    const T spread = smoothing / T(classes);
+    for (int c = 0; c < classes; ++c) dlogits[c] = (exp(logits[c] - m) * inv - spread) * scale;
+    dlogits[label] -= (T(1) - smoothing) * scale;
   }
-  return log_s - (logits[label] - m);
+  const T nll = log_s - (logits[label] - m);
+  if (smoothing == T(0)) return nll;
+  T mean_nll = T(0);  // mean over classes of -log softmax
+  for (int c = 0; c < classes; ++c) mean_nll += log_s - (logits[c] - m);
+  return (T(1) - smoothing) * nll + smoothing * mean_nll / T(classes);
 }
 
 /// Squared error of one value: returns (y - t)^2; when dy is not null writes scale * 2 (y - t) there.

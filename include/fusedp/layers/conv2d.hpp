@@ -1,5 +1,6 @@
 #pragma once
-// Conv2d<Out, K, Stride, Pad>: 2-d convolution with bias, NCHW, weights (Out, C, K, K) as PyTorch.
+// Conv2d<Out, K, Stride, Pad, Bias>: 2-d convolution, NCHW, weights (Out, C, K, K) as PyTorch, with a
+// bias unless Bias is no_bias (PyTorch's bias=False, the conv before a BatchNorm).
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/conv2d.hpp"
@@ -18,18 +19,25 @@
 
 namespace fusedp {
 
+/// Conv2d<Out, K, Stride, Pad, no_bias>: a convolution without bias.
+inline constexpr bool no_bias = false;
+
 /// @tparam Out output channels
 /// @tparam K square kernel size
 /// @tparam Stride stride in both directions
 /// @tparam Pad zero padding on every side
-template <int Out, int K, int Stride = 1, int Pad = 0>
+/// @tparam Bias whether it adds a bias (`no_bias`: PyTorch's bias=False)
+template <int Out, int K, int Stride = 1, int Pad = 0, bool Bias = true>
 struct Conv2d {
   static_assert(Out > 0 && K > 0 && Stride > 0 && Pad >= 0,
                 "Conv2d<Out, K, Stride, Pad>: Out, K and Stride must be positive and Pad non-negative");
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
   static constexpr const char* name = "Conv2d";
-  static constexpr std::array<int, 4> attributes{Out, K, Stride, Pad};
+  static constexpr auto attributes = [] {
+    if constexpr (Bias) return std::array<int, 4>{Out, K, Stride, Pad};  // (as before no_bias existed)
+    else return std::array<int, 5>{Out, K, Stride, Pad, 0};
+  }();
 
   template <class In>
   static constexpr bool accepts = window_out(In::height, K, Stride, Pad) > 0 && window_out(In::width, K, Stride, Pad) > 0;
@@ -42,22 +50,25 @@ struct Conv2d {
   static constexpr kernels::ConvGeometry geometry{In::channels, In::height, In::width, K, Stride, Pad, Out,
                                                         output<In>::height, output<In>::width};
   template <class In>
-  static constexpr std::array<ParamSpec, 2> params{{
-      {ParamRole::weight, std::size_t(Out) * In::channels * K * K, std::size_t(In::channels) * K * K, 4,
-       {Out, In::channels, K, K}},
-      {ParamRole::bias, std::size_t(Out), std::size_t(In::channels) * K * K, 1, {Out, 0, 0, 0}},
-  }};
+  static constexpr auto params = [] {
+    constexpr ParamSpec weight{ParamRole::weight, std::size_t(Out) * In::channels * K * K,
+                               std::size_t(In::channels) * K * K, 4, {Out, In::channels, K, K}};
+    constexpr ParamSpec bias{ParamRole::bias, std::size_t(Out), std::size_t(In::channels) * K * K, 1, {Out, 0, 0, 0}};
+    if constexpr (Bias) return std::array<ParamSpec, 2>{weight, bias};
+    else return std::array<ParamSpec, 1>{weight};
+  }();
   template <class In>
   static constexpr std::size_t host_scratch = kernels::host::ConvScratch{geometry<In>}.per_thread();
 
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
-    kernels::host::conv2d_forward<Epi>(a.space, geometry<In>, a.batch, a.w, a.b, a.x, a.y, a.z, a.scratch);
+    kernels::host::conv2d_forward<Epi>(a.space, geometry<In>, a.batch, a.w, Bias ? a.b : nullptr, a.x, a.y, a.z,
+                                       a.scratch);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
-    kernels::host::conv2d_backward<Epi>(a.space, geometry<In>, a.batch, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw, a.db,
-                                        a.scratch);
+    kernels::host::conv2d_backward<Epi>(a.space, geometry<In>, a.batch, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
+                                        Bias ? a.db : nullptr, a.scratch);
   }
 
 #if FUSEDP_HAS_CUDA
@@ -71,7 +82,7 @@ struct Conv2d {
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), geometry<In>, int(a.batch),
-                                                                        a.w, a.b, a.x, a.y, a.z);
+                                                                        a.w, Bias ? a.b : nullptr, a.x, a.y, a.z);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
@@ -80,14 +91,14 @@ struct Conv2d {
     const kernels::cuda::ConvGradient<Epi> dz{a.dy, a.y, a.z, Out, O::height * O::width, O::width};
     kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
-                                                                        a.dw, a.db, a.scratch);
+                                                                        a.dw, Bias ? a.db : nullptr, a.scratch);
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
   /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
   template <class In, class Epi, int Kp, class T, class P>
   static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
     kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::tile_for<Out>, P>(
-        a.space.stream(), geometry<In>, int(a.batch), a.w, a.b, a.x, pooled, argmax);
+        a.space.stream(), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled, argmax);
   }
   /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
   template <class In, class Epi, int Kp, class T, class P>
@@ -97,7 +108,7 @@ struct Conv2d {
     const kernels::cuda::PooledConvGradient<Epi, Kp> dz{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp};
     kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
-                                                                        a.dw, a.db, a.scratch);
+                                                                        a.dw, Bias ? a.db : nullptr, a.scratch);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>

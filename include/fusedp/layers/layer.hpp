@@ -20,13 +20,83 @@ enum class LayerKind {
 
 enum class ParamRole { weight, bias };
 
+/// A tensor's PyTorch state_dict key, or a part of one ("weight", "bn1", "layer2.0.downsample.1"),
+/// built at compile time. Longer names than `capacity` are a compile error where they are made.
+struct TensorName {
+  static constexpr std::size_t capacity = 63;
+  std::array<char, capacity + 1> text{};
+  std::size_t size = 0;
+
+  constexpr TensorName() = default;
+  constexpr TensorName(const char* s) { append(s); }  // NOLINT: names are written as literals
+  constexpr TensorName& append(const char* s) {
+    for (; *s; ++s) push(*s);
+    return *this;
+  }
+  constexpr TensorName& append(const TensorName& n) {
+    for (std::size_t i = 0; i < n.size; ++i) push(n.text[i]);
+    return *this;
+  }
+  constexpr TensorName& append_number(std::size_t v) {
+    char digits[20]{};
+    int k = 0;
+    do digits[k++] = char('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (k > 0) push(digits[--k]);
+    return *this;
+  }
+  /// "prefix.name" (just the name when the prefix is empty).
+  [[nodiscard]] constexpr TensorName under(const TensorName& prefix) const {
+    TensorName r = prefix;
+    if (r.size != 0) r.push('.');
+    return r.append(*this);
+  }
+  [[nodiscard]] constexpr bool empty() const { return size == 0; }
+  [[nodiscard]] constexpr const char* c_str() const { return text.data(); }
+  friend constexpr bool operator==(const TensorName& a, const TensorName& b) {
+    if (a.size != b.size) return false;
+    for (std::size_t i = 0; i < a.size; ++i)
+      if (a.text[i] != b.text[i]) return false;
+    return true;
+  }
+
+ private:
+  constexpr void push(char c) {
+    if (size == capacity) throw "fusedp: a tensor name is longer than TensorName::capacity characters";
+    text[size++] = c;
+  }
+};
+
 /// One parameter tensor of a layer, with its PyTorch shape (so weights map one to one onto torch).
+/// `name` is its key inside the layer; empty means the role's ("weight", "bias").
 struct ParamSpec {
   ParamRole role;
   std::size_t size;
   std::size_t fan_in;  // PyTorch's default init draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in))
   int rank;
   std::array<int, 4> dims;
+  TensorName name{};
+  /// Set when the tensor is not drawn from U(-1/sqrt(fan_in), ...) but filled with `fill`
+  /// (BatchNorm: weight 1, bias 0).
+  bool constant = false;
+  float fill = 0.0f;
+};
+
+/// Where a layer's non-trainable tensors stand in a network's state buffer (beside the parameters,
+/// never in the gradient buffer, never touched by an optimizer).
+enum class StateKind {
+  buffer,     ///< a PyTorch buffer (running_mean): saved in checkpoints, made equal across replicas
+  transient,  ///< values forward leaves for backward (a batch's mean): neither saved nor synchronized
+};
+
+/// One non-trainable tensor of a layer, in the state buffer. Starts at `fill`.
+struct StateSpec {
+  TensorName name;
+  StateKind kind;
+  std::size_t size;
+  int rank;  // 0: a scalar (num_batches_tracked)
+  std::array<int, 4> dims;
+  float fill = 0.0f;
 };
 
 /// Everything a stage needs in one pass on one space. Forward reads x, w, b and writes y (and z, the
@@ -50,6 +120,8 @@ struct StageArgs {
   std::uint64_t seed;  // the model's seed
   std::uint64_t step;  // the optimizer step, for per-step randomness (dropout)
   std::size_t index;   // the layer's index in the network
+  T* state = nullptr;  // the layer's tensors in the state buffer (StateSpec order), when it has any
+  T* work = nullptr;   // backward only: the network's shared per-sample work memory (backward_elements)
 };
 
 namespace detail {
@@ -63,6 +135,8 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   expected<In>                     the nearest input shape it accepts (for the error message)
 ///   output<In>                       its output shape (only instantiated when accepts<In>)
 ///   params<In> (optional)            its parameter tensors, in PyTorch's order
+///   state<In> (optional)             its non-trainable tensors (StateSpec), in PyTorch's order
+///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region)
 ///   forward/backward (anchors)       per space, with StageArgs
 template <class L>
 concept Layer = requires {
@@ -75,6 +149,30 @@ template <class L, class In>
 constexpr auto params_of() {
   if constexpr (requires { L::template params<In>; }) return L::template params<In>;
   else return std::array<ParamSpec, 0>{};
+}
+
+/// State tensors of layer L at input shape In (none for a layer without state<>).
+template <class L, class In>
+constexpr auto state_of() {
+  if constexpr (requires { L::template state<In>; }) return L::template state<In>;
+  else return std::array<StateSpec, 0>{};
+}
+
+/// Per-sample elements a layer keeps from forward for backward beyond its output, when it says
+/// (a Residual block's inner activations); by default its pre-epilogue values when the epilogue
+/// needs them. -1: the default.
+template <class L, class In>
+constexpr long saved_elements_of() {
+  if constexpr (requires { L::template saved_elements<In>; }) return long(L::template saved_elements<In>);
+  else return -1;
+}
+
+/// Per-sample elements a layer's backward works in and forgets (a Residual block's gradient buffers):
+/// one region for all stages of a network, the largest any stage asks for.
+template <class L, class In>
+constexpr std::size_t backward_elements_of() {
+  if constexpr (requires { L::template backward_elements<In>; }) return L::template backward_elements<In>;
+  else return 0;
 }
 
 /// Per-thread Host scratch of layer L at input In, in elements.

@@ -1,6 +1,6 @@
 #pragma once
 // SoftmaxCrossEntropy: softmax, the mean cross-entropy over the batch and dlogits in one pass
-// (torch.nn.CrossEntropyLoss with reduction='mean').
+// (torch.nn.CrossEntropyLoss with reduction='mean', and its label_smoothing).
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/loss.hpp"
@@ -17,6 +17,9 @@
 namespace fusedp {
 
 struct SoftmaxCrossEntropy {
+  /// PyTorch's label_smoothing: the target is (1 - eps) onehot + eps / classes. In [0, 1].
+  float label_smoothing = 0.0f;
+
   /// Targets are class indices.
   template <class T>
   using target = std::int32_t;
@@ -34,11 +37,13 @@ struct SoftmaxCrossEntropy {
   template <class T>
   T operator()(const Host&, std::size_t batch, std::size_t classes, const T* logits, const std::int32_t* labels,
                T* dlogits) const {
+    check_options();
     const T scale = T(1) / T(batch);
     T sum = T(0);
     for (std::size_t n = 0; n < batch; ++n)
       sum += kernels::softmax_cross_entropy_row(logits + n * classes, int(classes), labels[n],
-                                                dlogits ? dlogits + n * classes : nullptr, scale);
+                                                dlogits ? dlogits + n * classes : nullptr, scale,
+                                                T(label_smoothing));
     return sum * scale;
   }
 
@@ -49,9 +54,16 @@ struct SoftmaxCrossEntropy {
   template <class P>
   void enqueue(const CudaSpace<P>& space, std::size_t batch, std::size_t classes, const float* logits,
                const std::int32_t* labels, float* dlogits, const kernels::cuda::LossOutput& out) const {
-    kernels::cuda::softmax_cross_entropy(space.stream(), batch, classes, logits, labels, dlogits, out);
+    check_options();
+    kernels::cuda::softmax_cross_entropy(space.stream(), batch, classes, logits, labels, dlogits, out,
+                                         label_smoothing);
   }
 #endif
+
+  void check_options() const {
+    require(label_smoothing >= 0.0f && label_smoothing <= 1.0f,
+            "SoftmaxCrossEntropy: label_smoothing must lie in [0, 1], got ", label_smoothing);
+  }
 };
 
 /// Number of rows whose largest logit is at the label.

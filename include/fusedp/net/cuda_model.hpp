@@ -145,6 +145,7 @@ class Model<Net, CudaSpace<P>, T> {
     opt.validate();
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
+    if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
     stage(inputs, targets, batch);
     run_step(staging_.inputs(), staged_targets<Loss>(), batch, loss, opt);
   }
@@ -233,6 +234,7 @@ class Model<Net, CudaSpace<P>, T> {
                       const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
+    if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
     stage(inputs, targets, batch);
     queue_gradients(staging_.inputs(), staged_targets<Loss>(), batch, loss, on_stage_done, normalizer);
     return last_loss();
@@ -263,6 +265,7 @@ class Model<Net, CudaSpace<P>, T> {
                          const Loss& loss) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
+    if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
     stage(inputs, targets, batch);
     forward_pass(staging_.inputs(), batch, false);
     enqueue_loss(loss, staging_.inputs(), batch, staged_targets<Loss>(), static_cast<T*>(nullptr));
@@ -309,6 +312,11 @@ class Model<Net, CudaSpace<P>, T> {
   }
   /// Replaces the parameters with param_storage values from host memory (waits).
   void load_params(std::span<const T> values) { store_.load_params(space_, values); }
+  /// The state buffer (BatchNorm's running statistics) in device memory, and its host copies (wait).
+  [[nodiscard]] std::span<T> buffers() noexcept { return store_.buffers(); }
+  [[nodiscard]] std::span<const T> buffers() const noexcept { return store_.buffers(); }
+  void copy_buffers_to_host(std::span<T> out) const { to_host(out, store_.buffers(), "copy_buffers_to_host"); }
+  void load_buffers(std::span<const T> values) { store_.load_buffers(space_, values); }
   /// Replaces the optimizer state of Opt with values from host memory (waits).
   template <class Opt>
   void load_optimizer_state(std::span<const T> values) {

@@ -58,8 +58,8 @@ struct is_linear<Linear<Out>> : std::true_type {};
 
 template <class L>
 struct is_conv2d : std::false_type {};
-template <int Out, int K, int S, int P>
-struct is_conv2d<Conv2d<Out, K, S, P>> : std::true_type {};
+template <int Out, int K, int S, int P, bool B>
+struct is_conv2d<Conv2d<Out, K, S, P, B>> : std::true_type {};
 
 // The window of a max-pooling layer whose stride equals its window; 0 for any other layer.
 template <int K, int S>

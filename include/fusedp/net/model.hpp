@@ -115,6 +115,7 @@ class Model {
                       const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
+    if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
     forward_pass(inputs.data(), batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);
     const T l = loss(space_, batch, output_size, binding_.template output_of<last>(inputs.data(), batch),
@@ -145,6 +146,7 @@ class Model {
                          const Loss& loss) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
+    if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
     const std::span<const T> out = predict(inputs);
     return {loss(space_, batch, output_size, out.data(), targets.data(), static_cast<T*>(nullptr)), out};
   }
@@ -173,6 +175,12 @@ class Model {
   [[nodiscard]] std::span<const T> grad(std::size_t i) const { return store_.grad(i); }
   /// Replaces the parameters with param_storage values.
   void load_params(std::span<const T> values) { store_.load_params(space_, values); }
+  /// The state buffer (BatchNorm's running statistics, Net::state_layout): changed by training
+  /// steps, read by predict and evaluate, never by the optimizer. Empty without such layers.
+  [[nodiscard]] std::span<T> buffers() noexcept { return store_.buffers(); }
+  [[nodiscard]] std::span<const T> buffers() const noexcept { return store_.buffers(); }
+  /// Replaces the state buffer with state_storage values.
+  void load_buffers(std::span<const T> values) { store_.load_buffers(space_, values); }
   /// Optimizer state (state_slots x param_storage values), empty before the first train_step.
   [[nodiscard]] std::span<const T> optimizer_state() const noexcept { return store_.optimizer_state(); }
   /// Name of the optimizer that owns the state (nullptr before the first step).

@@ -70,8 +70,9 @@ class ParameterStore {
 
   /// Buffers on `space` (on Cuda its device must be the current one), parameters drawn from `seed`.
   ParameterStore(const Space& space, std::uint64_t seed)
-      : seed_(seed), params_(Net::param_storage), grads_(Net::param_storage) {
+      : seed_(seed), params_(Net::param_storage), grads_(Net::param_storage), buffers_(Net::state_storage) {
     reset_parameters(space);
+    reset_buffers(space);
   }
 
   /// Draws every weight and bias from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as PyTorch's Conv2d and
@@ -81,6 +82,10 @@ class ParameterStore {
     HostBuffer<T> host(Net::param_storage);
     for (std::size_t t = 0; t < Net::param_layout.size(); ++t) {
       const ParamTensor& p = Net::param_layout[t];
+      if (p.constant) {
+        std::fill_n(host.data() + p.offset, p.size, T(p.fill));
+        continue;
+      }
       const double bound = 1.0 / std::sqrt(double(p.fan_in));
       const std::uint64_t stream = rng::stream(rng::Purpose::init, t);
       for (std::size_t e = 0; e < p.size; ++e)
@@ -95,6 +100,27 @@ class ParameterStore {
             Net::param_storage, " parameters");
     detail::copy_to_space(space, params_.data(), values.data(), values.size());
   }
+
+  /// Sets every tensor of the state buffer to its starting value (running mean 0, running variance
+  /// 1, batches tracked 0), as a freshly built PyTorch module has them.
+  void reset_buffers(const Space& space) {
+    if constexpr (Net::state_storage > 0) {
+      HostBuffer<T> host(Net::state_storage);
+      std::fill_n(host.data(), Net::state_storage, T(0));
+      for (const StateTensor& s : Net::state_layout) std::fill_n(host.data() + s.offset, s.size, T(s.fill));
+      load_buffers(space, host.span());
+    }
+  }
+  /// Replaces the state buffer with state_storage values from host memory.
+  void load_buffers(const Space& space, std::span<const T> values) {
+    require(values.size() == Net::state_storage, "Model::load_buffers: ", values.size(), " values for ",
+            Net::state_storage, " state elements");
+    if (!values.empty()) detail::copy_to_space(space, buffers_.data(), values.data(), values.size());
+  }
+  /// The state buffer: non-trainable tensors such as BatchNorm's running statistics
+  /// (Net::state_layout); empty for a network without any.
+  [[nodiscard]] std::span<T> buffers() noexcept { return buffers_.span(); }
+  [[nodiscard]] std::span<const T> buffers() const noexcept { return buffers_.span(); }
 
   /// The flat parameter buffer (padding between tensors included; see Net::param_layout).
   [[nodiscard]] std::span<T> params() noexcept { return params_.span(); }
@@ -193,6 +219,7 @@ class ParameterStore {
   std::uint64_t seed_;
   buffer<T> params_;
   buffer<T> grads_;
+  buffer<T> buffers_;
   buffer<T> state_;
   const char* state_owner_ = nullptr;
   std::uint64_t optimizer_steps_ = 0;

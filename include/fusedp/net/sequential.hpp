@@ -51,6 +51,7 @@ struct Bound {
   using in = In;
   using out = Out;
   static constexpr auto params = params_of<L, In>();
+  static constexpr auto state = state_of<L, In>();
 };
 
 template <class L, class In, bool Ok>
@@ -205,10 +206,11 @@ struct Fnv1a {
   }
 };
 
-template <class L>
+template <class L, class In>
 constexpr void hash_attributes(Fnv1a& f) {
   if constexpr (requires { L::attributes; })
     for (auto a : L::attributes) f.word(std::uint64_t(a));
+  if constexpr (requires { L::template inner_fingerprint<In>; }) f.word(L::template inner_fingerprint<In>);
 }
 }  // namespace detail
 
@@ -221,18 +223,46 @@ struct ParamTensor {
   std::size_t fan_in;
   int rank;
   std::array<int, 4> dims;
+  TensorName name;     // PyTorch's state_dict key ("0.weight", "layer1.0.conv1.weight")
+  bool constant = false;  // filled with `fill` at initialization instead of drawn (BatchNorm)
+  float fill = 0.0f;
+};
+
+/// One non-trainable tensor in the state buffer of a network (BatchNorm's running statistics).
+struct StateTensor {
+  std::size_t layer;
+  TensorName name;     // PyTorch's key ("1.running_mean", "layer1.0.bn1.num_batches_tracked")
+  StateKind kind;
+  std::size_t offset;  // in elements of the state buffer, aligned
+  std::size_t size;
+  int rank;
+  std::array<int, 4> dims;
+  float fill;
 };
 
 /// How errors name a parameter tensor: its PyTorch name and its layer, e.g. "'0.weight' (layer 1)".
 inline std::string param_tensor_label(const ParamTensor& t) {
   std::string s = "'";
-  s += std::to_string(t.layer - 1);
-  s += t.role == ParamRole::weight ? ".weight'" : ".bias'";
-  s += " (layer ";
+  s += t.name.c_str();
+  s += "' (layer ";
   s += std::to_string(t.layer);
   s += ")";
   return s;
 }
+
+namespace detail {
+/// The key of layer L at `index` in its list: its Named<> name, else its position after Input
+/// (PyTorch's nn.Sequential index).
+template <class L>
+constexpr TensorName layer_key(std::size_t index) {
+  if constexpr (requires { L::torch_name; }) return TensorName(L::torch_name);
+  else return TensorName{}.append_number(index - 1);
+}
+constexpr TensorName param_key(const ParamSpec& p) {
+  if (!p.name.empty()) return p.name;
+  return TensorName(p.role == ParamRole::weight ? "weight" : "bias");
+}
+}  // namespace detail
 
 /// Where a stage's tensors live: offsets in elements per sample (multiply by the batch size).
 struct StagePlan {
@@ -240,8 +270,10 @@ struct StagePlan {
   std::size_t out_offset;   // y
   bool saves_z;             // the epilogue needs its input in backward
   std::size_t z_offset;
-  std::size_t weight = 0;   // offsets in the flat parameter buffer (when the stage has parameters)
-  std::size_t bias = 0;
+  std::size_t weight = 0;   // offsets in the flat parameter buffer (when the stage has parameters):
+  std::size_t bias = 0;     // its first weight and its first bias
+  std::size_t state = 0;    // offset of the anchor's first tensor in the state buffer
+  bool has_state = false;
 };
 
 /// A network: Input<C,H,W> followed by layers, flat. Everything below is a compile-time fact.
@@ -287,11 +319,52 @@ struct Sequential {
     std::size_t i = 0, offset = 0;
     for_each_layer([&](auto b) {
       for (const ParamSpec& p : decltype(b)::params) {
-        t[i++] = ParamTensor{decltype(b)::index, p.role, offset, p.size, p.fan_in, p.rank, p.dims};
+        using B = decltype(b);
+        t[i++] = ParamTensor{B::index,
+                             p.role,
+                             offset,
+                             p.size,
+                             p.fan_in,
+                             p.rank,
+                             p.dims,
+                             detail::param_key(p).under(detail::layer_key<typename B::layer>(B::index)),
+                             p.constant,
+                             p.fill};
         offset += align_elements(p.size);
       }
     });
     return t;
+  }();
+
+  static constexpr std::size_t count_state() {
+    std::size_t n = 0;
+    for_each_layer([&](auto b) { n += decltype(b)::state.size(); });
+    return n;
+  }
+  static constexpr std::size_t state_tensor_count = count_state();
+
+  /// Every non-trainable tensor (BatchNorm's running statistics, and what forward leaves for
+  /// backward) in layer order, each at an aligned offset of the state buffer.
+  static constexpr std::array<StateTensor, state_tensor_count> state_layout = [] {
+    std::array<StateTensor, state_tensor_count> t{};
+    std::size_t i = 0, offset = 0;
+    for_each_layer([&](auto b) {
+      using B = decltype(b);
+      for (const StateSpec& s : B::state) {
+        t[i++] = StateTensor{B::index, s.name.under(detail::layer_key<typename B::layer>(B::index)),
+                             s.kind,   offset,
+                             s.size,   s.rank,
+                             s.dims,   s.fill};
+        offset += align_elements(s.size);
+      }
+    });
+    return t;
+  }();
+  /// Elements of the state buffer (0 for a network without BatchNorm).
+  static constexpr std::size_t state_storage = [] {
+    std::size_t n = 0;
+    for (const auto& t : state_layout) n = t.offset + align_elements(t.size);
+    return n;
   }();
 
   /// Number of trainable scalars (as PyTorch counts them).
@@ -320,13 +393,24 @@ struct Sequential {
         p.out_offset = offset;
         offset += align_elements(S::out::size);
       }
-      p.saves_z = S::epilogue::saves_input && S::kind != LayerKind::pointwise;
+      constexpr long saved = saved_elements_of<typename S::layer, typename S::in>();
+      p.saves_z = saved >= 0 ? saved > 0 : S::epilogue::saves_input && S::kind != LayerKind::pointwise;
       if (p.saves_z) {
         p.z_offset = offset;
-        offset += align_elements(S::out::size);
+        offset += align_elements(saved >= 0 ? std::size_t(saved) : S::out::size);
       }
-      for (const auto& t : param_layout)
-        if (t.layer == S::first) (t.role == ParamRole::weight ? p.weight : p.bias) = t.offset;
+      bool weight = false, bias = false;
+      for (const auto& t : param_layout) {
+        if (t.layer != S::first) continue;
+        bool& seen = t.role == ParamRole::weight ? weight : bias;
+        if (!seen) (t.role == ParamRole::weight ? p.weight : p.bias) = t.offset;
+        seen = true;
+      }
+      for (const auto& t : state_layout)
+        if (t.layer == S::first && !p.has_state) {
+          p.state = t.offset;
+          p.has_state = true;
+        }
     };
     (place(stage<I>{}, plan[I]), ...);
     return std::pair{plan, offset};
@@ -337,6 +421,12 @@ struct Sequential {
   static constexpr std::size_t max_activation(std::index_sequence<I...>) {
     std::size_t m = align_elements(input_shape::size);
     ((m = std::max(m, align_elements(stage<I>::out::size))), ...);
+    return m;
+  }
+  template <std::size_t... I>
+  static constexpr std::size_t max_backward(std::index_sequence<I...>) {
+    std::size_t m = 0;
+    ((m = std::max(m, backward_elements_of<typename stage<I>::layer, typename stage<I>::in>())), ...);
     return m;
   }
   template <std::size_t... I>
@@ -353,6 +443,8 @@ struct Sequential {
   static constexpr std::size_t activation_elements = plan_and_size_.second;
   /// Elements per sample of each of the two gradient buffers that backward alternates between.
   static constexpr std::size_t gradient_elements = max_activation(std::make_index_sequence<stage_count>{});
+  /// Elements per sample of the work memory that stages use during their backward only.
+  static constexpr std::size_t backward_elements = max_backward(std::make_index_sequence<stage_count>{});
   /// Elements of Host scratch per thread (im2col matrices and private weight gradients).
   static constexpr std::size_t host_scratch_elements = max_scratch(std::make_index_sequence<stage_count>{});
   /// A hash of everything that defines the network: each layer's name, numeric attributes (kernel,
@@ -368,7 +460,7 @@ struct Sequential {
       using B = decltype(b);
       f.word(B::index);
       f.text(B::layer::name);
-      detail::hash_attributes<typename B::layer>(f);
+      detail::hash_attributes<typename B::layer, typename B::in>(f);
       f.word(B::out::channels);
       f.word(B::out::height);
       f.word(B::out::width);
@@ -379,11 +471,19 @@ struct Sequential {
       f.word(t.offset);
       f.word(t.size);
     }
+    // (networks without state hash as they did before the state buffer existed)
+    for (const auto& t : state_layout) {
+      f.word(t.layer);
+      f.word(std::uint64_t(t.kind));
+      f.word(t.offset);
+      f.word(t.size);
+    }
     return f.h;
   }();
 
   /// Workspace elements per sample in all.
-  static constexpr std::size_t workspace_elements_per_sample = activation_elements + 2 * gradient_elements;
+  static constexpr std::size_t workspace_elements_per_sample =
+      activation_elements + 2 * gradient_elements + backward_elements;
 };
 
 template <class T>

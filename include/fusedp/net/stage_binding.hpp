@@ -10,9 +10,70 @@
 #include "fusedp/net/sequential.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace fusedp {
+
+namespace detail {
+/// Who runs stage S: its anchor layer, or PointwiseStage for a run of activations.
+template <class S>
+using stage_executor = std::conditional_t<S::kind == LayerKind::pointwise, PointwiseStage, typename S::layer>;
+
+// Where stage I of Net reads and writes, in a workspace `ws` laid out per sample by Net::stage_plan
+// for `batch` samples, `x` the network's input. Shared by a model's binding and a block's inner
+// networks (net/residual.hpp).
+template <Network Net, std::size_t I, class T>
+const T* stage_input(T* ws, const T* x, std::size_t batch);
+template <Network Net, std::size_t I, class T>
+T* stage_output(T* ws, const T* x, std::size_t batch) {
+  if constexpr (Net::stage_plan[I].aliases_input) return const_cast<T*>(stage_input<Net, I>(ws, x, batch));
+  else return ws + Net::stage_plan[I].out_offset * batch;
+}
+template <Network Net, std::size_t I, class T>
+const T* stage_input(T* ws, const T* x, std::size_t batch) {
+  if constexpr (I == 0) return x;
+  else return stage_output<Net, I - 1>(ws, x, batch);
+}
+
+/// The buffers one replica's stages work on: parameters, gradients and state (each the base of a
+/// network's flat layout) and the per-sample workspace.
+template <class T>
+struct StageMemory {
+  T* workspace;
+  T* params;
+  T* grads;
+  T* state;
+  T* work;  // backward's work memory (Net::backward_elements per sample)
+};
+
+/// Stage I's arguments (dy and dx left null).
+template <Network Net, std::size_t I, class Space, class T>
+StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, const T* x, std::size_t batch,
+                               bool training, T* scratch, std::uint64_t seed, std::uint64_t step,
+                               std::size_t index) {
+  constexpr StagePlan p = Net::stage_plan[I];
+  using S = typename Net::template stage<I>;
+  return StageArgs<Space, T>{space,
+                             batch,
+                             stage_input<Net, I>(m.workspace, x, batch),
+                             stage_output<Net, I>(m.workspace, x, batch),
+                             p.saves_z ? m.workspace + p.z_offset * batch : nullptr,
+                             S::has_params ? m.params + p.weight : nullptr,
+                             S::has_params ? m.params + p.bias : nullptr,
+                             nullptr,
+                             nullptr,
+                             S::has_params ? m.grads + p.weight : nullptr,
+                             S::has_params ? m.grads + p.bias : nullptr,
+                             scratch,
+                             training,
+                             seed,
+                             step,
+                             index,
+                             p.has_state ? m.state + p.state : nullptr,
+                             m.work};
+}
+}  // namespace detail
 
 /// The workspace of a model of Net on Space and the binding of every stage to it.
 /// @tparam Net a Sequential<...>
@@ -57,39 +118,22 @@ class StageBinding {
 
   template <std::size_t I>
   T* output_of(const T* x, std::size_t batch) {
-    if constexpr (Net::stage_plan[I].aliases_input) return const_cast<T*>(input_of<I>(x, batch));
-    else return workspace_.data() + Net::stage_plan[I].out_offset * batch;
+    return detail::stage_output<Net, I>(workspace_.data(), x, batch);
   }
   template <std::size_t I>
   const T* input_of(const T* x, std::size_t batch) {
-    if constexpr (I == 0) return x;
-    else return output_of<I - 1>(x, batch);
+    return detail::stage_input<Net, I>(workspace_.data(), x, batch);
   }
 
   /// Stage I's arguments for a batch `x` of `batch` samples. `scratch`: the stage's scratch memory.
   template <std::size_t I>
   StageArgs<Space, T> args_of(const Space& space, store_type& store, const T* x, std::size_t batch, bool training,
                               T* scratch) {
-    constexpr StagePlan p = Net::stage_plan[I];
-    using S = typename Net::template stage<I>;
-    T* params = store.params().data();
-    T* grads = store.grads().data();
-    return StageArgs<Space, T>{space,
-                               batch,
-                               input_of<I>(x, batch),
-                               output_of<I>(x, batch),
-                               p.saves_z ? workspace_.data() + p.z_offset * batch : nullptr,
-                               S::has_params ? params + p.weight : nullptr,
-                               S::has_params ? params + p.bias : nullptr,
-                               nullptr,
-                               nullptr,
-                               S::has_params ? grads + p.weight : nullptr,
-                               S::has_params ? grads + p.bias : nullptr,
-                               scratch,
-                               training,
-                               store.seed(),
-                               store.steps(),
-                               S::first};
+    const detail::StageMemory<T> m{workspace_.data(), store.params().data(), store.grads().data(),
+                                   store.buffers().data(),
+                                   workspace_.data() + batch * (Net::activation_elements + 2 * Net::gradient_elements)};
+    return detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(), store.steps(),
+                                      Net::template stage<I>::first);
   }
 
   /// Runs stage I forward (a reshape runs nothing: its output aliases its input).
@@ -119,7 +163,7 @@ class StageBinding {
 
  private:
   template <class S>
-  using executor = std::conditional_t<S::kind == LayerKind::pointwise, PointwiseStage, typename S::layer>;
+  using executor = detail::stage_executor<S>;
 
   buffer<T> workspace_;
   std::size_t capacity_ = 0;

@@ -59,6 +59,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
   static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+  static_assert(parallel::fits_network<Net, policy>());
 
   /// `r.count` replicas in this process on devices 0 .. r.count - 1 (r.threads_per_replica is unused).
   /// More replicas than visible devices is an error.
@@ -312,6 +313,12 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       rep.channel.finish_into_model_stream();
     } else {
       zero_update(rep, global, opt, factor);
+    }
+    if constexpr (policy::broadcast_buffers) {
+      // Rank 0's running statistics on every replica (after this step's forward updated them).
+      rep.channel.after_model_stream();
+      rep.channel.comm().broadcast(rep.model.buffers().data(), Net::state_storage, 0, rep.channel.stream());
+      rep.channel.finish_into_model_stream();
     }
     rep.channel.comm().wait(rep.model.space().stream(), "Parallel::train_step (gradient reduction and update)");
   }

@@ -55,6 +55,7 @@ class Parallel<Net, Host, Policies...> {
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
   static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
+  static_assert(parallel::fits_network<Net, policy>());
 
   /// `r.count` replicas in this process, started from the same parameters (drawn from `seed`).
   explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
@@ -250,6 +251,7 @@ class Parallel<Net, Host, Policies...> {
         normalizer);
     reducer.finish(channel, m.grads().data(), zero_);
     update(r, channel, opt);
+    if constexpr (policy::broadcast_buffers) channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);
     double weighted_loss = double(l) * double(count);
     channel.comm().all_reduce_sum(&weighted_loss, 1);
     return float(weighted_loss / double(global));

@@ -67,10 +67,22 @@ struct Sum {};
 /// algorithm of the communicator.
 struct Deterministic {};
 
+/// How replicas keep BatchNorm's running statistics (category batch_norm; a network with BatchNorm must
+/// name one). Each replica normalizes with the statistics of its own shard, as DDP does without
+/// SyncBatchNorm.
+namespace batch_norm {
+/// After every step, rank 0's running statistics are copied to every replica (DDP's default,
+/// broadcast_buffers=True): every replica evaluates and saves the same statistics.
+struct Broadcast {};
+}  // namespace batch_norm
+
 namespace parallel::detail {
 
 template <class... Ts>
 struct list {};
+
+template <class T>
+struct is_norm : std::is_same<T, batch_norm::Broadcast> {};
 
 template <class T>
 struct is_scatter : std::bool_constant<std::is_same_v<T, scatter::Even> || std::is_same_v<T, scatter::Weighted> ||
@@ -164,7 +176,8 @@ struct is_scaling : std::bool_constant<std::is_same_v<T, Average> || std::is_sam
 template <class T>
 struct is_deterministic : std::is_same<T, Deterministic> {};
 template <class T>
-struct is_known : std::bool_constant<is_scatter<T>::value || is_comm<T>::value || reduce_of<T>::value || is_knob<T>> {};
+struct is_known : std::bool_constant<is_scatter<T>::value || is_comm<T>::value || reduce_of<T>::value || is_knob<T> ||
+                                     is_norm<T>::value> {};
 
 template <template <class> class Pred, class Default, class L>
 struct pick;
@@ -196,7 +209,7 @@ struct Policy {
   static_assert(all_known,
                 "fusedp::Parallel: a policy is not one of scatter::{Even, Weighted, Sharded}, "
                 "reduce::{AllReduce, ReduceBroadcast, ReduceScatter}<...>, comm::{Auto, InProcess, Mpi, Nccl}, "
-                "Bucket<bytes>, Overlap, Compress<bf16>, Average, Sum, Deterministic");
+                "Bucket<bytes>, Overlap, Compress<bf16>, Average, Sum, Deterministic, batch_norm::Broadcast");
   static_assert(detail::count_if<detail::is_scatter>(all{}) <= 1,
                 "fusedp::Parallel: more than one scatter policy (category scatter: Even, Weighted, Sharded)");
   static_assert(detail::count_if<detail::is_reduce>(all{}) <= 1,
@@ -211,6 +224,8 @@ struct Policy {
                 "fusedp::Parallel: more than one scaling policy (category scaling: Average, Sum)");
   static_assert(detail::count_if<detail::is_deterministic>(all{}) <= 1,
                 "fusedp::Parallel: Deterministic given twice");
+  static_assert(detail::count_if<detail::is_norm>(all{}) <= 1,
+                "fusedp::Parallel: more than one batch_norm policy (category batch_norm: Broadcast)");
 
   using scatter_policy = typename detail::pick<detail::is_scatter, scatter::Even, all>::type;
   using reduce_policy = typename detail::pick<detail::is_reduce, reduce::AllReduce<>, all>::type;
@@ -228,6 +243,7 @@ struct Policy {
   using scaling_policy = typename detail::pick<detail::is_scaling, Average, all>::type;
   static constexpr bool sum = std::is_same_v<scaling_policy, Sum>;
   static constexpr bool deterministic = detail::count_if<detail::is_deterministic>(all{}) == 1;
+  static constexpr bool broadcast_buffers = detail::count_if<detail::is_norm>(all{}) == 1;
 
   static_assert(!std::is_same_v<comm_policy, comm::Nccl> || detail::is_device_space<Space>(),
                 "fusedp::Parallel: comm::Nccl needs the Cuda space (category comm); Host uses InProcess or Mpi");
@@ -241,8 +257,21 @@ struct Policy {
                                         std::uint64_t(deterministic) << 7 |
                                         std::uint64_t(std::is_same_v<scatter_policy, scatter::Weighted>) << 8 |
                                         std::uint64_t(std::is_same_v<scatter_policy, scatter::Sharded>) << 9 |
+                                        std::uint64_t(broadcast_buffers) << 10 |
                                         std::uint64_t(bucket_bytes) << 16;
 };
+
+/// Whether policy set P fits network Net: a network with running statistics (BatchNorm) needs a
+/// batch_norm policy, so that replicas do not silently evaluate and save different statistics.
+template <class Net, class P>
+constexpr bool fits_network() {
+  static_assert(Net::state_storage == 0 || P::broadcast_buffers,
+                "fusedp::Parallel: the network holds BatchNorm running statistics, which each replica updates "
+                "from its own shard: name how replicas keep them, batch_norm::Broadcast (rank 0's statistics "
+                "copied to every replica after each step, as DDP's broadcast_buffers). SyncBatchNorm (batch "
+                "statistics reduced over all replicas) is not implemented yet");
+  return true;
+}
 
 }  // namespace parallel
 }  // namespace fusedp

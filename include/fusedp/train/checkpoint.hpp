@@ -1,10 +1,12 @@
 #pragma once
 // Checkpoints. Two kinds of files, both in the safetensors layout (train/safetensors.hpp):
 //
-//   weights         one F32 tensor per parameter, named and shaped as PyTorch's state_dict of the
-//                   equivalent nn.Sequential ("0.weight", "0.bias", "3.weight", ...), so
+//   weights         one F32 tensor per parameter and per BatchNorm buffer (running_mean, running_var,
+//                   num_batches_tracked as a scalar), named and shaped as PyTorch's state_dict of the
+//                   equivalent module ("0.weight", "3.bias", "layer1.0.bn1.running_mean", ...), so
 //                   `model.load_state_dict(load_file(path))` works; metadata: fusedp version,
-//                   network fingerprint, checksum. PyTorch-written files (no fusedp metadata) load too.
+//                   network fingerprint, checksum. PyTorch-written files (no fusedp metadata; an I64
+//                   num_batches_tracked) load too.
 //   training state  the optimizer's state per parameter ("0.weight.momentum_buffer", "0.weight.exp_avg",
 //                   ...) and, as metadata, the optimizer's name, the step counters, the epoch and
 //                   sampler position, the seeds, the dataset size, batch and world size, the
@@ -107,11 +109,11 @@ inline std::uint32_t parse_crc32(const SafetensorsFile& f, const std::string& ke
   return static_cast<std::uint32_t>(std::stoul(*s, nullptr, 16));
 }
 
-/// The PyTorch state_dict key of a parameter tensor: "<layer - 1>.weight" or ".bias".
-inline std::string tensor_name(const ParamTensor& t) {
-  return std::to_string(t.layer - 1) + (t.role == ParamRole::weight ? ".weight" : ".bias");
-}
-inline std::vector<std::size_t> tensor_shape(const ParamTensor& t) {
+/// The PyTorch state_dict key of a parameter or buffer ("3.weight", "layer1.0.bn1.running_var").
+inline std::string tensor_name(const ParamTensor& t) { return t.name.c_str(); }
+inline std::string tensor_name(const StateTensor& t) { return t.name.c_str(); }
+template <class Tensor>
+std::vector<std::size_t> tensor_shape(const Tensor& t) {
   std::vector<std::size_t> shape;
   for (int i = 0; i < t.rank; ++i) shape.push_back(std::size_t(t.dims[std::size_t(i)]));
   return shape;
@@ -154,6 +156,16 @@ std::span<const float> host_params(const Model& model, std::vector<float>& stagi
   }
 }
 template <class Model>
+std::span<const float> host_buffers(const Model& model, std::vector<float>& staging) {
+  if constexpr (on_host<Model>) {
+    return model.buffers();
+  } else {
+    staging.resize(model.buffers().size());
+    model.copy_buffers_to_host(staging);
+    return staging;
+  }
+}
+template <class Model>
 std::span<const float> host_optimizer_state(const Model& model, std::vector<float>& staging) {
   if constexpr (on_host<Model>) {
     return model.optimizer_state();
@@ -178,10 +190,23 @@ void store_optimizer_state(Model& model, std::span<const float> values) {
   }
 }
 
-// Checks that `f` holds exactly the parameters of Net (names, F32, shapes) and, when it says which
-// network wrote it, that it is Net. Returns each parameter's entry in param_layout order.
+// The buffers a checkpoint holds: BatchNorm's running statistics, not what forward leaves for backward.
 template <class Net>
-std::vector<const SafetensorsTensor*> match_weights(const SafetensorsFile& f) {
+constexpr bool saved_buffer(const StateTensor& t) {
+  return t.kind == StateKind::buffer;
+}
+
+/// What a weights file gave: each parameter's entry in param_layout order, and the state buffer's
+/// values (those of the file where it has them, the rest as a fresh model starts them).
+struct MatchedWeights {
+  std::vector<const SafetensorsTensor*> params;
+  std::vector<float> buffers;
+};
+
+// Checks that `f` holds exactly the parameters and buffers of Net (names, dtypes, shapes) and, when it
+// says which network wrote it, that it is Net.
+template <class Net>
+MatchedWeights match_weights(const SafetensorsFile& f) {
   if (const std::string* kind = f.meta("fusedp.kind"); kind && *kind != "weights")
     throw DataError(f.path, "is a fusedp " + *kind + " file, not a weights file");
   if (f.meta("fusedp.fingerprint")) {
@@ -190,28 +215,46 @@ std::vector<const SafetensorsTensor*> match_weights(const SafetensorsFile& f) {
       throw DataError(f.path, "is a checkpoint of another network: its fingerprint is " + hex64(fp) +
                                   ", this network's is " + hex64(Net::fingerprint));
   }
-  std::vector<const SafetensorsTensor*> found;
+  std::size_t expected = Net::param_layout.size();
+  for (const StateTensor& t : Net::state_layout) expected += saved_buffer<Net>(t) ? 1 : 0;
+  MatchedWeights m;
   for (const ParamTensor& t : Net::param_layout) {
     const std::string name = tensor_name(t);
     const SafetensorsTensor* e = f.find(name);
     if (!e)
       throw DataError(f.path, "has no tensor '" + name + "' (" + std::to_string(f.tensors.size()) +
-                                  " tensors in the file; this network has " +
-                                  std::to_string(Net::param_layout.size()) + ")");
+                                  " tensors in the file; this network has " + std::to_string(expected) + ")");
     if (e->dtype != "F32") throw DataError(f.path, "tensor '" + name + "' has dtype " + e->dtype + ", expected F32");
     if (e->shape != tensor_shape(t))
       throw DataError(f.path, "tensor '" + name + "' has shape " + shape_text(e->shape) + ", this network needs " +
                                   shape_text(tensor_shape(t)));
-    found.push_back(e);
+    m.params.push_back(e);
   }
-  if (f.tensors.size() != found.size()) {
+  m.buffers.assign(Net::state_storage, 0.0f);
+  for (const StateTensor& t : Net::state_layout) {
+    float* dst = m.buffers.data() + t.offset;
+    if (!saved_buffer<Net>(t)) continue;
+    const std::string name = tensor_name(t);
+    const SafetensorsTensor* e = f.find(name);
+    if (!e)
+      throw DataError(f.path, "has no tensor '" + name + "' (a BatchNorm running statistic of this network; " +
+                                  std::to_string(f.tensors.size()) + " tensors in the file, this network has " +
+                                  std::to_string(expected) + ")");
+    if (e->shape != tensor_shape(t))
+      throw DataError(f.path, "tensor '" + name + "' has shape " + shape_text(e->shape) + ", this network needs " +
+                                  shape_text(tensor_shape(t)));
+    if (t.rank == 0) dst[0] = float(f.read_scalar(*e));
+    else f.read_f32(*e, {dst, t.size});
+  }
+  if (f.tensors.size() != expected) {
     for (const auto& e : f.tensors) {
       bool known = false;
       for (const ParamTensor& t : Net::param_layout) known = known || tensor_name(t) == e.name;
+      for (const StateTensor& t : Net::state_layout) known = known || (saved_buffer<Net>(t) && tensor_name(t) == e.name);
       if (!known) throw DataError(f.path, "has a tensor '" + e.name + "' that this network does not have");
     }
   }
-  return found;
+  return m;
 }
 
 template <class Model>
@@ -232,6 +275,10 @@ std::vector<std::uint8_t> encode_weights(const Model& model, std::uint32_t* crc 
   std::vector<TensorToWrite> tensors;
   for (const ParamTensor& t : Net::param_layout)
     tensors.push_back({tensor_name(t), tensor_shape(t), params.subspan(t.offset, t.size)});
+  std::vector<float> buffer_staging;
+  const std::span<const float> buffers = host_buffers(model, buffer_staging);
+  for (const StateTensor& t : Net::state_layout)
+    if (saved_buffer<Net>(t)) tensors.push_back({tensor_name(t), tensor_shape(t), buffers.subspan(t.offset, t.size)});
   return encode_safetensors(tensors, common_metadata<Model>("weights"), crc);
 }
 
@@ -393,8 +440,8 @@ void save_weights(const std::string& path, const Model& model) {
   write_file_atomically(path, bytes);
 }
 
-/// Loads parameters from a safetensors file written by save_weights or by PyTorch (F32 tensors named
-/// as the nn.Sequential's state_dict). The model is changed only when everything checks out: the
+/// Loads parameters (and BatchNorm buffers) from a safetensors file written by save_weights or by
+/// PyTorch (F32 tensors named as the module's state_dict). The model is changed only when everything checks out: the
 /// checksum (if any), the network fingerprint (if any), every tensor's name, dtype and shape, and
 /// no tensor this network lacks.
 template <class Model>
@@ -403,13 +450,14 @@ void load_weights(const std::string& path, Model& model) {
   using Net = typename Model::network;
   const SafetensorsFile f = read_safetensors(path);
   detail::check_format(f);
-  const std::vector<const SafetensorsTensor*> found = detail::match_weights<Net>(f);
+  const detail::MatchedWeights found = detail::match_weights<Net>(f);
   std::vector<float> staged(Net::param_storage, 0.0f);  // padding stays zero
-  for (std::size_t i = 0; i < found.size(); ++i) {
+  for (std::size_t i = 0; i < found.params.size(); ++i) {
     const ParamTensor& t = Net::param_layout[i];
-    f.read_f32(*found[i], {staged.data() + t.offset, t.size});
+    f.read_f32(*found.params[i], {staged.data() + t.offset, t.size});
   }
   detail::store_params(model, staged);
+  model.load_buffers(found.buffers);
 }
 
 /// Saves `model` (weights, optimizer state, step counters) and `state` into the folder `dir`
@@ -489,15 +537,16 @@ TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& o
   if (!wf)
     throw DataError(weights_path, "does not belong to " + state_path + " (its checksum differs from the one the "
                                       "training state records): the folder mixes two saves");
-  const std::vector<const SafetensorsTensor*> found = detail::match_weights<Net>(*wf);
+  const detail::MatchedWeights found = detail::match_weights<Net>(*wf);
   std::vector<float> params(Net::param_storage, 0.0f);
-  for (std::size_t i = 0; i < found.size(); ++i) {
+  for (std::size_t i = 0; i < found.params.size(); ++i) {
     const ParamTensor& t = Net::param_layout[i];
-    wf->read_f32(*found[i], {params.data() + t.offset, t.size});
+    wf->read_f32(*found.params[i], {params.data() + t.offset, t.size});
   }
 
   // Everything checked: now change the model.
   detail::store_params(model, params);
+  model.load_buffers(found.buffers);
   if (slots > 0) {
     detail::store_optimizer_state<Opt>(model, opt_state);
   } else if (model.optimizer_name() != nullptr) {

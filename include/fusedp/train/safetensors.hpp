@@ -72,6 +72,19 @@ struct SafetensorsFile {
     const auto it = metadata.find(key);
     return it == metadata.end() ? nullptr : &it->second;
   }
+  /// The value of a one-element integer tensor (I64, as PyTorch saves num_batches_tracked) or F32.
+  [[nodiscard]] double read_scalar(const SafetensorsTensor& t) const {
+    const std::uint8_t* src = bytes.data() + data_start + t.begin;
+    auto little = [&](int n) {
+      std::uint64_t u = 0;
+      for (int i = n - 1; i >= 0; --i) u = u << 8 | src[i];
+      return u;
+    };
+    if (t.dtype == "I64" && t.end - t.begin == 8) return double(std::int64_t(little(8)));
+    if (t.dtype == "F32" && t.end - t.begin == 4) return double(std::bit_cast<float>(std::uint32_t(little(4))));
+    throw DataError(path, "tensor '" + t.name + "' has dtype " + t.dtype + " and " +
+                              std::to_string(t.end - t.begin) + " bytes, expected one I64 or F32 value");
+  }
   /// Copies F32 tensor `t` into `out`, which holds exactly its elements.
   void read_f32(const SafetensorsTensor& t, std::span<float> out) const {
     if (t.dtype != "F32") throw DataError(path, "tensor '" + t.name + "' has dtype " + t.dtype + ", expected F32");

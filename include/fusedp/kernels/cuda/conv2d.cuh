@@ -145,7 +145,7 @@ struct ConvBiasActivation {
       int img = 0, pix = 0;
       div_ohw.divmod(gm, img, pix);
       const std::size_t i = (std::size_t(img) * n + gn) * ohw + pix;
-      const float v = c[lm * ldc + ln] + bias[gn];
+      const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
       if constexpr (Epi::saves_input) z[i] = v;
       y[i] = Epi::apply(v);
     });
@@ -171,7 +171,7 @@ struct ConvBiasActivationMaxPool {
       const int lw = idx % wins, ln = idx / wins;
       const int gw = w0 + lw, gn = n0 + ln;
       if (gw >= windows || gn >= n) continue;
-      const float b = bias[gn];
+      const float b = bias ? bias[gn] : 0.0f;
       float best = Epi::apply(c[(lw * kk) * ldc + ln] + b);
       int at = 0;
       for (int e = 0; e < kk; ++e) {

@@ -94,6 +94,7 @@ struct SoftmaxCrossEntropyRow {
   int classes;
   float scale;
   int* bad_target;
+  float smoothing;
   __device__ float operator()(int row) const {
     const std::int32_t label = labels[row];
     float* d = dlogits ? dlogits + std::size_t(row) * classes : nullptr;
@@ -103,7 +104,7 @@ struct SoftmaxCrossEntropyRow {
         for (int c = 0; c < classes; ++c) d[c] = 0.0f;
       return __int_as_float(0x7fc00000);  // NaN
     }
-    return softmax_cross_entropy_row(logits + std::size_t(row) * classes, classes, int(label), d, scale);
+    return softmax_cross_entropy_row(logits + std::size_t(row) * classes, classes, int(label), d, scale, smoothing);
   }
 };
 
@@ -140,13 +141,15 @@ void run_loss(cudaStream_t stream, std::size_t batch, const RowLoss& row_loss, f
 }  // namespace detail
 
 /// Mean softmax cross-entropy of `batch` rows of `classes` logits; dlogits (when not null) receives its
-/// gradient, (softmax - onehot) / batch.
+/// gradient, (softmax - target) / batch (target: the label smoothed by `smoothing`).
 inline void softmax_cross_entropy(cudaStream_t stream, std::size_t batch, std::size_t classes, const float* logits,
-                                  const std::int32_t* labels, float* dlogits, const LossOutput& out) {
+                                  const std::int32_t* labels, float* dlogits, const LossOutput& out,
+                                  float smoothing = 0.0f) {
   const float scale = 1.0f / float(batch);
-  detail::run_loss(stream, batch,
-                   detail::SoftmaxCrossEntropyRow{logits, labels, dlogits, int(classes), scale, out.bad_target}, scale,
-                   out);
+  detail::run_loss(
+      stream, batch,
+      detail::SoftmaxCrossEntropyRow{logits, labels, dlogits, int(classes), scale, out.bad_target, smoothing}, scale,
+      out);
 }
 
 /// Mean squared error over batch x outputs values; dy (when not null) receives its gradient.

@@ -392,7 +392,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
   const std::size_t stride = layout.per_thread();
   auto epilogue = [&](T* yn, T* zn) {
     return [=](std::size_t o, std::size_t, T* p, std::size_t cnt) {
-      const T bias = b[o];
+      const T bias = b ? b[o] : T(0);  // no bias: Conv2d<..., no_bias>
       if constexpr (Epi::saves_input) {
         T* zp = zn + (p - yn);
         for (std::size_t j = 0; j < cnt; ++j) {
@@ -524,7 +524,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   } else {
     detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
   }
-  detail::reduce_threads(host, scratch, stride, db_at, outs, db);
+  if (db) detail::reduce_threads(host, scratch, stride, db_at, outs, db);
 }
 
 }  // namespace fusedp::kernels::host

@@ -25,6 +25,37 @@ void pointwise_backward(const Host& host, std::size_t n, const T* x, const T* y,
   });
 }
 
+/// z = a + b and y = Epi(z) elementwise (a residual block's add and the activation after it).
+template <class Epi, class T>
+void add_forward(const Host& host, std::size_t n, const T* a, const T* b, T* z, T* y) {
+  host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      z[i] = a[i] + b[i];
+      y[i] = Epi::apply(z[i]);
+    }
+  });
+}
+
+/// dy *= Epi'(z) in place: the gradient before an epilogue.
+template <class Epi, class T>
+void epilogue_backward(const Host& host, std::size_t n, const T* z, const T* y, T* dy) {
+  if constexpr (!Epi::empty)
+    host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
+      for (std::size_t i = i0; i < i1; ++i) dy[i] *= Epi::derivative(z[i], y[i]);
+    });
+}
+
+/// dst = src, or dst += src when `accumulate`.
+template <class T>
+void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool accumulate) {
+  host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
+    if (accumulate)
+      for (std::size_t i = i0; i < i1; ++i) dst[i] += src[i];
+    else
+      for (std::size_t i = i0; i < i1; ++i) dst[i] = src[i];
+  });
+}
+
 /// y = x * keep / (1 - p) in training, y = x otherwise. The mask is a function of (seed, stream, i),
 /// so backward recomputes it instead of storing it.
 template <class T>

@@ -1,0 +1,120 @@
+// resnet18_cifar: trains ResNet-18 (the CIFAR form: 3x3 stem, no max-pool, 11.2 M parameters, torchvision's
+// tensor names) on CIFAR-10, the network of the data-parallel benchmarks after the tutorial ones: SGD with
+// Nesterov momentum and weight decay, a cosine schedule with warm-up, label smoothing, random crop and
+// flip. BatchNorm's running statistics are saved with the weights and, with several replicas or ranks,
+// copied from rank 0 to every replica after each step (batch_norm::Broadcast, as DDP does).
+//
+//   resnet18_cifar --data ~/cifar-10-batches-bin --epochs 30 --metrics r18.jsonl --checkpoint ckpt
+//   resnet18_cifar --synthetic 512 --epochs 1 --batch 64       # speed run, no download
+//   resnet18_cifar --synthetic 4096 --device cuda --batch 256  # on a GPU
+//   mpirun -np 2 resnet18_cifar --data ... --device cuda       # DDP style, one GPU per rank
+//
+// The weights file of a checkpoint (ckpt/model.safetensors) loads into the equivalent torchvision model
+// with load_state_dict(strict=True) (see tests/torch/checkpoint_torch.py for that model).
+#include "common.hpp"
+
+#include <fusedp/data/cifar.hpp>
+#include <fusedp/models/resnet.hpp>
+
+namespace fp = fusedp;
+namespace fd = fusedp::data;
+
+using ResNet18 = fp::models::ResNet18Cifar<10>;
+static_assert(ResNet18::param_count == 11'173'962);
+
+struct Options {
+  std::string data;
+  std::size_t synthetic = 0;
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = true;
+  float label_smoothing = 0.0f;
+  bool augment = true;
+  example::TrainFlags train;
+};
+
+// `n` random 3x32x32 images whose colour leans towards their class, so a speed run also learns.
+fd::Dataset synthetic(std::size_t n, std::uint64_t seed, std::uint64_t split) {
+  constexpr std::size_t plane = 32 * 32;
+  std::vector<float> x(n * 3 * plane);
+  std::vector<std::int32_t> y(n);
+  const std::uint64_t stream = fp::rng::stream(fp::rng::Purpose::data, (std::uint64_t(1) << 40) | split);
+  for (std::size_t i = 0; i < n; ++i) {
+    y[i] = std::int32_t(fp::rng::uniform(seed, stream, i) * 10);
+    for (std::size_t c = 0; c < 3; ++c) {
+      const float tint = float((std::size_t(y[i]) >> c) & 1) * 0.3f;
+      for (std::size_t p = 0; p < plane; ++p)
+        x[(i * 3 + c) * plane + p] = 0.7f * fp::rng::uniform(seed, stream + 1, (i * 3 + c) * plane + p) + tint;
+    }
+  }
+  return fd::make_dataset(std::move(x), std::move(y), 3, 32, 32, 10, "synthetic data");
+}
+
+int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed, const example::Launch& launch,
+        std::uint64_t agree_on) {
+  const example::TrainFlags& f = o.train;
+  if (!o.data.empty() && o.synthetic > 0) throw fp::InvalidArgument("give --data DIR or --synthetic N, not both");
+  if (o.data.empty() && o.synthetic == 0)
+    throw fp::InvalidArgument(std::string("no CIFAR-10 data: pass --data DIR, a folder with the binary batches "
+                                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin (download ") +
+                              fd::cifar10_url + " and extract it), or --synthetic N to time training on N random images");
+  fd::Dataset train, test;
+  if (o.synthetic > 0) {
+    train = synthetic(o.synthetic, f.seed, 0);
+    test = synthetic(std::max<std::size_t>(o.synthetic / 5, 1), f.seed, 1);
+  } else {
+    train = example::with_flag("--data", [&] { return fd::load_cifar10(o.data, fd::Split::train); });
+    test = example::with_flag("--data", [&] { return fd::load_cifar10(o.data, fd::Split::test); });
+  }
+  const auto [mean, stddev] = fd::channel_mean_std(train);
+  const fd::Normalization normalize{mean, stddev};
+  const fd::Augment augment = o.augment ? fd::Augment{.crop_padding = 4, .flip = true} : fd::Augment{};
+
+  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed),
+                              {.batch = std::size_t(f.batch), .augment = augment, .normalize = normalize, .seed = f.seed}};
+  fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 500, .normalize = normalize}};
+
+  example::with_trainer<ResNet18>(launch, f, agree_on, [&](auto& trainer, int threads) {
+    fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov}};
+    if (launch.root())
+      std::printf("fusedp %s: ResNet-18 (%zu parameters, %zu BatchNorm statistics) on %s, %zu train / %zu test "
+                  "images, %s, SGD%s lr %g (%s, %d warm-up steps) weight decay %g, %d process(es) x %d replica(s), "
+                  "%s\n",
+                  FUSEDP_VERSION_STRING, ResNet18::param_count, ResNet18::state_storage,
+                  o.synthetic > 0 ? "synthetic data" : o.data.c_str(), train.count, test.count,
+                  o.augment ? "crop+flip augmentation" : "no augmentation", o.nesterov ? " (Nesterov)" : "",
+                  double(f.lr), f.schedule.c_str(), f.warmup, double(o.weight_decay), launch.world(),
+                  o.train.replicas, example::where(f, threads).c_str());
+    example::fit(trainer, opt, fp::SoftmaxCrossEntropy{.label_smoothing = o.label_smoothing}, train_loader,
+                 test_loader, f, resumed, launch);
+  });
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train ResNet-18 on CIFAR-10 with fusedp on the CPU or a GPU"};
+  Options o;
+  o.train.epochs = 30;
+  o.train.batch = 128;
+  o.train.lr = 0.1f;
+  o.train.schedule = "cosine";
+  o.train.warmup = 100;
+  app.add_option("--data", o.data, "folder with data_batch_1..5.bin and test_batch.bin (or cifar-10-batches-bin in it)");
+  app.add_option("--synthetic", o.synthetic, "train on N random images instead (speed runs; no download)")
+      ->check(CLI::Range(std::size_t(1), std::size_t(1) << 24));
+  example::add_training_flags(app, o.train);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay (L2, on every parameter)")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_flag("!--no-nesterov", o.nesterov, "plain momentum instead of Nesterov's");
+  app.add_option("--label-smoothing", o.label_smoothing, "the cross-entropy's label smoothing")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_flag("!--no-augment", o.augment, "turn off random crop and flip");
+  return example::run_main("resnet18_cifar", app, argc, argv, [&] {
+    const example::Launch launch;
+    const auto resumed = example::resume_state(app, o.train);
+    return run(o, resumed, launch, example::flags_hash(argc, argv));
+  });
+}

@@ -1,0 +1,377 @@
+#pragma once
+// Residual<Body..., Shortcut>: a residual block as one element of a flat Sequential. The body is a flat
+// list of layers; the shortcut is IdentityShortcut or Projection<Layers...> (a flat list too: the 1x1
+// conv with stride and the BatchNorm of a ResNet stage change). The block's output is
+// body(x) + shortcut(x); the activation written after the block in the Sequential (ResNet's ReLU) rides
+// in the epilogue of that add, as activations do behind any anchor.
+//
+// Inside, body and shortcut are Sequentials of their own, so every shape, the parameter and state
+// layouts and the stage plans come from the same code as the network's; a shape mismatch inside a
+// block is reported by the inner Sequential (its layer index within the block) while the compiler's
+// trace names the block. The block's parameters and state are the inner layouts one after the other
+// (body, then shortcut), named as PyTorch names a module's children: by position, or by Named<>.
+//
+// Memory per sample: the body's and the shortcut's activations and the sum before the epilogue (the
+// block's saved region), and three gradient buffers in the network's backward work memory, which
+// every block of the network shares (blocks run backward one after the other). A block inside a
+// block is not supported: both would work in the same memory.
+#include "fusedp/core/shape.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
+#include "fusedp/layers/input.hpp"
+#include "fusedp/layers/layer.hpp"
+#include "fusedp/net/sequential.hpp"
+#include "fusedp/net/stage_binding.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/pointwise.cuh"
+#endif
+
+namespace fusedp {
+
+/// The shortcut of a block whose body keeps the shape: the block's input itself.
+struct IdentityShortcut {
+  static constexpr const char* name = "IdentityShortcut";
+};
+
+/// A shortcut that runs layers of its own on the block's input (torchvision's `downsample`).
+/// @tparam Layers the layers, in order (Conv2d<Out, 1, Stride, 0, no_bias>, BatchNorm2d<>)
+template <class... Layers>
+struct Projection {
+  static_assert(sizeof...(Layers) > 0, "Projection: give it at least one layer (or use IdentityShortcut)");
+  static constexpr const char* name = "Projection";
+  template <class In>
+  using network = Sequential<Input<In::channels, In::height, In::width>, Layers...>;
+};
+
+/// Instantiated when a block's body and shortcut produce different shapes: the compiler prints
+/// residual_shape_mismatch<body output, shortcut output>.
+template <class BodyOut, class ShortcutOut>
+struct residual_shape_mismatch {
+  static_assert(sizeof(BodyOut) == 0,
+                "fusedp::Residual: the body's output and the shortcut's output differ in shape; see "
+                "residual_shape_mismatch<body output, shortcut output> (an IdentityShortcut keeps the "
+                "input's shape: use a Projection when the body changes it)");
+  static constexpr bool value = true;
+};
+
+namespace detail {
+
+template <class S>
+constexpr bool is_identity_shortcut() {
+  return std::is_same_v<S, IdentityShortcut>;
+}
+template <class S, class In>
+struct projection_of {
+  using type = typename S::template network<In>;
+};
+template <class In>
+struct projection_of<IdentityShortcut, In> {
+  using type = void;
+};
+
+template <class S>
+constexpr bool is_shortcut() {
+  if constexpr (is_identity_shortcut<S>()) return true;
+  else return requires { typename S::template network<Shape<1, 1, 1>>; };
+}
+
+// The inner networks of a block at input In. Shortcut: IdentityShortcut, Projection<...> or a
+// Named<> projection (which derives from Projection, so network<In> is found through it).
+template <class In, class... Body>
+using body_network = Sequential<Input<In::channels, In::height, In::width>, Body...>;
+
+template <class Net>
+constexpr bool has_reshape() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (... || (Net::template stage<I>::kind == LayerKind::reshape));
+  }(std::make_index_sequence<Net::stage_count>{});
+}
+
+// The block's own elementwise steps on each space.
+template <class Epi, class T>
+void residual_add(const StageArgs<Host, T>& a, std::size_t n, const T* body, const T* shortcut, T* sum) {
+  kernels::host::add_forward<Epi>(a.space, n, body, shortcut, sum, a.y);
+}
+template <class Epi, class T>
+void residual_epilogue_backward(const StageArgs<Host, T>& a, std::size_t n, const T* sum) {
+  kernels::host::epilogue_backward<Epi>(a.space, n, sum, a.y, a.dy);
+}
+template <class T>
+void residual_copy(const StageArgs<Host, T>& a, std::size_t n, const T* src, T* dst, bool accumulate) {
+  kernels::host::copy_values(a.space, n, src, dst, accumulate);
+}
+#if FUSEDP_HAS_CUDA
+template <class Epi, class T, class P>
+void residual_add(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* body, const T* shortcut, T* sum) {
+  kernels::cuda::add_forward<Epi>(a.space.stream(), n, body, shortcut, sum, a.y);
+}
+template <class Epi, class T, class P>
+void residual_epilogue_backward(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* sum) {
+  kernels::cuda::epilogue_backward<Epi>(a.space.stream(), n, sum, a.y, a.dy);
+}
+template <class T, class P>
+void residual_copy(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* src, T* dst, bool accumulate) {
+  kernels::cuda::copy_values(a.space.stream(), n, src, dst, accumulate);
+}
+#endif
+
+/// Runs the stages of an inner network forward over memory `m`, from input `x`.
+template <Network Net, class Space, class T>
+void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (stage_executor<typename Net::template stage<I>>::template forward<typename Net::template stage<I>::in,
+                                                                     typename Net::template stage<I>::epilogue>(
+         stage_args<Net, I>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step, a.index)),
+     ...);
+  }(std::make_index_sequence<Net::stage_count>{});
+}
+
+/// Runs an inner network backward from `dy` (its output's gradient, may be overwritten) to `dx` (its
+/// input's, skipped when null), alternating between the buffers g0 and g1 in between.
+template <Network Net, class Space, class T>
+void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* dy, T* dx, T* g0, T* g1) {
+  T* current = dy;
+  [&]<std::size_t... R>(std::index_sequence<R...>) {
+    (
+        [&] {
+          constexpr std::size_t I = Net::stage_count - 1 - R;
+          using S = typename Net::template stage<I>;
+          if (I == 0 && !S::has_params && dx == nullptr) return;
+          StageArgs<Space, T> s = stage_args<Net, I>(a.space, m, x, a.batch, true, a.scratch, a.seed, a.step, a.index);
+          s.dy = current;
+          s.dx = I == 0 ? dx : (current == g0 ? g1 : g0);
+          stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
+          current = s.dx;
+        }(),
+        ...);
+  }(std::make_index_sequence<Net::stage_count>{});
+}
+
+}  // namespace detail
+
+/// A residual block: Residual<Body..., Shortcut>, the last element the shortcut.
+/// @tparam Elements the body's layers, then IdentityShortcut or Projection<...> (possibly Named<>)
+template <class... Elements>
+struct Residual {
+  static_assert(sizeof...(Elements) >= 2, "Residual<Body..., Shortcut>: give at least one body layer and a shortcut");
+  static constexpr LayerKind kind = LayerKind::anchor;
+  static constexpr bool absorbs_epilogue = true;
+  static constexpr const char* name = "Residual";
+
+ private:
+  using elements = detail::type_list<Elements...>;
+  static constexpr std::size_t body_size = sizeof...(Elements) - 1;
+  using shortcut = typename detail::type_at<body_size, elements>::type;
+  static constexpr bool identity = detail::is_identity_shortcut<shortcut>();
+
+  template <class In, class Seq>
+  struct body_of;
+  template <class In, std::size_t... I>
+  struct body_of<In, std::index_sequence<I...>> {
+    using type = detail::body_network<In, typename detail::type_at<I, elements>::type...>;
+  };
+
+ public:
+  /// The body and the shortcut at input In, as networks of their own (the identity: none).
+  template <class In>
+  using body = typename body_of<In, std::make_index_sequence<body_size>>::type;
+  template <class In>
+  using projection = typename detail::projection_of<shortcut, In>::type;
+
+ private:
+  template <class In>
+  static constexpr auto check_shapes() {
+    using B = typename body<In>::output_shape;
+    if constexpr (identity) {
+      if constexpr (!std::is_same_v<B, In>) static_assert(residual_shape_mismatch<B, In>::value);
+    } else {
+      using P = typename projection<In>::output_shape;
+      if constexpr (!std::is_same_v<B, P>) static_assert(residual_shape_mismatch<B, P>::value);
+    }
+    return B{};
+  }
+  static_assert(detail::is_shortcut<shortcut>(),
+                "Residual<Body..., Shortcut>: the last element must be IdentityShortcut or Projection<...>");
+
+  // Sizes of an inner network that may be absent (the identity shortcut).
+  template <class In>
+  static constexpr std::size_t shortcut_params() {
+    if constexpr (identity) return 0;
+    else return projection<In>::param_tensor_count;
+  }
+  template <class In>
+  static constexpr std::size_t shortcut_states() {
+    if constexpr (identity) return 0;
+    else return projection<In>::state_tensor_count;
+  }
+  template <class In>
+  static constexpr std::size_t shortcut_activations() {
+    if constexpr (identity) return 0;
+    else return projection<In>::activation_elements;
+  }
+  template <class In>
+  static constexpr TensorName shortcut_key() {
+    return detail::layer_key<shortcut>(body_size + 1);
+  }
+
+ public:
+  template <class In>
+  static constexpr bool accepts = true;  // what does not fit is reported inside (see above)
+  template <class In>
+  using expected = In;
+  template <class In>
+  using output = decltype(check_shapes<In>());
+
+  template <class In>
+  static constexpr auto params = [] {
+    using B = body<In>;
+    std::array<ParamSpec, B::param_tensor_count + shortcut_params<In>()> p{};
+    std::size_t i = 0;
+    auto add = [&](const ParamTensor& t, TensorName name) {
+      p[i++] = ParamSpec{t.role, t.size, t.fan_in, t.rank, t.dims, name, t.constant, t.fill};
+    };
+    for (const ParamTensor& t : B::param_layout) add(t, t.name);
+    if constexpr (!identity)
+      for (const ParamTensor& t : projection<In>::param_layout) add(t, t.name.under(shortcut_key<In>()));
+    return p;
+  }();
+  template <class In>
+  static constexpr auto state = [] {
+    using B = body<In>;
+    std::array<StateSpec, B::state_tensor_count + shortcut_states<In>()> s{};
+    std::size_t i = 0;
+    auto add = [&](const StateTensor& t, TensorName name) {
+      s[i++] = StateSpec{name, t.kind, t.size, t.rank, t.dims, t.fill};
+    };
+    for (const StateTensor& t : B::state_layout) add(t, t.name);
+    if constexpr (!identity)
+      for (const StateTensor& t : projection<In>::state_layout) add(t, t.name.under(shortcut_key<In>()));
+    return s;
+  }();
+
+  /// Elements per sample of each of the three gradient buffers of backward.
+  template <class In>
+  static constexpr std::size_t gradient_elements = [] {
+    std::size_t g = std::max({body<In>::gradient_elements, align_elements(In::size)});
+    if constexpr (!identity) g = std::max(g, projection<In>::gradient_elements);
+    return g;
+  }();
+  template <class In>
+  static constexpr std::size_t saved_elements =
+      body<In>::activation_elements + shortcut_activations<In>() + align_elements(output<In>::size);
+  template <class In>
+  static constexpr std::size_t backward_elements = 3 * gradient_elements<In>;
+  template <class In>
+  static constexpr std::size_t host_scratch = [] {
+    if constexpr (identity) return body<In>::host_scratch_elements;
+    else return std::max(body<In>::host_scratch_elements, projection<In>::host_scratch_elements);
+  }();
+  template <class In>
+  static constexpr std::uint64_t inner_fingerprint = [] {
+    detail::Fnv1a f;
+    f.word(body<In>::fingerprint);
+    if constexpr (!identity) f.word(projection<In>::fingerprint);
+    return f.h;
+  }();
+
+  // Forward and backward are written once for both spaces: the inner stages run on their layers'
+  // executors for the space, the add and copies on the space's elementwise kernels.
+  template <class In, class Epi, class T, class Space>
+  static void forward(const StageArgs<Space, T>& a) {
+    const Regions<In, T> r{a};
+    detail::run_forward<body<In>>(a, r.main, a.x);
+    const T* body_out = detail::stage_output<body<In>, body<In>::stage_count - 1>(r.main.workspace, a.x, a.batch);
+    const T* shortcut_out = a.x;
+    if constexpr (!identity) {
+      detail::run_forward<projection<In>>(a, r.side, a.x);
+      shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace,
+                                                                                          a.x, a.batch);
+    }
+    detail::residual_add<Epi>(a, a.batch * output<In>::size, body_out, shortcut_out, r.sum);
+  }
+
+  template <class In, class Epi, class T, class Space>
+  static void backward(const StageArgs<Space, T>& a) {
+    const Regions<In, T> r{a};
+    const std::size_t n_out = a.batch * output<In>::size;
+    detail::residual_epilogue_backward<Epi>(a, n_out, r.sum);  // a.dy: now the sum's gradient
+    T* body_dx = a.dx ? r.g[0] : nullptr;
+    if constexpr (identity) {
+      if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, false);
+    } else {
+      detail::residual_copy(a, n_out, a.dy, r.g[0], false);
+      detail::run_backward<projection<In>>(a, r.side, a.x, r.g[0], a.dx, r.g[1], r.g[2]);
+    }
+    detail::run_backward<body<In>>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2]);
+    if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true);
+  }
+
+#if FUSEDP_HAS_CUDA
+  /// Floats of Cuda workspace backward needs: the most any inner stage needs (they run one by one).
+  template <class In, class P>
+  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+    std::size_t most = inner_cuda_scratch<body<In>>(batch, space);
+    if constexpr (!identity) most = std::max(most, inner_cuda_scratch<projection<In>>(batch, space));
+    return most;
+  }
+#endif
+
+ private:
+  static_assert(body_size > 0);
+
+#if FUSEDP_HAS_CUDA
+  template <class Net, class P>
+  static std::size_t inner_cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+    std::size_t most = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using S = typename Net::template stage<I>;
+            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, space); })
+              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, space));
+          }(),
+          ...);
+    }(std::make_index_sequence<Net::stage_count>{});
+    return most;
+  }
+#endif
+
+  // Where the block's inner networks work, from the stage's arguments.
+  template <class In, class T>
+  struct Regions {
+    detail::StageMemory<T> main;  // the body's
+    detail::StageMemory<T> side;  // the projection's
+    T* sum;
+    T* g[3];
+    template <class Space>
+    explicit Regions(const StageArgs<Space, T>& a) {
+      static_assert(!detail::has_reshape<body<In>>(), "Residual: a block's body cannot hold Flatten");
+      static_assert(body<In>::backward_elements == 0, "Residual: a block cannot hold another block");
+      T* at = a.z;
+      T* params = const_cast<T*>(a.w);
+      main = {at, params, a.dw, a.state, nullptr};
+      at += body<In>::activation_elements * a.batch;
+      if constexpr (!identity) {
+        side = {at, params ? params + body<In>::param_storage : nullptr,
+                a.dw ? a.dw + body<In>::param_storage : nullptr, a.state ? a.state + body<In>::state_storage : nullptr,
+                nullptr};
+        at += projection<In>::activation_elements * a.batch;
+      } else {
+        side = {nullptr, nullptr, nullptr, nullptr, nullptr};
+      }
+      sum = at;
+      // The gradient buffers: backward's work memory (null in forward, which does not use them).
+      for (std::size_t i = 0; i < 3; ++i) g[i] = a.work ? a.work + i * gradient_elements<In> * a.batch : nullptr;
+    }
+  };
+};
+
+}  // namespace fusedp

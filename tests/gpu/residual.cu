@@ -1,0 +1,81 @@
+// BatchNorm, residual blocks and ResNet-18 on Cuda against the Host model in double: gradients,
+// outputs (evaluation mode: the running statistics), parameters and running statistics after SGD
+// steps. Bounds as in gpu_test.hpp, with ReLU decisions that rounding can flip (discrete).
+#include "gpu_test.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace fp = fusedp;
+using namespace gpu_test;
+
+namespace {
+
+// A stem, an identity block and a projection block, as a ResNet's stages have them.
+using SmallResNet = fp::Sequential<fp::Input<3, 8, 8>, fp::Named<fp::models::names::conv1, fp::Conv2d<8, 3, 1, 1, fp::no_bias>>,
+                                   fp::Named<fp::models::names::bn1, fp::BatchNorm2d<>>, fp::ReLU,
+                                   fp::Named<fp::models::names::layer1_0, fp::models::BasicBlock<8, 1, false>>, fp::ReLU,
+                                   fp::Named<fp::models::names::layer2_0, fp::models::BasicBlock<16, 2, true>>, fp::ReLU,
+                                   fp::GlobalAvgPool2d, fp::Flatten, fp::Named<fp::models::names::fc, fp::Linear<10>>>;
+// BatchNorm1d and a BatchNorm with a saved epilogue input, no blocks.
+using NormMlp = fp::Sequential<fp::Input<3, 6, 6>, fp::Conv2d<6, 3, 1, 0, fp::no_bias>, fp::BatchNorm2d<0.2>,
+                               fp::Tanh, fp::GELU, fp::Flatten, fp::Linear<32>, fp::BatchNorm1d<>, fp::ReLU,
+                               fp::Linear<10>>;
+
+template <class Space, class Net>
+void compare_buffers(std::size_t batch, std::uint64_t stream) {
+  const auto x = random_values(batch * Net::input_shape::size, stream);
+  const std::vector<double> xd(x.begin(), x.end());
+  const auto y = labels_for(batch, 10, stream + 1);
+  fp::Model<Net, fp::Host, double> ref{fp::seed(5), fp::Host{0}};
+  fp::Model<Net, Space> m{fp::seed(5), make_space<Space>()};
+  fp::Sgd o1{{.lr = 0.05f, .momentum = 0.9f}}, o2 = o1;
+  for (int s = 0; s < 3; ++s) {
+    (void)ref.train_step(std::span<const double>(xd), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    (void)m.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+  }
+  std::vector<float> buffers(Net::state_storage);
+  if constexpr (fp::is_cuda_space_v<Space>) m.copy_buffers_to_host(buffers);
+  else std::copy(m.buffers().begin(), m.buffers().end(), buffers.begin());
+  for (const fp::StateTensor& t : Net::state_layout) {
+    if (t.kind != fp::StateKind::buffer) continue;
+    FUSEDP_CHECK_CLOSE(std::span<const float>(buffers.data() + t.offset, t.size),
+                       std::span<const double>(ref.buffers().data() + t.offset, t.size), gradient_bound<Space>(8, true),
+                       t.name.c_str() << " after 3 steps");
+  }
+}
+
+}  // namespace
+
+#define FUSEDP_NORM_SPACES fp::Host, fp::CudaFp32, fp::Cuda
+
+TEST_CASE_TEMPLATE("BatchNorm2d, BatchNorm1d and their epilogues match the Host model in double", Space,
+                   FUSEDP_NORM_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, NormMlp, fp::SoftmaxCrossEntropy>(40, labels_for(40, 10, 3), 4, true, 50);
+  compare_buffers<Space, NormMlp>(40, 52);
+}
+
+TEST_CASE_TEMPLATE("residual blocks with identity and projection shortcuts match the Host model in double", Space,
+                   FUSEDP_NORM_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, SmallResNet, fp::SoftmaxCrossEntropy>(24, labels_for(24, 10, 4), 8, true, 60);
+  compare_buffers<Space, SmallResNet>(24, 62);
+}
+
+TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stays finite") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  using R = fp::models::ResNet18Cifar<10>;
+  const std::size_t batch = 32;
+  const auto x = random_values(batch * R::input_shape::size, 70);
+  const auto y = labels_for(batch, 10, 71);
+  fp::Model<R, fp::Cuda> m{fp::seed(1), make_space<fp::Cuda>()};
+  fp::Sgd opt{{.lr = 0.05f, .momentum = 0.9f}};
+  float first = 0, last = 0;
+  for (int s = 0; s < 8; ++s) {
+    last = m.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, opt);
+    if (s == 0) first = last;
+    REQUIRE(std::isfinite(last));
+  }
+  CHECK(last < 0.5f * first);
+}

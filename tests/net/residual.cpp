@@ -1,0 +1,125 @@
+// Residual<Body..., Shortcut> (net/residual.hpp) and the ResNet-18 type (models/resnet.hpp): shapes,
+// layouts and names as compile-time facts; every parameter gradient of blocks with an identity and
+// with a projection shortcut against central differences in double (gradient_check.hpp); the
+// training and evaluation modes of BatchNorm inside a block. The whole ResNet-18 is held against
+// PyTorch in tests/torch (cross_check.py --net resnet18, checkpoint_torch.py --net resnet18).
+#include "../layers/gradient_check.hpp"
+
+#include <fusedp/models/resnet.hpp>
+
+#include <cstring>
+#include <string_view>
+
+namespace fp = fusedp;
+namespace k = fusedp::kernels;
+
+namespace {
+constexpr char down[] = "down";
+constexpr bool named(const fp::TensorName& n, std::string_view s) { return std::string_view(n.c_str()) == s; }
+}  // namespace
+
+TEST_CASE("ResNet-18 (CIFAR form): parameters, buffers and torchvision's names") {
+  using R = fp::models::ResNet18Cifar<10>;
+  static_assert(R::param_count == 11'173'962);
+  static_assert(std::is_same_v<R::output_shape, fp::Shape<10, 1, 1>>);
+  static_assert(R::param_tensor_count == 62);
+  static_assert(named(R::param_layout[0].name, "conv1.weight"));
+  static_assert(named(R::param_layout[3].name, "layer1.0.conv1.weight"));
+  static_assert(named(R::param_layout[61].name, "fc.bias"));
+  // 20 BatchNorms, 3 buffers each (and 2 transient tensors that checkpoints leave out)
+  static_assert(R::state_tensor_count == 100);
+  std::size_t buffers = 0, running = 0;
+  bool downsample = false;
+  for (const auto& s : R::state_layout) {
+    if (s.kind != fp::StateKind::buffer) continue;
+    ++buffers;
+    if (std::strstr(s.name.c_str(), "running_")) running += s.size;
+    downsample = downsample || std::string_view(s.name.c_str()) == "layer2.0.downsample.1.num_batches_tracked";
+  }
+  CHECK(buffers == 60);
+  CHECK(running == 2 * 4800);  // mean and variance over 64 + 4 x 64 + 5 x 128 + 5 x 256 + 5 x 512 channels
+  CHECK(downsample);
+  // The plan: each block is one stage with the ReLU after it in its epilogue.
+  static_assert(R::stage_count == 13);
+  static_assert(std::is_same_v<R::stage<3>::epilogue, k::Epilogue<k::Relu>>);
+}
+
+TEST_CASE("Residual with an identity shortcut: gradients, ReLU after the add") {
+  using Net = fp::Sequential<fp::Input<2, 5, 5>, fp::Conv2d<3, 3, 1, 1>, fp::ReLU,
+                             fp::Residual<fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                                          fp::Conv2d<3, 3, 1, 1>, fp::IdentityShortcut>,
+                             fp::ReLU, fp::Flatten, fp::Linear<3>>;
+  static_assert(std::is_same_v<Net::stage<1>::out, fp::Shape<3, 5, 5>>);
+  static_assert(std::is_same_v<Net::stage<1>::epilogue, k::Epilogue<k::Relu>>);
+  static_assert(named(Net::param_layout[2].name, "2.0.weight"));  // block 2, its layer 0
+  static_assert(named(Net::param_layout[5].name, "2.3.weight"));
+  gradcheck::check_threads<Net>(3, 41, fp::SoftmaxCrossEntropy{});
+}
+
+TEST_CASE("Residual with a projection shortcut, first after Input, no activation after it") {
+  using Net = fp::Sequential<
+      fp::Input<2, 6, 6>,
+      fp::Residual<fp::Conv2d<4, 3, 2, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::Tanh,
+                   fp::Named<down, fp::Projection<fp::Conv2d<4, 1, 2, 0, fp::no_bias>, fp::BatchNorm2d<>>>>,
+      fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<2>>;
+  static_assert(std::is_same_v<Net::stage<0>::out, fp::Shape<4, 3, 3>>);
+  static_assert(named(Net::param_layout[3].name, "0.down.0.weight"));
+  static_assert(named(Net::state_layout[5].name, "0.down.1.running_mean"));
+  gradcheck::check_threads<Net>(3, 42);
+}
+
+TEST_CASE("torchvision's BasicBlock, projection then identity, as in ResNet's stages") {
+  using Net = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                             fp::models::BasicBlock<4, 2, true>, fp::ReLU, fp::models::BasicBlock<4, 1, false>,
+                             fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
+  gradcheck::check_threads<Net>(3, 43, fp::SoftmaxCrossEntropy{});
+}
+
+TEST_CASE("BatchNorm modes: a training step normalizes with the batch and updates the running statistics; "
+          "predict uses them") {
+  using Net = fp::Sequential<fp::Input<2, 3, 3>, fp::BatchNorm2d<0.25>, fp::Flatten, fp::Linear<2>>;
+  fp::Model<Net, fp::Host, double> model{fp::seed(5), fp::Host{2}};
+  const std::size_t batch = 4;
+  const std::vector<double> x = gradcheck::uniform_values(batch * 18, 9, 1, -2.0, 3.0);
+  const std::vector<std::int32_t> y{0, 1, 1, 0};
+  const auto& rm = Net::state_layout[0];
+  const auto& rv = Net::state_layout[1];
+  const auto& nbt = Net::state_layout[2];
+  REQUIRE(named(rm.name, "0.running_mean"));
+  CHECK(model.buffers()[rv.offset] == 1.0);  // PyTorch's starting values
+  CHECK(model.buffers()[rm.offset] == 0.0);
+
+  // Evaluation before any step: running mean 0, variance 1, so the BatchNorm is x / sqrt(1 + eps).
+  const std::vector<double> before(model.predict(x).begin(), model.predict(x).end());
+  (void)model.compute_gradients(std::span<const double>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{});
+  for (std::size_t c = 0; c < 2; ++c) {
+    double mean = 0, sq = 0;
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t i = 0; i < 9; ++i) mean += x[(n * 2 + c) * 9 + i];
+    mean /= 36;
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t i = 0; i < 9; ++i) sq += (x[(n * 2 + c) * 9 + i] - mean) * (x[(n * 2 + c) * 9 + i] - mean);
+    CHECK(model.buffers()[rm.offset + c] == doctest::Approx(0.25 * mean).epsilon(1e-14));
+    CHECK(model.buffers()[rv.offset + c] == doctest::Approx(0.75 + 0.25 * sq / 35).epsilon(1e-14));  // unbiased
+  }
+  CHECK(model.buffers()[nbt.offset] == 1.0);
+  // The parameters did not move, but the statistics did: predict now gives other outputs.
+  const std::vector<double> after(model.predict(x).begin(), model.predict(x).end());
+  CHECK(after != before);
+  // Evaluation does not touch the statistics; the gradients never reach them.
+  const std::vector<double> stats(model.buffers().begin(), model.buffers().end());
+  (void)model.predict(x);
+  CHECK(std::equal(stats.begin(), stats.end(), model.buffers().begin()));
+  CHECK(model.grads().size() == Net::param_storage);
+}
+
+TEST_CASE("BatchNorm in training needs more than one value per channel") {
+  using Net = fp::Sequential<fp::Input<3>, fp::Linear<2>, fp::BatchNorm1d<>, fp::Linear<2>>;
+  fp::Model<Net, fp::Host> model{fp::seed(1)};
+  const std::vector<float> x{0.5f, -1.0f, 2.0f};
+  const std::vector<std::int32_t> y{1};
+  CHECK_THROWS_WITH_AS(
+      (void)model.compute_gradients(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}),
+      doctest::Contains("BatchNorm1d (layer 2): training needs more than one value per channel"), fp::InvalidArgument);
+  CHECK(model.predict(x).size() == 2);  // evaluation mode takes a batch of one
+}
