@@ -1,6 +1,7 @@
 // train_step_bench: times Host train steps of the seed networks (LeNet of the MNIST tutorial, the CNN
-// of the CIFAR-10 tutorial) with SGD + momentum and cross-entropy: warm-up, then the median of the
-// timed steps. Prints ms/step, images/s and the achieved GFLOP/s of the convolutions and GEMMs.
+// of the CIFAR-10 tutorial) and of ResNet-18 (CIFAR form) with SGD + momentum and cross-entropy:
+// warm-up, then the median of the timed steps. Prints ms/step, images/s and the achieved GFLOP/s of the
+// convolutions and GEMMs (the cost model's count).
 //
 //   train_step_bench --net lenet --batch 64 --threads 2 --steps 200
 #include "../tests/support/fusedp_core.hpp"
@@ -19,28 +20,7 @@ namespace fp = fusedp;
 
 using LeNet = seed_networks::LeNet;
 using CifarCnn = seed_networks::CifarCnn;
-
-// Multiply-adds per sample of one forward pass through the conv and linear layers; a train step does
-// three times as many (forward, input gradient, weight gradient), less the first layer's input gradient.
-template <class Net>
-double train_flops_per_sample() {
-  double forward = 0, first = 0;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (
-        [&] {
-          using S = typename Net::template stage<I>;
-          if constexpr (S::has_params) {
-            // weights x output pixels (a Linear has one "pixel")
-            const double macs = double(fp::params_of<typename S::layer, typename S::in>()[0].size) *
-                                double(S::out::height * S::out::width);
-            forward += macs;
-            if (I == 0) first = macs;
-          }
-        }(),
-        ...);
-  }(std::make_index_sequence<Net::stage_count>{});
-  return 2.0 * (3.0 * forward - first);
-}
+using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 template <class Net>
 int bench(std::size_t batch, int threads, int steps, int warmup) {
@@ -60,7 +40,8 @@ int bench(std::size_t batch, int threads, int steps, int warmup) {
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
-  const double gflops = train_flops_per_sample<Net>() * double(batch) / (median * 1e-3) / 1e9;
+  // Model FLOPs of a train step (net/cost.hpp: the GEMMs of forward, input and weight gradients).
+  const double gflops = fp::CostModel<Net>::train_flops * double(batch) / (median * 1e-3) / 1e9;
   std::printf("fusedp  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s\n", batch, host.threads(),
               median, double(batch) / (median * 1e-3), gflops);
   return 0;
@@ -71,7 +52,9 @@ int main(int argc, char** argv) {
   std::string net = "lenet";
   std::size_t batch = 64;
   int threads = 2, steps = 100, warmup = 10;
-  app.add_option("--net", net, "lenet or cifar")->check(CLI::IsMember({"lenet", "cifar"}))->capture_default_str();
+  app.add_option("--net", net, "lenet, cifar or resnet18")
+      ->check(CLI::IsMember({"lenet", "cifar", "resnet18"}))
+      ->capture_default_str();
   app.add_option("--batch", batch, "samples per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (0: one per core)")->check(CLI::Range(0, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
@@ -85,7 +68,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    return net == "lenet" ? bench<LeNet>(batch, threads, steps, warmup) : bench<CifarCnn>(batch, threads, steps, warmup);
+    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup);
+    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup);
+    return bench<ResNet18>(batch, threads, steps, warmup);
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

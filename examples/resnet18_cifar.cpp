@@ -22,6 +22,13 @@ namespace fd = fusedp::data;
 using ResNet18 = fp::models::ResNet18Cifar<10>;
 static_assert(ResNet18::param_count == 11'173'962);
 
+// Values of BatchNorm's running statistics (what checkpoints save beside the parameters).
+constexpr std::size_t running_statistics = [] {
+  std::size_t n = 0;
+  for (const fp::StateTensor& t : ResNet18::state_layout) n += t.kind == fp::StateKind::buffer ? t.size : 0;
+  return n;
+}();
+
 struct Options {
   std::string data;
   std::size_t synthetic = 0;
@@ -77,10 +84,10 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   example::with_trainer<ResNet18>(launch, f, agree_on, [&](auto& trainer, int threads) {
     fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov}};
     if (launch.root())
-      std::printf("fusedp %s: ResNet-18 (%zu parameters, %zu BatchNorm statistics) on %s, %zu train / %zu test "
+      std::printf("fusedp %s: ResNet-18 (%zu parameters, %zu running statistics) on %s, %zu train / %zu test "
                   "images, %s, SGD%s lr %g (%s, %d warm-up steps) weight decay %g, %d process(es) x %d replica(s), "
                   "%s\n",
-                  FUSEDP_VERSION_STRING, ResNet18::param_count, ResNet18::state_storage,
+                  FUSEDP_VERSION_STRING, ResNet18::param_count, running_statistics,
                   o.synthetic > 0 ? "synthetic data" : o.data.c_str(), train.count, test.count,
                   o.augment ? "crop+flip augmentation" : "no augmentation", o.nesterov ? " (Nesterov)" : "",
                   double(f.lr), f.schedule.c_str(), f.warmup, double(o.weight_decay), launch.world(),

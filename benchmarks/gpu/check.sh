@@ -81,7 +81,7 @@ TORCH=$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.c
 cat "$OUT/header.txt"
 
 # --- 2. PyTorch: compile and warm up in the background ------------------------------------------------
-CONFIGS=(lenet:128 cifar:128 mlp64:16384 mlp64:262144 mlp128:16384 mlp128:262144)
+CONFIGS=(lenet:128 cifar:128 mlp64:16384 mlp64:262144 mlp128:16384 mlp128:262144 resnet18:256)
 declare -A TORCH_PID
 torch_ok=0
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -257,6 +257,7 @@ if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]]; then
   timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" 2>&1 | tail -2  # one GPU: a clear error
   timeout 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
   timeout 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
+  [[ -x "$PREBUILT/resnet18_cifar" ]] && timeout 60 "$PREBUILT/resnet18_cifar" --device cuda --synthetic 4096 --epochs 2 --batch 256 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
 fi
 
 # --- 6. the table -------------------------------------------------------------------------------------

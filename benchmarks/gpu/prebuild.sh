@@ -30,7 +30,7 @@ cmake -S . -B build/gpu$ARCH-examples -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAK
   -DFUSEDP_BUILD_TESTS=OFF -DFUSEDP_BUILD_EXAMPLES=ON -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_INSTALL=OFF \
   -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON > /dev/null
 ninja -C build/gpu$ARCH-examples -j "$JOBS"
-for e in lenet_mnist cifar10_cnn mlp_fit; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
+for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
 strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/allreduce_bench 2>/dev/null || true

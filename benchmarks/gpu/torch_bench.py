@@ -36,6 +36,13 @@ def build(net, batch, device):
         x = torch.rand(batch, 3, 32, 32, generator=g) * 2 - 1
         y = torch.arange(batch) % 10
         loss = nn.CrossEntropyLoss()
+    elif net == "resnet18":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "torch"))
+        from cross_check import CifarResNet  # torchvision's ResNet-18, CIFAR form
+        model = CifarResNet([64, 128, 256, 512], [2, 2, 2, 2])
+        x = torch.rand(batch, 3, 32, 32, generator=g) * 2 - 1
+        y = torch.arange(batch) % 10
+        loss = nn.CrossEntropyLoss()
     elif net in ("mlp64", "mlp128"):
         w = 64 if net == "mlp64" else 128
         layers = []
@@ -60,7 +67,7 @@ def wait_for(path, timeout):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--net", required=True, choices=["lenet", "cifar", "mlp64", "mlp128"])
+    p.add_argument("--net", required=True, choices=["lenet", "cifar", "mlp64", "mlp128", "resnet18"])
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--mode", choices=["eager", "compile"], default="eager")
     p.add_argument("--compile-mode", default="default", help="torch.compile mode (default, reduce-overhead, ...)")

@@ -34,6 +34,7 @@ namespace {
 using seed_networks::LeNet;
 using seed_networks::CifarCnn;
 using seed_networks::Mlp;
+using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 struct Options {
   int steps = 100;
@@ -107,7 +108,8 @@ void run_net(const std::string& net, std::size_t batch, const Options& o) {
   else if (net == "cifar") run<CifarCnn, Space>("cifar", batch, o, fp::SoftmaxCrossEntropy{}, labels(10));
   else if (net == "mlp64") run<Mlp<64>, Space>("mlp64", batch, o, fp::MSE{}, targets(64));
   else if (net == "mlp128") run<Mlp<128>, Space>("mlp128", batch, o, fp::MSE{}, targets(128));
-  else throw fp::InvalidArgument("unknown --net " + net + " (lenet, cifar, mlp64, mlp128)");
+  else if (net == "resnet18") run<ResNet18, Space>("resnet18", batch, o, fp::SoftmaxCrossEntropy{}, labels(10));
+  else throw fp::InvalidArgument("unknown --net " + net + " (lenet, cifar, mlp64, mlp128, resnet18)");
 }
 
 }  // namespace
@@ -134,7 +136,7 @@ int main(int argc, char** argv) {
     else if (a == "--precision") precision = value();
     else {
       std::fprintf(stderr,
-                   "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128 --batch N "
+                   "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128|resnet18 --batch N "
                    "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]\n");
       return 2;
     }
@@ -165,7 +167,8 @@ int main(int argc, char** argv) {
   };
   if (all) {
     for (const auto& [n, b] : std::vector<std::pair<std::string, std::size_t>>{
-             {"lenet", 128}, {"cifar", 128}, {"mlp64", 1 << 14}, {"mlp64", 1 << 18}, {"mlp128", 1 << 14}, {"mlp128", 1 << 18}})
+             {"lenet", 128}, {"cifar", 128}, {"mlp64", 1 << 14}, {"mlp64", 1 << 18}, {"mlp128", 1 << 14}, {"mlp128", 1 << 18},
+             {"resnet18", 256}})
       one(n, b);
   } else {
     one(net, batch);

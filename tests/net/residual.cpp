@@ -123,3 +123,14 @@ TEST_CASE("BatchNorm in training needs more than one value per channel") {
       doctest::Contains("BatchNorm1d (layer 2): training needs more than one value per channel"), fp::InvalidArgument);
   CHECK(model.predict(x).size() == 2);  // evaluation mode takes a batch of one
 }
+
+TEST_CASE("the cost model counts ResNet-18's convolutions and Linear, not its BatchNorms") {
+  using R = fp::models::ResNet18Cifar<10>;
+  // torchvision's count for the CIFAR form: 0.556 G multiply-adds per 32x32 image.
+  constexpr double macs = fp::CostModel<R>::forward_flops / 2;
+  static_assert(macs > 0.555e9 && macs < 0.557e9);
+  CHECK(fp::CostModel<R>::stages[1].forward_flops == 0.0);  // bn1
+  // A train step: forward, and the input and weight gradients of every stage but the first.
+  constexpr double stem = 2.0 * 64 * 3 * 9 * 32 * 32;
+  CHECK(fp::CostModel<R>::train_flops == doctest::Approx(3 * fp::CostModel<R>::forward_flops - stem));
+}

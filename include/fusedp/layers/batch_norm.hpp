@@ -64,6 +64,8 @@ struct BatchNorm {
       {"batch_invstd", StateKind::transient, std::size_t(In::channels), 1, {In::channels, 0, 0, 0}, 0.0f},
   }};
   template <class In>
+  static constexpr double forward_macs = 0;  // memory-bound: no GEMM
+  template <class In>
   static constexpr kernels::BatchNormState state_offsets{std::size_t(In::channels),
                                                          align_elements(std::size_t(In::channels)),
                                                          align_elements(1)};

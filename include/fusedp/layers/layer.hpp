@@ -137,6 +137,7 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   params<In> (optional)            its parameter tensors, in PyTorch's order
 ///   state<In> (optional)             its non-trainable tensors (StateSpec), in PyTorch's order
 ///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region)
+///   forward_macs<In> (optional)      GEMM multiply-adds per sample (forward_macs_of has the default)
 ///   forward/backward (anchors)       per space, with StageArgs
 template <class L>
 concept Layer = requires {
@@ -173,6 +174,24 @@ template <class L, class In>
 constexpr std::size_t backward_elements_of() {
   if constexpr (requires { L::template backward_elements<In>; }) return L::template backward_elements<In>;
   else return 0;
+}
+
+/// Multiply-adds of layer L's forward for one sample at input In, as utilization counts them (the
+/// GEMMs only): what it declares (forward_macs<In>; BatchNorm 0, a block its layers' sum), else its
+/// first parameter tensor's size times its output pixels (Conv2d, Linear), else 0.
+template <class L, class In>
+constexpr double forward_macs_of() {
+  if constexpr (requires { L::template forward_macs<In>; }) {
+    return L::template forward_macs<In>;
+  } else {
+    constexpr auto p = params_of<L, In>();
+    if constexpr (p.size() == 0) {
+      return 0.0;
+    } else {
+      using Out = typename L::template output<In>;
+      return double(p[0].size) * double(Out::height) * double(Out::width);
+    }
+  }
 }
 
 /// Per-thread Host scratch of layer L at input In, in elements.

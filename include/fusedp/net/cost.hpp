@@ -65,8 +65,8 @@ struct CostModel {
       constexpr auto params = S::bound::params;
       for (const ParamSpec& p : params) c.parameters += p.size;
       // Each weight meets each output pixel once: Conv2d's OIHW weights slide over OH x OW, Linear's
-      // (Out, In) weights over one.
-      const double macs = double(params[0].size) * double(S::out::height) * double(S::out::width);
+      // (Out, In) weights over one (layers/layer.hpp, forward_macs_of; BatchNorm counts none).
+      const double macs = forward_macs_of<typename S::layer, typename S::in>();
       c.forward_flops = 2 * macs;
       c.backward_flops = (I > 0 ? 2 * macs : 0.0) + 2 * macs;
     }

@@ -123,6 +123,15 @@ void residual_copy(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* 
 }
 #endif
 
+// GEMM multiply-adds per sample of an inner network's stages.
+template <class Net>
+constexpr double inner_macs() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (0.0 + ... +
+            forward_macs_of<typename Net::template stage<I>::layer, typename Net::template stage<I>::in>());
+  }(std::make_index_sequence<Net::stage_count>{});
+}
+
 /// Runs the stages of an inner network forward over memory `m`, from input `x`.
 template <Network Net, class Space, class T>
 void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x) {
@@ -273,6 +282,13 @@ struct Residual {
   static constexpr std::size_t host_scratch = [] {
     if constexpr (identity) return body<In>::host_scratch_elements;
     else return std::max(body<In>::host_scratch_elements, projection<In>::host_scratch_elements);
+  }();
+  /// The inner layers' GEMM multiply-adds per sample (the cost model's count).
+  template <class In>
+  static constexpr double forward_macs = [] {
+    double m = detail::inner_macs<body<In>>();
+    if constexpr (!identity) m += detail::inner_macs<projection<In>>();
+    return m;
   }();
   template <class In>
   static constexpr std::uint64_t inner_fingerprint = [] {
