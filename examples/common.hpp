@@ -227,6 +227,38 @@ class Launch {
 #endif
 };
 
+/// `n` random 3x32x32 images whose colour leans towards their class, so a speed run also learns.
+inline fd::Dataset synthetic_cifar(std::size_t n, std::uint64_t seed, std::uint64_t split) {
+  constexpr std::size_t plane = 32 * 32;
+  std::vector<float> x(n * 3 * plane);
+  std::vector<std::int32_t> y(n);
+  const std::uint64_t stream = fp::rng::stream(fp::rng::Purpose::data, (std::uint64_t(1) << 40) | split);
+  for (std::size_t i = 0; i < n; ++i) {
+    y[i] = std::int32_t(fp::rng::uniform(seed, stream, i) * 10);
+    for (std::size_t c = 0; c < 3; ++c) {
+      const float tint = float((std::size_t(y[i]) >> c) & 1) * 0.3f;
+      for (std::size_t p = 0; p < plane; ++p)
+        x[(i * 3 + c) * plane + p] = 0.7f * fp::rng::uniform(seed, stream + 1, (i * 3 + c) * plane + p) + tint;
+    }
+  }
+  return fd::make_dataset(std::move(x), std::move(y), 3, 32, 32, 10, "synthetic data");
+}
+
+/// The training and test sets of the CIFAR-10 examples: the binary batches in `data` (--data), or
+/// `synthetic` random images and a fifth as many for testing (--synthetic); exactly one of the two.
+inline std::pair<fd::Dataset, fd::Dataset> cifar10_or_synthetic(const std::string& data, std::size_t synthetic,
+                                                                std::uint64_t seed) {
+  if (!data.empty() && synthetic > 0) throw fp::InvalidArgument("give --data DIR or --synthetic N, not both");
+  if (data.empty() && synthetic == 0)
+    throw fp::InvalidArgument(std::string("no CIFAR-10 data: pass --data DIR, a folder with the binary batches "
+                                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin (download ") +
+                              fd::cifar10_url + " and extract it), or --synthetic N to time training on N random images");
+  if (synthetic > 0)
+    return {synthetic_cifar(synthetic, seed, 0), synthetic_cifar(std::max<std::size_t>(synthetic / 5, 1), seed, 1)};
+  return {with_flag("--data", [&] { return fd::load_cifar10(data, fd::Split::train); }),
+          with_flag("--data", [&] { return fd::load_cifar10(data, fd::Split::test); })};
+}
+
 /// The data-parallel trainer of the examples: each replica or rank trains on its own batches
 /// (Sharded), gradients are all-reduced in 4 MiB buckets while backward continues; a network with
 /// BatchNorm takes rank 0's running statistics after every step (batch_norm::Broadcast).

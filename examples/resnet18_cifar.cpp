@@ -40,39 +40,12 @@ struct Options {
   example::TrainFlags train;
 };
 
-// `n` random 3x32x32 images whose colour leans towards their class, so a speed run also learns.
-fd::Dataset synthetic(std::size_t n, std::uint64_t seed, std::uint64_t split) {
-  constexpr std::size_t plane = 32 * 32;
-  std::vector<float> x(n * 3 * plane);
-  std::vector<std::int32_t> y(n);
-  const std::uint64_t stream = fp::rng::stream(fp::rng::Purpose::data, (std::uint64_t(1) << 40) | split);
-  for (std::size_t i = 0; i < n; ++i) {
-    y[i] = std::int32_t(fp::rng::uniform(seed, stream, i) * 10);
-    for (std::size_t c = 0; c < 3; ++c) {
-      const float tint = float((std::size_t(y[i]) >> c) & 1) * 0.3f;
-      for (std::size_t p = 0; p < plane; ++p)
-        x[(i * 3 + c) * plane + p] = 0.7f * fp::rng::uniform(seed, stream + 1, (i * 3 + c) * plane + p) + tint;
-    }
-  }
-  return fd::make_dataset(std::move(x), std::move(y), 3, 32, 32, 10, "synthetic data");
-}
-
 int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed, const example::Launch& launch,
         std::uint64_t agree_on) {
   const example::TrainFlags& f = o.train;
-  if (!o.data.empty() && o.synthetic > 0) throw fp::InvalidArgument("give --data DIR or --synthetic N, not both");
-  if (o.data.empty() && o.synthetic == 0)
-    throw fp::InvalidArgument(std::string("no CIFAR-10 data: pass --data DIR, a folder with the binary batches "
-                                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin (download ") +
-                              fd::cifar10_url + " and extract it), or --synthetic N to time training on N random images");
-  fd::Dataset train, test;
-  if (o.synthetic > 0) {
-    train = synthetic(o.synthetic, f.seed, 0);
-    test = synthetic(std::max<std::size_t>(o.synthetic / 5, 1), f.seed, 1);
-  } else {
-    train = example::with_flag("--data", [&] { return fd::load_cifar10(o.data, fd::Split::train); });
-    test = example::with_flag("--data", [&] { return fd::load_cifar10(o.data, fd::Split::test); });
-  }
+  const std::pair<fd::Dataset, fd::Dataset> sets = example::cifar10_or_synthetic(o.data, o.synthetic, f.seed);
+  const fd::Dataset& train = sets.first;
+  const fd::Dataset& test = sets.second;
   const auto [mean, stddev] = fd::channel_mean_std(train);
   const fd::Normalization normalize{mean, stddev};
   const fd::Augment augment = o.augment ? fd::Augment{.crop_padding = 4, .flip = true} : fd::Augment{};

@@ -191,13 +191,12 @@ void store_optimizer_state(Model& model, std::span<const float> values) {
 }
 
 // The buffers a checkpoint holds: BatchNorm's running statistics, not what forward leaves for backward.
-template <class Net>
 constexpr bool saved_buffer(const StateTensor& t) {
   return t.kind == StateKind::buffer;
 }
 
 /// What a weights file gave: each parameter's entry in param_layout order, and the state buffer's
-/// values (those of the file where it has them, the rest as a fresh model starts them).
+/// values (the file's buffers; zero for the transient tensors, which forward writes before use).
 struct MatchedWeights {
   std::vector<const SafetensorsTensor*> params;
   std::vector<float> buffers;
@@ -216,7 +215,7 @@ MatchedWeights match_weights(const SafetensorsFile& f) {
                                   ", this network's is " + hex64(Net::fingerprint));
   }
   std::size_t expected = Net::param_layout.size();
-  for (const StateTensor& t : Net::state_layout) expected += saved_buffer<Net>(t) ? 1 : 0;
+  for (const StateTensor& t : Net::state_layout) expected += saved_buffer(t) ? 1 : 0;
   MatchedWeights m;
   for (const ParamTensor& t : Net::param_layout) {
     const std::string name = tensor_name(t);
@@ -233,7 +232,7 @@ MatchedWeights match_weights(const SafetensorsFile& f) {
   m.buffers.assign(Net::state_storage, 0.0f);
   for (const StateTensor& t : Net::state_layout) {
     float* dst = m.buffers.data() + t.offset;
-    if (!saved_buffer<Net>(t)) continue;
+    if (!saved_buffer(t)) continue;
     const std::string name = tensor_name(t);
     const SafetensorsTensor* e = f.find(name);
     if (!e)
@@ -250,7 +249,7 @@ MatchedWeights match_weights(const SafetensorsFile& f) {
     for (const auto& e : f.tensors) {
       bool known = false;
       for (const ParamTensor& t : Net::param_layout) known = known || tensor_name(t) == e.name;
-      for (const StateTensor& t : Net::state_layout) known = known || (saved_buffer<Net>(t) && tensor_name(t) == e.name);
+      for (const StateTensor& t : Net::state_layout) known = known || (saved_buffer(t) && tensor_name(t) == e.name);
       if (!known) throw DataError(f.path, "has a tensor '" + e.name + "' that this network does not have");
     }
   }
@@ -278,7 +277,7 @@ std::vector<std::uint8_t> encode_weights(const Model& model, std::uint32_t* crc 
   std::vector<float> buffer_staging;
   const std::span<const float> buffers = host_buffers(model, buffer_staging);
   for (const StateTensor& t : Net::state_layout)
-    if (saved_buffer<Net>(t)) tensors.push_back({tensor_name(t), tensor_shape(t), buffers.subspan(t.offset, t.size)});
+    if (saved_buffer(t)) tensors.push_back({tensor_name(t), tensor_shape(t), buffers.subspan(t.offset, t.size)});
   return encode_safetensors(tensors, common_metadata<Model>("weights"), crc);
 }
 
