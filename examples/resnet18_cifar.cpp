@@ -2,7 +2,8 @@
 // tensor names) on CIFAR-10, the network of the data-parallel benchmarks after the tutorial ones: SGD with
 // Nesterov momentum and weight decay, a cosine schedule with warm-up, label smoothing, random crop and
 // flip. BatchNorm's running statistics are saved with the weights and, with several replicas or ranks,
-// copied from rank 0 to every replica after each step (batch_norm::Broadcast, as DDP does).
+// copied from rank 0 to every replica after each step (batch_norm::Broadcast, as DDP does; a Parallel
+// with batch_norm::Sync takes SyncBatchNorm statistics over every replica's shard instead).
 //
 //   resnet18_cifar --data ~/cifar-10-batches-bin --epochs 30 --metrics r18.jsonl --checkpoint ckpt
 //   resnet18_cifar --synthetic 512 --epochs 1 --batch 64       # speed run, no download

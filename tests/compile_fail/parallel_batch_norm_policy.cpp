@@ -1,7 +1,8 @@
 // A network with BatchNorm in Parallel without a batch_norm policy: the replicas would each keep the
-// running statistics of their own shards. The message names the choice.
+// running statistics of their own shards. The message names both choices.
 // expect: static assertion failed
 // expect: the network holds BatchNorm running statistics
+// expect: batch_norm::Sync
 // expect: batch_norm::Broadcast
 #include <fusedp/layers/batch_norm.hpp>
 #include <fusedp/layers/conv2d.hpp>

@@ -3,7 +3,10 @@
 // steps. Bounds as in gpu_test.hpp, with ReLU decisions that rounding can flip (discrete).
 #include "gpu_test.hpp"
 
+#include <array>
+#include <barrier>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace fp = fusedp;
@@ -45,6 +48,45 @@ void compare_buffers(std::size_t batch, std::uint64_t stream) {
   }
 }
 
+// SyncBatchNorm's sums for two replicas in two threads of this process, through host memory: each
+// side hands its values over, both add them in the same order (the same bits), and each copies the
+// sum back. On Cuda the values are device memory on the given stream. What Parallel's communicators
+// do with NCCL or MPI, without needing two devices.
+struct PairSum {
+  std::barrier<> meet{2};
+  std::array<std::vector<double>, 2> values;
+  struct Side {
+    PairSum* pair;
+    int rank;
+    bool device;
+  };
+  static void sum(void* context, double* v, std::size_t n, void* stream) {
+    const Side& side = *static_cast<Side*>(context);
+    PairSum& p = *side.pair;
+    std::vector<double>& mine = p.values[std::size_t(side.rank)];
+    mine.resize(n);
+#if FUSEDP_HAS_CUDA
+    if (side.device) {
+      FUSEDP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+      FUSEDP_CUDA_CHECK(cudaMemcpy(mine.data(), v, n * sizeof(double), cudaMemcpyDeviceToHost));
+    } else
+#endif
+      std::copy(v, v + n, mine.begin());
+    p.meet.arrive_and_wait();
+    std::vector<double> total(n);
+    for (std::size_t i = 0; i < n; ++i) total[i] = p.values[0][i] + p.values[1][i];
+    p.meet.arrive_and_wait();
+#if FUSEDP_HAS_CUDA
+    if (side.device) {
+      FUSEDP_CUDA_CHECK(cudaMemcpy(v, total.data(), n * sizeof(double), cudaMemcpyHostToDevice));
+      return;
+    }
+#endif
+    (void)stream;
+    std::copy(total.begin(), total.end(), v);
+  }
+};
+
 }  // namespace
 
 #define FUSEDP_NORM_SPACES fp::Host, fp::CudaFp32, fp::Cuda
@@ -78,4 +120,51 @@ TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stay
     REQUIRE(std::isfinite(last));
   }
   CHECK(last < 0.5f * first);
+}
+
+TEST_CASE_TEMPLATE("SyncBatchNorm's passes: two replicas' shards compute what one model computes on the whole batch",
+                   Space, fp::Host, fp::CudaFp32) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  using Net = NormMlp;
+  constexpr std::size_t batch = 10, first = 6, in = Net::input_shape::size;  // shards of 6 and 4
+  const auto x = random_values(batch * in, 80);
+  const auto y = labels_for(batch, 10, 81);
+  fp::Model<Net, Space> one{fp::seed(6), make_space<Space>()};
+  std::array<fp::Model<Net, Space>, 2> replicas{fp::Model<Net, Space>{fp::seed(6), make_space<Space>()},
+                                                fp::Model<Net, Space>{fp::seed(6), make_space<Space>()}};
+  PairSum pair;
+  std::array<PairSum::Side, 2> sides{PairSum::Side{&pair, 0, fp::is_cuda_space_v<Space>},
+                                     PairSum::Side{&pair, 1, fp::is_cuda_space_v<Space>}};
+  const std::span<const float> xs(x);
+  const std::span<const std::int32_t> ys(y);
+  (void)one.compute_gradients(xs, ys, fp::SoftmaxCrossEntropy{});
+  {
+    std::jthread second([&] {
+      (void)replicas[1].compute_gradients(xs.subspan(first * in), ys.subspan(first), fp::SoftmaxCrossEntropy{}, {},
+                                          batch, fp::ReplicaSum{&sides[1], &PairSum::sum});
+    });
+    (void)replicas[0].compute_gradients(xs.first(first * in), ys.first(first), fp::SoftmaxCrossEntropy{}, {}, batch,
+                                        fp::ReplicaSum{&sides[0], &PairSum::sum});
+  }
+  std::vector<float> sum = grads_on_host(replicas[0]);
+  const std::vector<float> g1 = grads_on_host(replicas[1]);
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g1[i];
+  const std::vector<float> want = grads_on_host(one);
+  FUSEDP_CHECK_CLOSE(std::span<const float>(sum), std::span<const float>(want), 1e-4, "summed gradient");
+  // The running statistics of each replica are those of the whole batch.
+  for (auto& r : replicas) {
+    std::vector<float> got(Net::state_storage), ref(Net::state_storage);
+    if constexpr (fp::is_cuda_space_v<Space>) {
+      r.copy_buffers_to_host(got);
+      one.copy_buffers_to_host(ref);
+    } else {
+      std::copy(r.buffers().begin(), r.buffers().end(), got.begin());
+      std::copy(one.buffers().begin(), one.buffers().end(), ref.begin());
+    }
+    FUSEDP_CHECK_CLOSE(std::span<const float>(got), std::span<const float>(ref), 1e-5, "running statistics");
+  }
+  // Without the sums each shard's own statistics give another gradient (the check above can fail).
+  fp::Model<Net, Space> alone{fp::seed(6), make_space<Space>()};
+  (void)alone.compute_gradients(xs.first(first * in), ys.first(first), fp::SoftmaxCrossEntropy{}, {}, batch);
+  CHECK(relative_error(grads_on_host(alone), grads_on_host(replicas[0])) > 1e-3);
 }

@@ -2,12 +2,15 @@
 // Each rank normalizes with its own shard's statistics (as DDP without SyncBatchNorm), so the step is
 // the sum of per-shard gradients (each shard's share of the global mean); after every step every
 // rank holds rank 0's running statistics. Checked against models run on the shards in one process.
+// Then batch_norm::Sync (SyncBatchNorm over MPI): every rank computes what one model computes on the
+// global batch, checked against that model.
 #include "../support/fusedp_core.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace fp = fusedp;
@@ -24,6 +27,36 @@ double relative(std::span<const float> a, std::span<const float> b) {
     n += double(b[i]) * b[i];
   }
   return n == 0 ? std::sqrt(d) : std::sqrt(d / n);
+}
+
+void sync_batch_norm(const fp::MpiWorld& world) {
+  using P = fp::Parallel<Net, fp::Host, fp::batch_norm::Sync>;
+  P dp{world, fp::seed(7), {.threads = 1}};
+  fp::Model<Net, fp::Host> one{fp::seed(7), fp::Host{1}};
+  const fp::Sgd sgd{{.lr = 0.1f, .momentum = 0.9f}};
+  fp::Sgd o_dp = sgd, o_one = sgd;
+  for (std::uint64_t step = 0; step < 4; ++step) {
+    std::vector<float> x(batch * in);
+    std::vector<std::int32_t> y(batch);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 3 * fp::rng::uniform(33, step, i) - 1;
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int32_t(fp::rng::uniform(34, step, i) * 3);
+    const float loss =
+        dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, o_dp);
+    const float l1 = one.compute_gradients(std::span<const float>(x), std::span<const std::int32_t>(y),
+                                           fp::SoftmaxCrossEntropy{});
+    const double g = relative(dp.model().grads(), one.grads());
+    (void)one.step(o_one);
+    const double p = relative(dp.model().params(), one.params());
+    const double b = relative(dp.model().buffers(), one.buffers());
+    const std::string at = " at step " + std::to_string(step) + ": ";
+    mpi_test::check(std::abs(loss - l1) <= 1e-5f * std::abs(l1), world.rank(), "Sync: loss" + at + std::to_string(loss));
+    mpi_test::check(g <= 1e-5, world.rank(), "Sync: gradient differs from one model's" + at + std::to_string(g));
+    mpi_test::check(p <= 1e-5, world.rank(), "Sync: parameters differ" + at + std::to_string(p));
+    mpi_test::check(b <= 1e-5, world.rank(), "Sync: running statistics differ" + at + std::to_string(b));
+  }
+  if (world.rank() == 0)
+    std::printf("batch_norm::Sync: %d ranks compute one model's gradient and statistics on the global batch\n",
+                world.size());
 }
 
 int main(int argc, char** argv) {
@@ -66,6 +99,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0)
       std::printf("batch_norm::Broadcast: %d ranks hold rank 0's running statistics and one model's parameters\n",
                   world.size());
+    sync_batch_norm(world);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
     return 1;

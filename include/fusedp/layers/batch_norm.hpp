@@ -6,6 +6,8 @@
 // running_mean, running_var and num_batches_tracked live in the network's state buffer
 // (Sequential::state_layout), beside the parameters and never in the gradient buffer. Momentum and Eps
 // are doubles, as PyTorch holds them (a float 0.1f would move the running statistics by 1e-8).
+// Under Parallel<..., batch_norm::Sync> a training pass takes its statistics over every replica's
+// shard (StageArgs::sync), as PyTorch's SyncBatchNorm.
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
@@ -78,35 +80,49 @@ struct BatchNorm {
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
     const auto g = geometry<In>(a.batch);
-    require(!a.training || g.count() > 1, name, " (layer ", a.index,
+    require(!a.training || a.sync || g.count() > 1, name, " (layer ", a.index,
             "): training needs more than one value per channel, got a batch of ", a.batch, " x ", g.plane);
+    host_sums<In> sums;  // SyncBatchNorm's per-channel sums: on the stack, so no step allocates
     kernels::host::batch_norm_forward<Epi>(a.space, g, state_offsets<In>, a.training, double(Momentum),
                                            double(Eps), Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state,
-                                           a.x, a.y, a.z);
+                                           a.x, a.y, a.z, a.sync, sums.data());
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
+    host_sums<In> sums;
     kernels::host::batch_norm_backward<Epi>(a.space, geometry<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
-                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr);
+                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync, sums.data());
   }
+  template <class In>
+  using host_sums = std::array<double, kernels::host::batch_norm_sync_doubles(std::size_t(In::channels))>;
 
 #if FUSEDP_HAS_CUDA
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "BatchNorm on Cuda: the scalar type must be float");
-    require(!a.training || a.batch * std::size_t(In::height * In::width) > 1, name, " (layer ", a.index,
+    require(!a.training || a.sync || a.batch * std::size_t(In::height * In::width) > 1, name, " (layer ", a.index,
             "): training needs more than one value per channel, got a batch of ", a.batch, " x ",
             In::height * In::width);
     kernels::cuda::batch_norm_forward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training,
                                            double(Momentum), double(Eps), Affine ? a.w : nullptr,
-                                           Affine ? a.b : nullptr, a.state, a.x, a.y, a.z);
+                                           Affine ? a.b : nullptr, a.state, a.x, a.y, a.z, a.sync,
+                                           device_sums(a.scratch));
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     kernels::cuda::batch_norm_backward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
-                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr);
+                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync,
+                                            device_sums(a.scratch));
+  }
+  // SyncBatchNorm's per-channel sums in the stage's scratch (floats), at an 8-byte boundary.
+  template <class In, class P>
+  static std::size_t cuda_scratch(std::size_t, const CudaSpace<P>&) {
+    return 2 * kernels::cuda::batch_norm_sync_doubles(In::channels) + 1;
+  }
+  static double* device_sums(float* scratch) {
+    return reinterpret_cast<double*>((reinterpret_cast<std::uintptr_t>(scratch) + 7) & ~std::uintptr_t(7));
   }
   template <class In>
   static kernels::cuda::BatchNormExtents extents(std::size_t batch) {

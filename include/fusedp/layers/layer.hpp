@@ -3,6 +3,7 @@
 // tensors, and runs forward and backward on a space. The contract is the Layer concept below.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
+#include "fusedp/exec/replica_sum.hpp"
 
 #include <array>
 #include <cstddef>
@@ -122,6 +123,7 @@ struct StageArgs {
   std::size_t index;   // the layer's index in the network
   T* state = nullptr;  // the layer's tensors in the state buffer (StateSpec order), when it has any
   T* work = nullptr;   // backward only: the network's shared per-sample work memory (backward_elements)
+  ReplicaSum sync{};   // training under Parallel<..., batch_norm::Sync>: sums over every replica's shard
 };
 
 namespace detail {

@@ -108,14 +108,17 @@ class Model {
   /// stage i (stages finish in reverse order), so a data-parallel reducer can start on the gradients
   /// of that stage while backward continues. With `normalizer` N (0: the batch size), the gradient is
   /// that of the loss summed over this batch and divided by N: the share of this shard in the mean
-  /// over a global batch of N samples, so that shards' gradients simply add up. Returns this
-  /// batch's mean loss in every case.
+  /// over a global batch of N samples, so that shards' gradients simply add up. With `sync` (Parallel
+  /// with batch_norm::Sync) BatchNorm layers take their statistics over every replica's shard. Returns
+  /// this batch's mean loss in every case.
   template <class Loss, class StageDone = NoStageHook>
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
-                      const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0) {
+                      const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0,
+                      ReplicaSum sync = {}) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
+    const auto scope = binding_.synchronized(sync);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);
     const T l = loss(space_, batch, output_size, binding_.template output_of<last>(inputs.data(), batch),

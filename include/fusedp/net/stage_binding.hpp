@@ -51,7 +51,7 @@ struct StageMemory {
 template <Network Net, std::size_t I, class Space, class T>
 StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, const T* x, std::size_t batch,
                                bool training, T* scratch, std::uint64_t seed, std::uint64_t step,
-                               std::size_t index) {
+                               std::size_t index, ReplicaSum sync = {}) {
   constexpr StagePlan p = Net::stage_plan[I];
   using S = typename Net::template stage<I>;
   return StageArgs<Space, T>{space,
@@ -71,7 +71,8 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
                              step,
                              index,
                              p.has_state ? m.state + p.state : nullptr,
-                             m.work};
+                             m.work,
+                             training ? sync : ReplicaSum{}};
 }
 }  // namespace detail
 
@@ -116,6 +117,20 @@ class StageBinding {
     return workspace_.data() + batch * (Net::activation_elements + std::size_t(which) * Net::gradient_elements);
   }
 
+  /// For the training passes until the returned guard ends: the sum over the replicas that SyncBatchNorm
+  /// layers take their statistics over (empty: this batch alone).
+  class SyncScope {
+   public:
+    SyncScope(StageBinding& b, ReplicaSum sync) : b_(b) { b_.sync_ = sync; }
+    SyncScope(const SyncScope&) = delete;
+    SyncScope& operator=(const SyncScope&) = delete;
+    ~SyncScope() { b_.sync_ = {}; }
+
+   private:
+    StageBinding& b_;
+  };
+  [[nodiscard]] SyncScope synchronized(ReplicaSum sync) { return SyncScope(*this, sync); }
+
   template <std::size_t I>
   T* output_of(const T* x, std::size_t batch) {
     return detail::stage_output<Net, I>(workspace_.data(), x, batch);
@@ -133,7 +148,7 @@ class StageBinding {
                                    store.buffers().data(),
                                    workspace_.data() + batch * (Net::activation_elements + 2 * Net::gradient_elements)};
     return detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(), store.steps(),
-                                      Net::template stage<I>::first);
+                                      Net::template stage<I>::first, sync_);
   }
 
   /// Runs stage I forward (a reshape runs nothing: its output aliases its input).
@@ -167,6 +182,7 @@ class StageBinding {
 
   buffer<T> workspace_;
   std::size_t capacity_ = 0;
+  ReplicaSum sync_{};
 };
 
 }  // namespace fusedp

@@ -159,9 +159,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       const std::size_t normalizer = policy::sum ? s.count : std::size_t(global);
       float* grads = rep.model.grads().data();
       rep.reducer.begin();
+      const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? rep.channel.replica_sum() : ReplicaSum{};
       losses[r] = rep.model.compute_gradients(
           inputs.subspan(s.offset * in, s.count * in), parallel::detail::targets_of(targets, batch, s), loss,
-          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); }, normalizer);
+          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); }, normalizer, sync);
       rep.reducer.finish(rep.channel, grads, zero_);
       finish(rep, global_index(r), opt);
     };

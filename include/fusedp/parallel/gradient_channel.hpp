@@ -9,6 +9,7 @@
 //                   (parallel/nccl_channel.hpp)
 #include "fusedp/core/buffer.hpp"
 #include "fusedp/core/config.hpp"
+#include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/rank_order_sum.hpp"
 #include "fusedp/parallel/shards.hpp"
 
@@ -83,6 +84,11 @@ class HostChannel {
   [[nodiscard]] int size() const noexcept { return comm_.size(); }
   /// The communicator itself, for the scalar collectives of a step (loss, counts, guard statistics).
   [[nodiscard]] C& comm() noexcept { return comm_; }
+
+  /// The communicator as a ReplicaSum, for SyncBatchNorm's per-channel sums (host memory, in place).
+  [[nodiscard]] ReplicaSum replica_sum() noexcept {
+    return {&comm_, [](void* c, double* values, std::size_t n, void*) { static_cast<C*>(c)->all_reduce_sum(values, n); }};
+  }
 
   void before_reduction() noexcept {}  // host work is done when it returns
   void all_reduce_sum(float* g, std::size_t n) { comm_.all_reduce_sum(g, n); }

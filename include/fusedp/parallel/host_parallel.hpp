@@ -246,9 +246,11 @@ class Parallel<Net, Host, Policies...> {
     const std::size_t normalizer = policy::sum ? count : std::size_t(global);
     Reducer& reducer = reducers_[r];
     reducer.begin();
+    // SyncBatchNorm: the layers' statistics over every replica's shard.
+    const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? channel.replica_sum() : ReplicaSum{};
     const float l = m.compute_gradients(
         inputs, targets, loss, [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); },
-        normalizer);
+        normalizer, sync);
     reducer.finish(channel, m.grads().data(), zero_);
     update(r, channel, opt);
     if constexpr (policy::broadcast_buffers) channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);

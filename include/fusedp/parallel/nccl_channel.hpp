@@ -10,6 +10,7 @@
 #if FUSEDP_HAS_NCCL
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/cuda_event.hpp"
+#include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
 #include "fusedp/kernels/cuda/rank_order_sum.cuh"
 #include "fusedp/parallel/nccl.hpp"
@@ -36,6 +37,19 @@ class NcclChannel {
   [[nodiscard]] NcclCommunicator& comm() noexcept { return comm_; }
   /// The communication stream.
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+
+  /// The communicator as a ReplicaSum, for SyncBatchNorm's per-channel sums: device memory written on
+  /// the given stream, summed on the channel's stream in between two events, so the stream's later
+  /// work sees the sum and NCCL's calls stay in this channel's order.
+  [[nodiscard]] ReplicaSum replica_sum() noexcept {
+    return {this, [](void* c, double* values, std::size_t n, void* stream) {
+              NcclChannel& ch = *static_cast<NcclChannel*>(c);
+              const cudaStream_t on = static_cast<cudaStream_t>(stream);
+              order_after(ch.ready_, on, ch.stream_.get());
+              ch.comm_.all_reduce_sum(values, n, ch.stream_.get());
+              order_after(ch.done_, ch.stream_.get(), on);
+            }};
+  }
 
   void before_reduction() { order_after(ready_, model_stream_, stream_.get()); }
   void all_reduce_sum(float* g, std::size_t n) { comm_.all_reduce_sum(g, n, stream_.get()); }

@@ -67,13 +67,19 @@ struct Sum {};
 /// algorithm of the communicator.
 struct Deterministic {};
 
-/// How replicas keep BatchNorm's running statistics (category batch_norm; a network with BatchNorm must
-/// name one). Each replica normalizes with the statistics of its own shard, as DDP does without
-/// SyncBatchNorm.
+/// How replicas treat BatchNorm's statistics (category batch_norm; a network with BatchNorm must name
+/// one).
 namespace batch_norm {
-/// After every step, rank 0's running statistics are copied to every replica (DDP's default,
-/// broadcast_buffers=True): every replica evaluates and saves the same statistics.
+/// Each replica normalizes with the statistics of its own shard (DDP without SyncBatchNorm); after
+/// every step rank 0's running statistics are copied to every replica (DDP's default,
+/// broadcast_buffers=True), so every replica evaluates and saves the same statistics.
 struct Broadcast {};
+/// SyncBatchNorm: every BatchNorm layer takes its batch statistics (forward: per-channel sums and
+/// squared deviations; backward: the sums of dz and dz xhat) over every replica's shard, added through
+/// the communicator (in-process, MPI, NCCL), so N replicas compute what one model computes on the
+/// global batch, and hold the same running statistics without a broadcast. Costs three small
+/// collectives per layer and step.
+struct Sync {};
 }  // namespace batch_norm
 
 namespace parallel::detail {
@@ -82,7 +88,7 @@ template <class... Ts>
 struct list {};
 
 template <class T>
-struct is_norm : std::is_same<T, batch_norm::Broadcast> {};
+struct is_norm : std::bool_constant<std::is_same_v<T, batch_norm::Broadcast> || std::is_same_v<T, batch_norm::Sync>> {};
 
 template <class T>
 struct is_scatter : std::bool_constant<std::is_same_v<T, scatter::Even> || std::is_same_v<T, scatter::Weighted> ||
@@ -209,7 +215,7 @@ struct Policy {
   static_assert(all_known,
                 "fusedp::Parallel: a policy is not one of scatter::{Even, Weighted, Sharded}, "
                 "reduce::{AllReduce, ReduceBroadcast, ReduceScatter}<...>, comm::{Auto, InProcess, Mpi, Nccl}, "
-                "Bucket<bytes>, Overlap, Compress<bf16>, Average, Sum, Deterministic, batch_norm::Broadcast");
+                "Bucket<bytes>, Overlap, Compress<bf16>, Average, Sum, Deterministic, batch_norm::{Broadcast, Sync}");
   static_assert(detail::count_if<detail::is_scatter>(all{}) <= 1,
                 "fusedp::Parallel: more than one scatter policy (category scatter: Even, Weighted, Sharded)");
   static_assert(detail::count_if<detail::is_reduce>(all{}) <= 1,
@@ -225,7 +231,7 @@ struct Policy {
   static_assert(detail::count_if<detail::is_deterministic>(all{}) <= 1,
                 "fusedp::Parallel: Deterministic given twice");
   static_assert(detail::count_if<detail::is_norm>(all{}) <= 1,
-                "fusedp::Parallel: more than one batch_norm policy (category batch_norm: Broadcast)");
+                "fusedp::Parallel: more than one batch_norm policy (category batch_norm: Broadcast, Sync)");
 
   using scatter_policy = typename detail::pick<detail::is_scatter, scatter::Even, all>::type;
   using reduce_policy = typename detail::pick<detail::is_reduce, reduce::AllReduce<>, all>::type;
@@ -243,7 +249,9 @@ struct Policy {
   using scaling_policy = typename detail::pick<detail::is_scaling, Average, all>::type;
   static constexpr bool sum = std::is_same_v<scaling_policy, Sum>;
   static constexpr bool deterministic = detail::count_if<detail::is_deterministic>(all{}) == 1;
-  static constexpr bool broadcast_buffers = detail::count_if<detail::is_norm>(all{}) == 1;
+  using norm_policy = typename detail::pick<detail::is_norm, void, all>::type;
+  static constexpr bool broadcast_buffers = std::is_same_v<norm_policy, batch_norm::Broadcast>;
+  static constexpr bool sync_batch_norm = std::is_same_v<norm_policy, batch_norm::Sync>;
 
   static_assert(!std::is_same_v<comm_policy, comm::Nccl> || detail::is_device_space<Space>(),
                 "fusedp::Parallel: comm::Nccl needs the Cuda space (category comm); Host uses InProcess or Mpi");
@@ -258,6 +266,7 @@ struct Policy {
                                         std::uint64_t(std::is_same_v<scatter_policy, scatter::Weighted>) << 8 |
                                         std::uint64_t(std::is_same_v<scatter_policy, scatter::Sharded>) << 9 |
                                         std::uint64_t(broadcast_buffers) << 10 |
+                                        std::uint64_t(sync_batch_norm) << 11 |
                                         std::uint64_t(bucket_bytes) << 16;
 };
 
@@ -265,11 +274,13 @@ struct Policy {
 /// batch_norm policy, so that replicas do not silently evaluate and save different statistics.
 template <class Net, class P>
 constexpr bool fits_network() {
-  static_assert(Net::state_storage == 0 || P::broadcast_buffers,
-                "fusedp::Parallel: the network holds BatchNorm running statistics, which each replica updates "
-                "from its own shard: name how replicas keep them, batch_norm::Broadcast (rank 0's statistics "
-                "copied to every replica after each step, as DDP's broadcast_buffers). SyncBatchNorm (batch "
-                "statistics reduced over all replicas) is not implemented yet");
+  static_assert(Net::state_storage == 0 || P::broadcast_buffers || P::sync_batch_norm,
+                "fusedp::Parallel: the network holds BatchNorm running statistics, which each replica would "
+                "update from its own shard: name how replicas keep them (category batch_norm): "
+                "batch_norm::Sync (SyncBatchNorm: statistics over every replica's shard, what one model "
+                "computes on the global batch) or batch_norm::Broadcast (each shard's own statistics, rank "
+                "0's running statistics copied to every replica after each step, as DDP's "
+                "broadcast_buffers)");
   return true;
 }
 

@@ -5,12 +5,17 @@
 // on timing; the same block then normalizes the channel. Evaluation: one elementwise kernel with the
 // running statistics. Backward: one block per channel, the sums of dz and dz * xhat, then dx.
 //
+// SyncBatchNorm (a ReplicaSum): the same per-channel pieces as separate kernels, the sums added over
+// the replicas on the stream between them (forward: the sums, then the squared deviations from the
+// global mean; backward: the sums of dz and dz xhat).
+//
 // One block per channel leaves most SMs idle for narrow layers at small batches; a split over the
 // batch with a second pass is the known next step (see docs/PERFORMANCE.md when measured).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
 
@@ -41,38 +46,92 @@ __device__ FUSEDP_ALWAYS_INLINE double block_sum(double v, double* shared) {
   return r;
 }
 
+// Where value k of channel c's (batch, plane) values lies in NCHW.
+__device__ FUSEDP_ALWAYS_INLINE std::size_t channel_at(const BatchNormExtents& g, int c, std::size_t k) {
+  return (k / g.plane * g.channels + c) * std::size_t(g.plane) + k % g.plane;
+}
+__device__ FUSEDP_ALWAYS_INLINE std::size_t channel_count(const BatchNormExtents& g) {
+  return std::size_t(g.batch) * g.plane;
+}
+// Channel c's sum over the block (every thread gets it).
+__device__ FUSEDP_ALWAYS_INLINE double channel_sum(const BatchNormExtents& g, int c, const float* x, double* shared) {
+  double sum = 0;
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) sum += double(x[channel_at(g, c, k)]);
+  return block_sum(sum, shared);
+}
+// Channel c's sum of squared deviations from `mean` over the block.
+__device__ FUSEDP_ALWAYS_INLINE double channel_squares(const BatchNormExtents& g, int c, const float* x, double mean,
+                                                       double* shared) {
+  double sq = 0;
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
+    const double d = double(x[channel_at(g, c, k)]) - mean;
+    sq += d * d;
+  }
+  return block_sum(sq, shared);
+}
+// Training, once channel c's mean and biased variance over `count` values are known: the state, the
+// running update and the normalized values.
+template <class Epi>
+__device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
+                                                    double mean, double var, double count, double momentum,
+                                                    double eps, const float* gamma, const float* beta, float* state,
+                                                    const float* x, float* y, float* z) {
+  const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
+                                   beta ? beta[c] : 0.0f};
+  if (threadIdx.x == 0) {
+    state[s.batch_mean() + c] = ch.mean;
+    state[s.batch_invstd() + c] = ch.invstd;
+    batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, count, momentum);
+    if (c == 0) state[s.batches_tracked()] += 1.0f;
+  }
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
+    const std::size_t i = channel_at(g, c, k);
+    const float v = ch.normalize(x[i]);
+    if constexpr (Epi::saves_input) z[i] = v;
+    y[i] = Epi::apply(v);
+  }
+}
+
 template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                             const float* beta, float* state, const float* x, float* y, float* z) {
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
-  const std::size_t count = std::size_t(g.batch) * g.plane;
-  auto at = [&](std::size_t k) { return (k / g.plane * g.channels + c) * std::size_t(g.plane) + k % g.plane; };
-  double sum = 0;
-  for (std::size_t k = threadIdx.x; k < count; k += batch_norm_threads) sum += double(x[at(k)]);
-  const double mean = block_sum(sum, shared) / double(count);
-  double sq = 0;
-  for (std::size_t k = threadIdx.x; k < count; k += batch_norm_threads) {
-    const double d = double(x[at(k)]) - mean;
-    sq += d * d;
-  }
-  const double var = block_sum(sq, shared) / double(count);
-  const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
-                                   beta ? beta[c] : 0.0f};
+  const double count = double(channel_count(g));
+  const double mean = channel_sum(g, c, x, shared) / count;
+  const double var = channel_squares(g, c, x, mean, shared) / count;
+  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z);
+}
+
+// SyncBatchNorm's phases, one block per channel, the sums added over the replicas in between.
+// sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_sum_kernel(BatchNormExtents g, const float* x, double* sums) {
+  __shared__ double shared[batch_norm_threads];
+  const int c = blockIdx.x;
+  const double sum = channel_sum(g, c, x, shared);
   if (threadIdx.x == 0) {
-    state[s.batch_mean() + c] = ch.mean;
-    state[s.batch_invstd() + c] = ch.invstd;
-    batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, double(count),
-                              momentum);
-    if (c == 0) state[s.batches_tracked()] += 1.0f;
+    sums[c] = sum;
+    if (c == 0) sums[g.channels] = double(channel_count(g));
   }
-  for (std::size_t k = threadIdx.x; k < count; k += batch_norm_threads) {
-    const std::size_t i = at(k);
-    const float v = ch.normalize(x[i]);
-    if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = Epi::apply(v);
-  }
+}
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_squares_kernel(BatchNormExtents g, const float* x, const double* sums, double* squares) {
+  __shared__ double shared[batch_norm_threads];
+  const int c = blockIdx.x;
+  const double sq = channel_squares(g, c, x, sums[c] / sums[g.channels], shared);
+  if (threadIdx.x == 0) squares[c] = sq;
+}
+template <class Epi>
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
+                             const float* beta, float* state, const float* x, float* y, float* z, const double* sums,
+                             const double* squares) {
+  const int c = blockIdx.x;
+  const double count = sums[g.channels];
+  finish_channel<Epi>(g, c, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
+                      z);
 }
 
 template <class Epi>
@@ -90,20 +149,18 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
   }
 }
 
+// Applies the epilogue's derivative to channel c's dy in place; its sums of dz and dz xhat over the
+// block, and (thread 0) its parameter gradients, this batch's part.
 template <class Epi>
-__global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                               const float* x, const float* y, const float* z, float* dy, float* dx, float* dgamma,
-                               float* dbeta) {
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  const std::size_t count = std::size_t(g.batch) * g.plane;
-  auto at = [&](std::size_t k) { return (k / g.plane * g.channels + c) * std::size_t(g.plane) + k % g.plane; };
+__device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, int c, const BatchNormState& s,
+                                                   const float* state, const float* x, const float* y,
+                                                   const float* z, float* dy, float* dgamma, float* dbeta,
+                                                   double* shared, double& sum_dz, double& sum_dz_xhat) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
-  const float gm = gamma ? gamma[c] : 1.0f;
-  double sum_dz = 0, sum_dz_xhat = 0;
-  for (std::size_t k = threadIdx.x; k < count; k += batch_norm_threads) {
-    const std::size_t i = at(k);
+  sum_dz = 0;
+  sum_dz_xhat = 0;
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
+    const std::size_t i = channel_at(g, c, k);
     float d = dy[i];
     if constexpr (!Epi::empty) d *= Epi::derivative(z ? z[i] : y[i], y[i]);
     dy[i] = d;
@@ -116,24 +173,81 @@ __global__ void __launch_bounds__(batch_norm_threads)
     if (dgamma) dgamma[c] = float(sum_dz_xhat);
     if (dbeta) dbeta[c] = float(sum_dz);
   }
-  if (!dx) return;
-  for (std::size_t k = threadIdx.x; k < count; k += batch_norm_threads) {
-    const std::size_t i = at(k);
-    dx[i] = batch_norm_input_gradient(dy[i], (x[i] - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat,
-                                      double(count));
+}
+__device__ FUSEDP_ALWAYS_INLINE void input_gradient(const BatchNormExtents& g, int c, const BatchNormState& s,
+                                                    const float* gamma, const float* state, const float* x,
+                                                    const float* dy, float* dx, double sum_dz, double sum_dz_xhat,
+                                                    double count) {
+  const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
+  const float gm = gamma ? gamma[c] : 1.0f;
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
+    const std::size_t i = channel_at(g, c, k);
+    dx[i] = batch_norm_input_gradient(dy[i], (x[i] - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count);
   }
+}
+
+template <class Epi>
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
+                               const float* x, const float* y, const float* z, float* dy, float* dx, float* dgamma,
+                               float* dbeta) {
+  __shared__ double shared[batch_norm_threads];
+  const int c = blockIdx.x;
+  double sum_dz, sum_dz_xhat;
+  gradient_sums<Epi>(g, c, s, state, x, y, z, dy, dgamma, dbeta, shared, sum_dz, sum_dz_xhat);
+  if (dx) input_gradient(g, c, s, gamma, state, x, dy, dx, sum_dz, sum_dz_xhat, double(channel_count(g)));
+}
+
+// SyncBatchNorm's backward: sums[c] and sums[channels + c] channel c's sums of dz and dz xhat,
+// sums[2 channels] the value count, added over the replicas between the two kernels.
+template <class Epi>
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const float* x,
+                                    const float* y, const float* z, float* dy, float* dgamma, float* dbeta,
+                                    double* sums) {
+  __shared__ double shared[batch_norm_threads];
+  const int c = blockIdx.x;
+  double sum_dz, sum_dz_xhat;
+  gradient_sums<Epi>(g, c, s, state, x, y, z, dy, dgamma, dbeta, shared, sum_dz, sum_dz_xhat);
+  if (threadIdx.x == 0) {
+    sums[c] = sum_dz;
+    sums[g.channels + c] = sum_dz_xhat;
+    if (c == 0) sums[2 * g.channels] = double(channel_count(g));
+  }
+}
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
+                                     const float* x, const float* dy, float* dx, const double* sums) {
+  const int c = blockIdx.x;
+  input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels]);
 }
 }  // namespace detail
 
-/// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract).
+/// Doubles of device memory a synchronized pass needs (batch_norm_sync_doubles on Host).
+constexpr std::size_t batch_norm_sync_doubles(int channels) { return 2 * std::size_t(channels) + 1; }
+
+/// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
+/// `sums` is batch_norm_sync_doubles(channels) doubles of device memory).
 template <class Epi>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
-                        const float* x, float* y, float* z) {
-  if (training) {
-    detail::batch_norm_train_kernel<Epi><<<unsigned(g.channels), detail::batch_norm_threads, 0, stream>>>(
-        g, s, momentum, eps, gamma, beta, state, x, y, z);
+                        const float* x, float* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr) {
+  const unsigned blocks = unsigned(g.channels);
+  if (training && !sync) {
+    detail::batch_norm_train_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, momentum, eps, gamma,
+                                                                                            beta, state, x, y, z);
     FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_train_kernel");
+  } else if (training) {
+    double* squares = sums + g.channels + 1;
+    detail::batch_norm_sum_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, x, sums);
+    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_sum_kernel");
+    sync(sums, std::size_t(g.channels) + 1, stream);
+    detail::batch_norm_squares_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, x, sums, squares);
+    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_squares_kernel");
+    sync(squares, std::size_t(g.channels), stream);
+    detail::batch_norm_finish_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
+        g, s, momentum, eps, gamma, beta, state, x, y, z, sums, squares);
+    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_finish_kernel");
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
     detail::batch_norm_eval_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(
@@ -142,14 +256,27 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
   }
 }
 
-/// Backward of a training forward: dy is overwritten with the gradient before the epilogue.
+/// Backward of a training forward: dy is overwritten with the gradient before the epilogue; `sync`
+/// and `sums` as in forward.
 template <class Epi>
 void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, const float* gamma,
                          const float* state, const float* x, const float* y, const float* z, float* dy, float* dx,
-                         float* dgamma, float* dbeta) {
-  detail::batch_norm_backward_kernel<Epi><<<unsigned(g.channels), detail::batch_norm_threads, 0, stream>>>(
-      g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta);
-  FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_backward_kernel");
+                         float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr) {
+  const unsigned blocks = unsigned(g.channels);
+  if (!sync) {
+    detail::batch_norm_backward_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
+        g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta);
+    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_backward_kernel");
+    return;
+  }
+  detail::batch_norm_gradient_sums_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
+      g, s, state, x, y, z, dy, dgamma, dbeta, sums);
+  FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums_kernel");
+  sync(sums, batch_norm_sync_doubles(g.channels), stream);
+  if (!dx) return;
+  detail::batch_norm_input_gradient_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, gamma, state, x,
+                                                                                             dy, dx, sums);
+  FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_input_gradient_kernel");
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -1,11 +1,18 @@
 #pragma once
 // Batch normalization on the Host over NCHW values, one channel per task (kernels/batch_norm.hpp has
 // the math). Sums are taken in double in a fixed order, so results do not depend on the thread count.
+// Alone, each channel is summed, normalized and (backward) differentiated in one task while its
+// values are in cache. With a ReplicaSum (SyncBatchNorm) the same per-channel pieces run as phases
+// over all channels, the sums added over the replicas between them: the mean, then the sum of squared
+// deviations from the global mean (two passes, as alone, so the variance is as exact), and backward
+// the sums of dz and dz xhat.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 
 #include <cstddef>
+#include <utility>
 
 namespace fusedp::kernels::host {
 
@@ -18,80 +25,170 @@ struct BatchNormGeometry {
   [[nodiscard]] std::size_t at(std::size_t n, std::size_t c) const { return (n * channels + c) * plane; }
 };
 
+namespace detail {
+template <class T>
+double channel_sum(const BatchNormGeometry& g, const T* x, std::size_t c) {
+  double sum = 0;
+  for (std::size_t n = 0; n < g.batch; ++n)
+    for (std::size_t i = 0; i < g.plane; ++i) sum += double(x[g.at(n, c) + i]);
+  return sum;
+}
+template <class T>
+double channel_squares(const BatchNormGeometry& g, const T* x, std::size_t c, double mean) {
+  double sq = 0;
+  for (std::size_t n = 0; n < g.batch; ++n)
+    for (std::size_t i = 0; i < g.plane; ++i) {
+      const double d = double(x[g.at(n, c) + i]) - mean;
+      sq += d * d;
+    }
+  return sq;
+}
+template <class Epi, class T>
+void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch, std::size_t c, const T* x, T* y,
+                       T* z) {
+  for (std::size_t n = 0; n < g.batch; ++n) {
+    const std::size_t at = g.at(n, c);
+    for (std::size_t i = 0; i < g.plane; ++i) {
+      const T v = ch.normalize(x[at + i]);
+      if constexpr (Epi::saves_input) z[at + i] = v;
+      y[at + i] = Epi::apply(v);
+    }
+  }
+}
+// Applies the epilogue's derivative to dy in place; returns the channel's sums of dz and dz xhat.
+template <class Epi, class T>
+std::pair<double, double> channel_gradient_sums(const BatchNormGeometry& g, std::size_t c, T mean, T invstd,
+                                                const T* x, const T* y, const T* z, T* dy) {
+  double sum_dz = 0, sum_dz_xhat = 0;
+  for (std::size_t n = 0; n < g.batch; ++n) {
+    const std::size_t at = g.at(n, c);
+    for (std::size_t i = 0; i < g.plane; ++i) {
+      T& d = dy[at + i];
+      if constexpr (!Epi::empty) d *= Epi::derivative(z ? z[at + i] : y[at + i], y[at + i]);
+      sum_dz += double(d);
+      sum_dz_xhat += double(d) * double((x[at + i] - mean) * invstd);
+    }
+  }
+  return {sum_dz, sum_dz_xhat};
+}
+template <class T>
+void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T invstd, T gamma, double sum_dz,
+                            double sum_dz_xhat, double count, const T* x, const T* dy, T* dx) {
+  for (std::size_t n = 0; n < g.batch; ++n) {
+    const std::size_t at = g.at(n, c);
+    for (std::size_t i = 0; i < g.plane; ++i)
+      dx[at + i] = batch_norm_input_gradient(dy[at + i], (x[at + i] - mean) * invstd, gamma, invstd, sum_dz,
+                                             sum_dz_xhat, count);
+  }
+}
+}  // namespace detail
+
+/// Room for the per-channel sums a synchronized pass adds over the replicas, in doubles.
+constexpr std::size_t batch_norm_sync_doubles(std::size_t channels) { return 2 * channels + 1; }
+
 /// y = Epi(normalize(x)); z the values before the epilogue when it needs them (else null). Training:
 /// the batch's statistics, left in the state for backward, and the running statistics updated;
-/// evaluation: the running statistics. gamma and beta are null without affine parameters.
+/// evaluation: the running statistics. gamma and beta are null without affine parameters. With
+/// `sync`, the batch is every replica's shard together (`sums`: batch_norm_sync_doubles(channels)).
 template <class Epi, class T>
 void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const T* gamma, const T* beta, T* state, const T* x, T* y,
-                        T* z) {
+                        T* z, const ReplicaSum& sync = {}, double* sums = nullptr) {
+  auto channel = [&](std::size_t c) {
+    return BatchNormChannel<T>{T(0), T(0), gamma ? gamma[c] : T(1), beta ? beta[c] : T(0)};
+  };
+  // Training, once the channel's mean and biased variance over `count` values are known.
+  auto finish = [&](std::size_t c, double mean, double var, double count) {
+    BatchNormChannel<T> ch = channel(c);
+    ch.mean = T(mean);
+    ch.invstd = batch_norm_invstd<T>(var, eps);
+    state[s.batch_mean() + c] = ch.mean;
+    state[s.batch_invstd() + c] = ch.invstd;
+    batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, count, momentum);
+    detail::normalize_channel<Epi>(g, ch, c, x, y, z);
+  };
   if (training) state[s.batches_tracked()] += T(1);
-  host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
-    for (std::size_t c = c0; c < c1; ++c) {
-      BatchNormChannel<T> ch{T(0), T(0), gamma ? gamma[c] : T(1), beta ? beta[c] : T(0)};
-      if (training) {
-        double sum = 0;
-        for (std::size_t n = 0; n < g.batch; ++n)
-          for (std::size_t i = 0; i < g.plane; ++i) sum += double(x[g.at(n, c) + i]);
-        const double mean = sum / double(g.count());
-        double sq = 0;
-        for (std::size_t n = 0; n < g.batch; ++n)
-          for (std::size_t i = 0; i < g.plane; ++i) {
-            const double d = double(x[g.at(n, c) + i]) - mean;
-            sq += d * d;
-          }
-        const double var = sq / double(g.count());
-        ch.mean = T(mean);
-        ch.invstd = batch_norm_invstd<T>(var, eps);
-        state[s.batch_mean() + c] = ch.mean;
-        state[s.batch_invstd() + c] = ch.invstd;
-        batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var,
-                                  double(g.count()), momentum);
-      } else {
+  if (!training) {
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) {
+        BatchNormChannel<T> ch = channel(c);
         ch.mean = state[s.running_mean() + c];
         ch.invstd = batch_norm_invstd<T>(double(state[s.running_var() + c]), eps);
+        detail::normalize_channel<Epi>(g, ch, c, x, y, z);
       }
-      for (std::size_t n = 0; n < g.batch; ++n) {
-        const std::size_t at = g.at(n, c);
-        for (std::size_t i = 0; i < g.plane; ++i) {
-          const T v = ch.normalize(x[at + i]);
-          if constexpr (Epi::saves_input) z[at + i] = v;
-          y[at + i] = Epi::apply(v);
-        }
+    });
+  } else if (!sync) {
+    const double count = double(g.count());
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) {
+        const double mean = detail::channel_sum(g, x, c) / count;
+        finish(c, mean, detail::channel_squares(g, x, c, mean) / count, count);
       }
-    }
-  });
+    });
+  } else {
+    // sums[c]: the channel's sum, then its squared deviations; sums[channels]: the value count.
+    double* squares = sums + g.channels + 1;
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) sums[c] = detail::channel_sum(g, x, c);
+    });
+    sums[g.channels] = double(g.count());
+    sync(sums, g.channels + 1);
+    const double count = sums[g.channels];
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) squares[c] = detail::channel_squares(g, x, c, sums[c] / count);
+    });
+    sync(squares, g.channels);
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) finish(c, sums[c] / count, squares[c] / count, count);
+    });
+  }
 }
 
 /// Backward of a training forward. dy is overwritten with the gradient before the epilogue; dgamma
-/// and dbeta are set (null without affine parameters), dx skipped when null.
+/// and dbeta are set to this batch's part (null without affine parameters), dx skipped when null.
+/// With `sync` as in forward (`sums`: batch_norm_sync_doubles(channels)).
 template <class Epi, class T>
 void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, const T* gamma,
-                         const T* state, const T* x, const T* y, const T* z, T* dy, T* dx, T* dgamma, T* dbeta) {
+                         const T* state, const T* x, const T* y, const T* z, T* dy, T* dx, T* dgamma, T* dbeta,
+                         const ReplicaSum& sync = {}, double* sums = nullptr) {
+  auto mean_of = [&](std::size_t c) { return state[s.batch_mean() + c]; };
+  auto invstd_of = [&](std::size_t c) { return state[s.batch_invstd() + c]; };
+  auto gamma_of = [&](std::size_t c) { return gamma ? gamma[c] : T(1); };
+  auto parameter_gradients = [&](std::size_t c, double sum_dz, double sum_dz_xhat) {
+    if (dgamma) dgamma[c] = T(sum_dz_xhat);
+    if (dbeta) dbeta[c] = T(sum_dz);
+  };
+  if (!sync) {
+    const double count = double(g.count());
+    host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+      for (std::size_t c = c0; c < c1; ++c) {
+        const auto [sum_dz, sum_dz_xhat] =
+            detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy);
+        parameter_gradients(c, sum_dz, sum_dz_xhat);
+        if (dx)
+          detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sum_dz, sum_dz_xhat, count, x,
+                                         dy, dx);
+      }
+    });
+    return;
+  }
+  // sums[c]: the channel's sum of dz, sums[channels + c]: of dz xhat; sums[2 channels]: the count.
   host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
     for (std::size_t c = c0; c < c1; ++c) {
-      const T mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
-      const T gm = gamma ? gamma[c] : T(1);
-      double sum_dz = 0, sum_dz_xhat = 0;
-      for (std::size_t n = 0; n < g.batch; ++n) {
-        const std::size_t at = g.at(n, c);
-        for (std::size_t i = 0; i < g.plane; ++i) {
-          T& d = dy[at + i];
-          if constexpr (!Epi::empty) d *= Epi::derivative(z ? z[at + i] : y[at + i], y[at + i]);
-          sum_dz += double(d);
-          sum_dz_xhat += double(d) * double((x[at + i] - mean) * invstd);
-        }
-      }
-      if (dgamma) dgamma[c] = T(sum_dz_xhat);
-      if (dbeta) dbeta[c] = T(sum_dz);
-      if (!dx) continue;
-      for (std::size_t n = 0; n < g.batch; ++n) {
-        const std::size_t at = g.at(n, c);
-        for (std::size_t i = 0; i < g.plane; ++i)
-          dx[at + i] = batch_norm_input_gradient(dy[at + i], (x[at + i] - mean) * invstd, gm, invstd, sum_dz,
-                                                 sum_dz_xhat, double(g.count()));
-      }
+      const auto [sum_dz, sum_dz_xhat] = detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy);
+      parameter_gradients(c, sum_dz, sum_dz_xhat);  // this shard's part: Parallel adds the parts
+      sums[c] = sum_dz;
+      sums[g.channels + c] = sum_dz_xhat;
     }
+  });
+  sums[2 * g.channels] = double(g.count());
+  sync(sums, 2 * g.channels + 1);
+  if (!dx) return;
+  const double count = sums[2 * g.channels];
+  host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
+    for (std::size_t c = c0; c < c1; ++c)
+      detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sums[c], sums[g.channels + c],
+                                     count, x, dy, dx);
   });
 }
 
