@@ -32,6 +32,7 @@
 #include "fusedp/net/residual.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/optim/adam.hpp"
+#include "fusedp/optim/decay.hpp"
 #include "fusedp/optim/guard.hpp"
 #include "fusedp/optim/schedule.hpp"
 #include "fusedp/optim/sgd.hpp"

@@ -1,6 +1,6 @@
 // batch_norm::Sync and batch_norm::Broadcast together: one category, one choice.
 // expect: static assertion failed
-// expect: more than one batch_norm policy (category batch_norm: Broadcast, Sync)
+// expect: more than one batch_norm policy \(category batch_norm: Broadcast, Sync\)
 #include <fusedp/layers/batch_norm.hpp>
 #include <fusedp/layers/conv2d.hpp>
 #include <fusedp/layers/flatten.hpp>

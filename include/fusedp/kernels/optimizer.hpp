@@ -1,9 +1,12 @@
 #pragma once
 // Per-element optimizer updates shared by both spaces, with PyTorch's semantics (torch.optim.SGD,
-// Adam, AdamW). One fused pass over the flat parameter buffer applies them.
+// Adam, AdamW). One fused pass over the flat parameter buffer applies them; with decay_all false the
+// weight decay applies only to the elements that DecayRuns names (the network's GEMM weights), the
+// rest take the same update without it.
 #include "fusedp/core/config.hpp"
 
 #include <cmath>
+#include <cstddef>
 
 namespace fusedp::kernels {
 
@@ -12,6 +15,7 @@ struct SgdStep {
   T lr, momentum, dampening, weight_decay;
   bool nesterov;
   bool first;  // PyTorch starts the momentum buffer as the first gradient itself
+  bool decay_all = true;  // false: weight decay only where DecayRuns says (Decay::weights)
 
   FUSEDP_HD void operator()(T& p, T g, T& buf) const {
     if (weight_decay != T(0)) g += weight_decay * p;
@@ -28,6 +32,7 @@ struct AdamStep {
   T lr, beta1, beta2, eps, weight_decay;
   bool decoupled;   // AdamW: decay the weights, not the gradient
   T bias1, bias2;   // 1 - beta^t for the step t being taken
+  bool decay_all = true;  // false: weight decay only where DecayRuns says (Decay::weights)
 
   FUSEDP_HD void operator()(T& p, T g, T& m, T& v) const {
     using std::sqrt;
@@ -39,5 +44,79 @@ struct AdamStep {
     p -= (lr / bias1) * m / denom;
   }
 };
+
+/// The same update without weight decay (for the elements Decay::weights leaves out).
+template <class Op>
+FUSEDP_HD Op without_decay(Op op) {
+  op.weight_decay = decltype(op.weight_decay)(0);
+  return op;
+}
+
+/// Where weight decay applies in a part of the flat parameter buffer: `count` runs [bounds[2k],
+/// bounds[2k + 1]) of offsets into the whole buffer, in order (Sequential::weight_runs, in the
+/// space's memory); element i of the part is element base + i of the whole (a ZeRO-1 block).
+struct DecayRuns {
+  const std::size_t* bounds = nullptr;
+  std::size_t count = 0;
+  std::size_t base = 0;
+  bool given = false;  // false: the caller did not say (only an update that decays everything may run)
+
+  [[nodiscard]] DecayRuns at(std::size_t offset) const { return {bounds, count, base + offset, given}; }
+  // The first run that ends after element i of the part.
+  FUSEDP_HD std::size_t run_after(std::size_t i) const {
+    const std::size_t g = base + i;
+    std::size_t lo = 0, hi = count;
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (bounds[2 * mid + 1] <= g) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  /// Whether element i of the part decays (a binary search over the runs).
+  FUSEDP_HD bool decays(std::size_t i) const {
+    const std::size_t k = run_after(i);
+    return k < count && bounds[2 * k] <= base + i;
+  }
+};
+
+/// Calls f(j0, j1, decays) for the consecutive pieces of elements [i0, i1) of a part that decay or do
+/// not (the Host's loops: one search per chunk, not per element).
+template <class F>
+void for_decay_pieces(const DecayRuns& r, std::size_t i0, std::size_t i1, F&& f) {
+  std::size_t k = r.run_after(i0);
+  for (std::size_t i = i0; i < i1;) {
+    if (k == r.count) {
+      f(i, i1, false);
+      return;
+    }
+    const std::size_t begin = r.bounds[2 * k], end = r.bounds[2 * k + 1];  // of the whole buffer
+    if (r.base + i < begin) {
+      const std::size_t j = begin - r.base < i1 ? begin - r.base : i1;
+      f(i, j, false);
+      i = j;
+    } else {
+      const std::size_t j = end - r.base < i1 ? end - r.base : i1;
+      f(i, j, true);
+      i = j;
+      ++k;
+    }
+  }
+}
+
+/// Applies `op` to elements [i0, i1), with or without its weight decay as `runs` say. `each(o, i)`
+/// applies update o to element i.
+template <class Op, class Each>
+void apply_with_decay(const Op& op, const DecayRuns& runs, std::size_t i0, std::size_t i1, Each&& each) {
+  if (op.decay_all || op.weight_decay == decltype(op.weight_decay)(0)) {
+    for (std::size_t i = i0; i < i1; ++i) each(op, i);
+    return;
+  }
+  const Op plain = without_decay(op);
+  for_decay_pieces(runs, i0, i1, [&](std::size_t j0, std::size_t j1, bool decays) {
+    const Op& o = decays ? op : plain;
+    for (std::size_t i = j0; i < j1; ++i) each(o, i);
+  });
+}
 
 }  // namespace fusedp::kernels

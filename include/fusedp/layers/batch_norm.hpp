@@ -52,8 +52,8 @@ struct BatchNorm {
     std::array<ParamSpec, Affine ? 2 : 0> p{};
     if constexpr (Affine) {
       const std::size_t c = std::size_t(In::channels);
-      p[0] = ParamSpec{ParamRole::weight, c, c, 1, {In::channels, 0, 0, 0}, {}, true, 1.0f};
-      p[1] = ParamSpec{ParamRole::bias, c, c, 1, {In::channels, 0, 0, 0}, {}, true, 0.0f};
+      p[0] = ParamSpec{ParamRole::weight, c, c, 1, {In::channels, 0, 0, 0}, {}, true, 1.0f, true};
+      p[1] = ParamSpec{ParamRole::bias, c, c, 1, {In::channels, 0, 0, 0}, {}, true, 0.0f, true};
     }
     return p;
   }();

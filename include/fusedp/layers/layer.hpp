@@ -81,6 +81,8 @@ struct ParamSpec {
   /// (BatchNorm: weight 1, bias 0).
   bool constant = false;
   float fill = 0.0f;
+  /// A normalization layer's scale or shift (BatchNorm): not a GEMM weight, so Decay::weights skips it.
+  bool normalization = false;
 };
 
 /// Where a layer's non-trainable tensors stand in a network's state buffer (beside the parameters,

@@ -188,6 +188,12 @@ class Model<Net, CudaSpace<P>, T> {
   /// Applies a decision taken elsewhere (a data-parallel guard that combined every rank's statistics):
   /// factor 0 skips the update (counted in skipped_steps()), else the gradient is scaled by `factor`
   /// (when not 1) and the optimizer runs. Returns whether the update ran.
+  /// Where the GEMM weights lie, for an optimizer's Decay::weights over the part of the flat buffer
+  /// from `offset` (a ZeRO-1 block: Parallel updates it).
+  [[nodiscard]] kernels::DecayRuns decay_runs(std::size_t offset = 0) const noexcept {
+    return store_.decay_runs(offset);
+  }
+
   template <class Opt>
   bool apply_step(const Opt& opt, double factor) {
     return store_.apply_step(space_, opt, factor);
@@ -437,7 +443,7 @@ class Model<Net, CudaSpace<P>, T> {
         queue_gradients(x, targets, batch, loss, none);
         kernels::cuda::apply_optimizer<int(Opt::state_slots)>(space_.stream(), store_.params().data(),
                                                               store_.grads().data(), state.data(), Net::param_storage,
-                                                              Op{}, slot);
+                                                              Op{}, slot, store_.decay_runs());
       });
       store_.count_step(true);
     }

@@ -81,6 +81,12 @@ class Model {
   /// Applies a decision taken elsewhere (a data-parallel guard that combined every replica's
   /// statistics): factor 0 skips the update, else the gradient is scaled by `factor` and the optimizer
   /// runs. Returns whether the update ran.
+  /// Where the GEMM weights lie, for an optimizer's Decay::weights over the part of the flat buffer
+  /// from `offset` (a ZeRO-1 block: Parallel updates it).
+  [[nodiscard]] kernels::DecayRuns decay_runs(std::size_t offset = 0) const noexcept {
+    return store_.decay_runs(offset);
+  }
+
   template <class Opt>
   bool apply_step(const Opt& opt, double factor) {
     return store_.apply_step(space_, opt, factor);

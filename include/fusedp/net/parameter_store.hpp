@@ -10,6 +10,7 @@
 #include "fusedp/core/rng.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/gradient.hpp"
+#include "fusedp/kernels/optimizer.hpp"
 #include "fusedp/net/sequential.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -70,9 +71,21 @@ class ParameterStore {
 
   /// Buffers on `space` (on Cuda its device must be the current one), parameters drawn from `seed`.
   ParameterStore(const Space& space, std::uint64_t seed)
-      : seed_(seed), params_(Net::param_storage), grads_(Net::param_storage), buffers_(Net::state_storage) {
+      : seed_(seed),
+        params_(Net::param_storage),
+        grads_(Net::param_storage),
+        buffers_(Net::state_storage),
+        weight_runs_(Net::weight_runs.size()) {
     reset_parameters(space);
     reset_buffers(space);
+    if constexpr (Net::weight_runs.size() > 0)
+      detail::copy_to_space(space, weight_runs_.data(), Net::weight_runs.data(), Net::weight_runs.size());
+  }
+
+  /// Where the network's GEMM weights lie (Net::weight_runs), in this space's memory, for an
+  /// optimizer's Decay::weights; `offset`: the first element of the part being updated (ZeRO-1).
+  [[nodiscard]] kernels::DecayRuns decay_runs(std::size_t offset = 0) const noexcept {
+    return {weight_runs_.data(), Net::weight_run_count, offset, true};
   }
 
   /// Draws every weight and bias from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as PyTorch's Conv2d and
@@ -180,7 +193,8 @@ class ParameterStore {
     }
     if (factor != 1.0) detail::scale_in_space(space, grads_.data(), Net::param_storage, T(factor));
     std::span<T> state = optimizer_state<Opt>(space);
-    opt.step(space, params_.data(), grads_.data(), state.data(), Net::param_storage, optimizer_steps_ + 1);
+    opt.step(space, params_.data(), grads_.data(), state.data(), Net::param_storage, optimizer_steps_ + 1,
+             decay_runs());
     count_step(true);
     return true;
   }
@@ -220,6 +234,7 @@ class ParameterStore {
   buffer<T> params_;
   buffer<T> grads_;
   buffer<T> buffers_;
+  buffer<std::size_t> weight_runs_;  // Net::weight_runs
   buffer<T> state_;
   const char* state_owner_ = nullptr;
   std::uint64_t optimizer_steps_ = 0;

@@ -246,7 +246,7 @@ struct Residual {
     std::array<ParamSpec, B::param_tensor_count + shortcut_params<In>()> p{};
     std::size_t i = 0;
     auto add = [&](const ParamTensor& t, TensorName name) {
-      p[i++] = ParamSpec{t.role, t.size, t.fan_in, t.rank, t.dims, name, t.constant, t.fill};
+      p[i++] = ParamSpec{t.role, t.size, t.fan_in, t.rank, t.dims, name, t.constant, t.fill, t.normalization};
     };
     for (const ParamTensor& t : B::param_layout) add(t, t.name);
     if constexpr (!identity)

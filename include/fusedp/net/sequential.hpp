@@ -226,6 +226,9 @@ struct ParamTensor {
   TensorName name;     // PyTorch's state_dict key ("0.weight", "layer1.0.conv1.weight")
   bool constant = false;  // filled with `fill` at initialization instead of drawn (BatchNorm)
   float fill = 0.0f;
+  bool normalization = false;  // a normalization layer's scale or shift
+  /// A GEMM weight (Conv2d, Linear): what weight decay applies to under Decay::weights.
+  [[nodiscard]] constexpr bool gemm_weight() const { return role == ParamRole::weight && !normalization; }
 };
 
 /// One non-trainable tensor in the state buffer of a network (BatchNorm's running statistics).
@@ -329,11 +332,34 @@ struct Sequential {
                              p.dims,
                              detail::param_key(p).under(detail::layer_key<typename B::layer>(B::index)),
                              p.constant,
-                             p.fill};
+                             p.fill,
+                             p.normalization};
         offset += align_elements(p.size);
       }
     });
     return t;
+  }();
+
+  static constexpr std::size_t count_weight_runs() {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < param_tensor_count; ++i)
+      if (param_layout[i].gemm_weight() && (i == 0 || !param_layout[i - 1].gemm_weight())) ++n;
+    return n;
+  }
+  static constexpr std::size_t weight_run_count = count_weight_runs();
+  /// Where the GEMM weights (Conv2d, Linear) lie in the flat buffer: weight_run_count runs [begin, end)
+  /// as pairs of element offsets, in order, adjacent weights merged (the padding between them included).
+  /// Decay::weights decays these and nothing else.
+  static constexpr std::array<std::size_t, 2 * weight_run_count> weight_runs = [] {
+    std::array<std::size_t, 2 * weight_run_count> r{};
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < param_tensor_count; ++i) {
+      const ParamTensor& p = param_layout[i];
+      if (!p.gemm_weight()) continue;
+      if (i == 0 || !param_layout[i - 1].gemm_weight()) r[2 * k++] = p.offset;
+      r[2 * k - 1] = p.offset + p.size;
+    }
+    return r;
   }();
 
   static constexpr std::size_t count_state() {

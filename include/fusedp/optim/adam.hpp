@@ -3,6 +3,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/optimizer.hpp"
+#include "fusedp/optim/decay.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -24,6 +25,7 @@ struct AdamFamily {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = Decoupled ? 0.01f : 0.0f;
+    Decay decay = Decay::all;  ///< which parameters weight_decay applies to
   };
   Options options;
 
@@ -39,34 +41,53 @@ struct AdamFamily {
     require(options.weight_decay >= 0, name, ": weight_decay must be >= 0, got ", options.weight_decay);
   }
 
+  /// The per-element update of step t (1-based).
   template <class T>
-  void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
+  [[nodiscard]] kernels::AdamStep<T> update(std::uint64_t t) const {
     using std::pow;
-    const kernels::AdamStep<T> op{T(options.lr), T(options.beta1), T(options.beta2), T(options.eps),
-                                  T(options.weight_decay), Decoupled,
-                                  T(1) - pow(T(options.beta1), T(t)), T(1) - pow(T(options.beta2), T(t))};
+    return {T(options.lr),
+            T(options.beta1),
+            T(options.beta2),
+            T(options.eps),
+            T(options.weight_decay),
+            Decoupled,
+            T(1) - pow(T(options.beta1), T(t)),
+            T(1) - pow(T(options.beta2), T(t)),
+            options.decay == Decay::all};
+  }
+
+  /// Updates n parameters (moments m then v in `state`); `runs` as Sgd's.
+  template <class T>
+  void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
+            const kernels::DecayRuns& runs = {}) const {
+    check_runs(runs);
+    const kernels::AdamStep<T> op = update<T>(t);
     T* m = state;
     T* v = state + n;
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-      for (std::size_t i = i0; i < i1; ++i) op(params[i], grads[i], m[i], v[i]);
+      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::AdamStep<T>& o, std::size_t i) {
+        o(params[i], grads[i], m[i], v[i]);
+      });
     });
   }
 
 #if FUSEDP_HAS_CUDA
-  /// The per-element update of step t (1-based), exactly as step() above builds it.
-  template <class T>
-  [[nodiscard]] kernels::AdamStep<T> update(std::uint64_t t) const {
-    using std::pow;
-    return {T(options.lr), T(options.beta1), T(options.beta2), T(options.eps), T(options.weight_decay), Decoupled,
-            T(1) - pow(T(options.beta1), T(t)), T(1) - pow(T(options.beta2), T(t))};
-  }
   /// One fused kernel over n device parameters (moments m then v in `state`), queued on the space's
-  /// stream.
+  /// stream (`runs` in device memory).
   template <class T, class P>
-  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
-    kernels::cuda::apply_optimizer<2>(space.stream(), params, grads, state, n, update<T>(t));
+  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
+            const kernels::DecayRuns& runs = {}) const {
+    check_runs(runs);
+    kernels::cuda::apply_optimizer<2>(space.stream(), params, grads, state, n, update<T>(t), nullptr, runs);
   }
 #endif
+
+  /// Decay::weights needs to know where the weights are.
+  void check_runs(const kernels::DecayRuns& runs) const {
+    require(options.decay == Decay::all || options.weight_decay == 0.0f || runs.given, name,
+            ": decay = Decay::weights needs the network's weight runs; step through Model or Parallel (or pass "
+            "Net::weight_runs as kernels::DecayRuns)");
+  }
 };
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/gradient.hpp"
+#include "fusedp/kernels/optimizer.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -48,8 +49,9 @@ struct Guarded {
             guard.max_norm);
   }
   template <class Space, class T>
-  void step(const Space& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
-    optimizer.step(space, params, grads, state, n, t);
+  void step(const Space& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
+            const kernels::DecayRuns& runs = {}) const {
+    optimizer.step(space, params, grads, state, n, t, runs);
   }
 
   /// Given the whole gradient's stats: the factor to scale the gradient by (1: none), or 0 to skip

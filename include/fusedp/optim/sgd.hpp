@@ -1,9 +1,12 @@
 #pragma once
 // Sgd: stochastic gradient descent with momentum, dampening, Nesterov and weight decay, as
-// torch.optim.SGD, in one pass over the flat parameter buffer.
+// torch.optim.SGD, in one pass over the flat parameter buffer. With `.decay = Decay::weights` the
+// decay applies to Conv2d and Linear weights only, as torch.optim.SGD given two parameter groups
+// (the rest with weight_decay 0).
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/optimizer.hpp"
+#include "fusedp/optim/decay.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -23,6 +26,7 @@ struct Sgd {
     float dampening = 0.0f;
     float weight_decay = 0.0f;
     bool nesterov = false;
+    Decay decay = Decay::all;  ///< which parameters weight_decay applies to
   };
   Options options;
 
@@ -38,29 +42,43 @@ struct Sgd {
             "Sgd: nesterov needs momentum > 0 and dampening 0");
   }
 
-  /// Updates n parameters; `state` holds n values; t is the 1-based number of this step.
+  /// The per-element update of step t (1-based).
   template <class T>
-  void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
-    const kernels::SgdStep<T> op{T(options.lr), T(options.momentum), T(options.dampening), T(options.weight_decay),
-                                 options.nesterov, t == 1};
+  [[nodiscard]] kernels::SgdStep<T> update(std::uint64_t t) const {
+    return {T(options.lr),           T(options.momentum), T(options.dampening), T(options.weight_decay),
+            options.nesterov,        t == 1,              options.decay == Decay::all};
+  }
+
+  /// Updates n parameters; `state` holds n values; t is the 1-based number of this step; `runs` where
+  /// the network's weights lie (needed by Decay::weights; Model and Parallel pass them).
+  template <class T>
+  void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
+            const kernels::DecayRuns& runs = {}) const {
+    check_runs(runs);
+    const kernels::SgdStep<T> op = update<T>(t);
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-      for (std::size_t i = i0; i < i1; ++i) op(params[i], grads[i], state[i]);
+      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::SgdStep<T>& o, std::size_t i) {
+        o(params[i], grads[i], state[i]);
+      });
     });
   }
 
 #if FUSEDP_HAS_CUDA
-  /// The per-element update of step t (1-based), exactly as step() above builds it.
-  template <class T>
-  [[nodiscard]] kernels::SgdStep<T> update(std::uint64_t t) const {
-    return {T(options.lr), T(options.momentum), T(options.dampening), T(options.weight_decay), options.nesterov,
-            t == 1};
-  }
-  /// One fused kernel over n device parameters, queued on the space's stream.
+  /// One fused kernel over n device parameters, queued on the space's stream (`runs` in device memory).
   template <class T, class P>
-  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t) const {
-    kernels::cuda::apply_optimizer<1>(space.stream(), params, grads, state, n, update<T>(t));
+  void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
+            const kernels::DecayRuns& runs = {}) const {
+    check_runs(runs);
+    kernels::cuda::apply_optimizer<1>(space.stream(), params, grads, state, n, update<T>(t), nullptr, runs);
   }
 #endif
+
+  /// Decay::weights needs to know where the weights are.
+  void check_runs(const kernels::DecayRuns& runs) const {
+    require(options.decay == Decay::all || options.weight_decay == 0.0f || runs.given,
+            "Sgd: decay = Decay::weights needs the network's weight runs; step through Model or Parallel (or pass "
+            "Net::weight_runs as kernels::DecayRuns)");
+  }
 };
 
 }  // namespace fusedp

@@ -337,7 +337,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     float* p = rep.model.params().data() + block.offset;
     float* g = rep.model.grads().data() + block.offset;
     if (factor != 1.0) kernels::cuda::scale_gradient(rep.model.space().stream(), g, block.count, float(factor));
-    opt.step(rep.model.space(), p, g, rep.zero_state.data(), block.count, rep.model.optimizer_steps() + 1);
+    opt.step(rep.model.space(), p, g, rep.zero_state.data(), block.count, rep.model.optimizer_steps() + 1,
+             rep.model.decay_runs(block.offset));
     rep.model.count_step(true);
     rep.channel.after_model_stream();
     rep.channel.all_gather_blocks(rep.model.params().data(), zero_);

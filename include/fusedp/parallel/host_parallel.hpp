@@ -310,7 +310,7 @@ class Parallel<Net, Host, Policies...> {
     }
     if (factor != 1.0) kernels::host::scale_gradient(m.space(), g, block.count, float(factor));
     opt.step(m.space(), m.params().data() + block.offset, g, zero_state_[r].data(), block.count,
-             m.optimizer_steps() + 1);
+             m.optimizer_steps() + 1, m.decay_runs(block.offset));
     m.count_step(true);
     channel.all_gather_blocks(m.params().data(), zero_);
   }

@@ -136,6 +136,12 @@ const k::ConvGeometry geometries[] = {
     geometry(2, 10, 8, 4, 3, 2, 5),     // kernel 4, stride 3, pad 2
     geometry(4, 6, 7, 5, 1, 2, 17),     // 5x5 'same', odd channel count
     geometry(7, 5, 13, 2, 1, 0, 29),    // kernel 2, rows that cross panels unevenly
+    // More output channels than the direct path takes (in float) and small planes: the GEMM path on
+    // products narrower than a register tile, as in ResNet's last stages.
+    geometry(8, 4, 4, 3, 1, 1, 40),     // ResNet's last stage in small: 16 output pixels
+    geometry(6, 8, 8, 3, 2, 1, 36),     // a stride-2 projection: 4x4 out of 8x8
+    geometry(12, 4, 4, 1, 1, 0, 48),    // 1x1 stride 1: the product reads the input itself
+    geometry(10, 9, 7, 3, 1, 0, 33),    // 35 output pixels: a partial last panel
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "fusedp/kernels/optimizer.hpp"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace fusedp::kernels::cuda {
 
@@ -22,12 +23,17 @@ __global__ void set_value_kernel(Op* dst, Op value) {
 }
 
 // Slots: optimizer state values per parameter (1: Sgd's momentum; 2: Adam's moments, m then v).
+// Under Decay::weights (op.decay_all false) each element finds whether it decays in the network's
+// runs (a binary search over a few dozen bounds, in cache; the pass stays memory-bound).
 template <int Slots, class Op, class T>
-__global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, Op by_value, const Op* from_device) {
+__global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, Op by_value, const Op* from_device,
+                                 DecayRuns runs) {
   const Op op = from_device ? *from_device : by_value;
+  const Op plain = without_decay(op);
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
-    if constexpr (Slots == 1) op(params[i], grads[i], state[i]);
-    else op(params[i], grads[i], state[i], state[n + i]);
+    const Op& o = op.decay_all || runs.decays(i) ? op : plain;
+    if constexpr (Slots == 1) o(params[i], grads[i], state[i]);
+    else o(params[i], grads[i], state[i], state[n + i]);
   }
 }
 }  // namespace detail
@@ -44,10 +50,10 @@ void set_value(cudaStream_t stream, Op* dst, const Op& value) {
 /// is read from there (graph replays), else `op` is used.
 template <int Slots, class Op, class T>
 void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t n, const Op& op,
-                     const Op* from_device = nullptr) {
+                     const std::type_identity_t<Op>* from_device = nullptr, const DecayRuns& runs = {}) {
   if (n == 0) return;
   detail::optimizer_kernel<Slots, Op, T>
-      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, n, op, from_device);
+      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, n, op, from_device, runs);
   FUSEDP_CUDA_CHECK_LAUNCH("optimizer_kernel");
 }
 
