@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <fusedp/exec/host.hpp>
+#include <fusedp/layers/batch_norm.hpp>
+#include <fusedp/layers/global_avg_pool.hpp>
 #include <fusedp/loss/softmax_cross_entropy.hpp>
+#include <fusedp/models/resnet.hpp>
 #include <fusedp/net/cost.hpp>
 #include <fusedp/net/model.hpp>
 #include <fusedp/optim/adam.hpp>
@@ -94,6 +97,8 @@ void check_memory(Opt opt, std::size_t batch, int threads) {
   CHECK(allocated.parameters == predicted.parameters);
   CHECK(allocated.gradients == predicted.gradients);
   CHECK(allocated.optimizer_state == predicted.optimizer_state);
+  CHECK(allocated.state == predicted.state);
+  CHECK(allocated.state == Net::state_storage * sizeof(float));
   CHECK(allocated.workspace == predicted.workspace);
   CHECK(allocated.total() == predicted.total());
 }
@@ -103,6 +108,12 @@ TEST_CASE("host memory: the prediction is what the Host model allocates") {
   check_memory<LeNet>(fp::Sgd{{.lr = 0.01f, .momentum = 0.9f}}, 32, 1);
   check_memory<LeNet>(fp::Adam{{.lr = 1e-3f}}, 17, 2);
   check_memory<CifarCnn>(fp::Sgd{{.lr = 0.01f}}, 4, 2);
+  // BatchNorm's state buffer and a residual block's backward work memory count too.
+  using Small = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                               fp::models::BasicBlock<16, 2, true>, fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten,
+                               fp::Linear<10>>;
+  static_assert(Small::state_storage > 0);
+  check_memory<Small>(fp::Sgd{{.lr = 0.01f, .momentum = 0.9f}}, 6, 2);
 }
 
 TEST_CASE("the largest batch that fits a budget") {

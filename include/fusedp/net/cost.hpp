@@ -40,10 +40,11 @@ struct MemoryUse {
   std::size_t parameters = 0;
   std::size_t gradients = 0;
   std::size_t optimizer_state = 0;
+  std::size_t state = 0;      // the state buffer: BatchNorm's running and batch statistics
   std::size_t workspace = 0;  // activations, gradient buffers, saved values, scratch
   std::size_t loader = 0;     // the data loader's batch slots
   [[nodiscard]] constexpr std::size_t total() const {
-    return parameters + gradients + optimizer_state + workspace + loader;
+    return parameters + gradients + optimizer_state + state + workspace + loader;
   }
 };
 
@@ -117,6 +118,7 @@ struct CostModel {
     m.parameters = parameter_bytes;
     m.gradients = parameter_bytes;
     m.optimizer_state = state_slots * parameter_bytes;
+    m.state = Net::state_storage * sizeof(T);
     m.workspace = batch * workspace_bytes_per_sample + threads * host_scratch_bytes_per_thread;
     m.loader = loader_slots * batch * loader_bytes_per_sample();
     return m;

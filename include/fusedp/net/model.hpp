@@ -166,6 +166,7 @@ class Model {
     m.parameters = store_.params().size_bytes();
     m.gradients = store_.grads().size_bytes();
     m.optimizer_state = store_.optimizer_state().size_bytes();
+    m.state = store_.buffers().size_bytes();
     m.workspace = binding_.allocated() * sizeof(T);
     return m;
   }
