@@ -61,7 +61,6 @@ struct DecayRuns {
   std::size_t base = 0;
   bool given = false;  // false: the caller did not say (only an update that decays everything may run)
 
-  [[nodiscard]] DecayRuns at(std::size_t offset) const { return {bounds, count, base + offset, given}; }
   // The first run that ends after element i of the part.
   FUSEDP_HD std::size_t run_after(std::size_t i) const {
     const std::size_t g = base + i;
