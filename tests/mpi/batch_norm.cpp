@@ -5,6 +5,7 @@
 // Then batch_norm::Sync (SyncBatchNorm over MPI): every rank computes what one model computes on the
 // global batch, checked against that model.
 #include "../support/fusedp_core.hpp"
+#include "../support/relative_error.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"
@@ -14,20 +15,12 @@
 #include <vector>
 
 namespace fp = fusedp;
+using test_support::relative_error;
 using Net = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<4, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
                            fp::Residual<fp::Conv2d<4, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::IdentityShortcut>,
                            fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
 constexpr std::size_t in = Net::input_shape::size;
 constexpr std::size_t batch = 13;  // uneven over 2 and 3 ranks
-
-double relative(std::span<const float> a, std::span<const float> b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return n == 0 ? std::sqrt(d) : std::sqrt(d / n);
-}
 
 void sync_batch_norm(const fp::MpiWorld& world) {
   using P = fp::Parallel<Net, fp::Host, fp::batch_norm::Sync>;
@@ -44,10 +37,10 @@ void sync_batch_norm(const fp::MpiWorld& world) {
         dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, o_dp);
     const float l1 = one.compute_gradients(std::span<const float>(x), std::span<const std::int32_t>(y),
                                            fp::SoftmaxCrossEntropy{});
-    const double g = relative(dp.model().grads(), one.grads());
+    const double g = relative_error(dp.model().grads(), one.grads());
     (void)one.step(o_one);
-    const double p = relative(dp.model().params(), one.params());
-    const double b = relative(dp.model().buffers(), one.buffers());
+    const double p = relative_error(dp.model().params(), one.params());
+    const double b = relative_error(dp.model().buffers(), one.buffers());
     const std::string at = " at step " + std::to_string(step) + ": ";
     mpi_test::check(std::abs(loss - l1) <= 1e-5f * std::abs(l1), world.rank(), "Sync: loss" + at + std::to_string(loss));
     mpi_test::check(g <= 1e-5, world.rank(), "Sync: gradient differs from one model's" + at + std::to_string(g));
@@ -90,8 +83,8 @@ int main(int argc, char** argv) {
         ref[r].load_params(ref[0].params());
         ref[r].load_buffers(ref[0].buffers());
       }
-      const double p = relative(dp.model().params(), ref[0].params());
-      const double b = relative(dp.model().buffers(), ref[0].buffers());
+      const double p = relative_error(dp.model().params(), ref[0].params());
+      const double b = relative_error(dp.model().buffers(), ref[0].buffers());
       mpi_test::check(p <= 1e-5, world.rank(), "parameters at step " + std::to_string(step) + " differ by " + std::to_string(p));
       mpi_test::check(b <= 1e-5, world.rank(),
                       "running statistics at step " + std::to_string(step) + " are not rank 0's: " + std::to_string(b));

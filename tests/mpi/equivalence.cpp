@@ -3,6 +3,7 @@
 // within 1e-2); Sharded with uneven shards; Deterministic bitwise equal to accumulating the shard
 // gradients in rank order.
 #include "../support/fusedp_core.hpp"
+#include "../support/relative_error.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include "mpi_check.hpp"
@@ -12,6 +13,7 @@
 #include <vector>
 
 namespace fp = fusedp;
+using test_support::relative_error;
 using Net = fp::Sequential<fp::Input<2, 10, 10>, fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten,
                            fp::Linear<24>, fp::Tanh, fp::Linear<5>>;
 constexpr std::size_t in = Net::input_shape::size;
@@ -25,15 +27,6 @@ Batch batch_of(std::size_t size, std::uint64_t step) {
   for (std::size_t i = 0; i < b.x.size(); ++i) b.x[i] = 2 * fp::rng::uniform(11, step, i) - 1;
   for (std::size_t i = 0; i < size; ++i) b.y[i] = std::int32_t(fp::rng::uniform(12, step, i) * 5);
   return b;
-}
-
-double relative(std::span<const float> a, std::span<const float> b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 const fp::Sgd sgd{{.lr = 0.1f, .momentum = 0.9f}};
@@ -71,7 +64,7 @@ void check_policy(const fp::MpiWorld& world, const Reference& ref, const char* n
     mpi_test::check(std::abs(loss - ref.losses[std::size_t(s)]) <= tolerance * ref.losses[std::size_t(s)], world.rank(),
                     std::string(name) + ": loss at step " + std::to_string(s));
   }
-  const double rel = relative(dp.model().params(), ref.model.params());
+  const double rel = relative_error(dp.model().params(), ref.model.params());
   mpi_test::check(rel <= tolerance, world.rank(), std::string(name) + ": parameters differ by " + std::to_string(rel));
   if (world.rank() == 0) std::printf("%-28s parameters within %.2e of one model with the global batch\n", name, rel);
 }

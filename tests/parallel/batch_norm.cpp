@@ -6,27 +6,20 @@
 #include <doctest/doctest.h>
 
 #include "../support/fusedp_core.hpp"
+#include "../support/relative_error.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include <cmath>
 #include <vector>
 
 namespace fp = fusedp;
+using test_support::relative_error;
 
 namespace {
 
 using Net = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<4, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
                            fp::Residual<fp::Conv2d<4, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::IdentityShortcut>,
                            fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
-
-double relative(std::span<const float> a, std::span<const float> b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return n == 0 ? std::sqrt(d) : std::sqrt(d / n);
-}
 
 }  // namespace
 
@@ -52,8 +45,8 @@ TEST_CASE("2 replicas with batch_norm::Broadcast: local batch statistics, replic
     (void)a.step(o_a);
     b.load_params(a.params());
     b.load_buffers(a.buffers());  // what Broadcast does: replica 0's statistics everywhere
-    CHECK(relative(dp.model(0).params(), a.params()) <= 1e-5);
-    CHECK(relative(dp.model(0).buffers(), a.buffers()) <= 1e-5);
+    CHECK(relative_error(dp.model(0).params(), a.params()) <= 1e-5);
+    CHECK(relative_error(dp.model(0).buffers(), a.buffers()) <= 1e-5);
     // Every replica holds the same running statistics, bit for bit.
     CHECK(std::equal(dp.model(0).buffers().begin(), dp.model(0).buffers().end(), dp.model(1).buffers().begin()));
   }
@@ -92,10 +85,10 @@ void check_sync(std::size_t batch, std::uint64_t seed) {
     const float loss = dp.train_step(xs, ys, fp::SoftmaxCrossEntropy{}, o_dp);
     const float l1 = one.compute_gradients(xs, ys, fp::SoftmaxCrossEntropy{});
     CHECK(loss == doctest::Approx(l1).epsilon(1e-5));
-    for (int r = 0; r < Replicas; ++r) CHECK(relative(dp.model(std::size_t(r)).grads(), one.grads()) <= 1e-5);
+    for (int r = 0; r < Replicas; ++r) CHECK(relative_error(dp.model(std::size_t(r)).grads(), one.grads()) <= 1e-5);
     (void)one.step(o_one);
-    CHECK(relative(dp.model(0).params(), one.params()) <= 1e-5);
-    CHECK(relative(dp.model(0).buffers(), one.buffers()) <= 1e-5);
+    CHECK(relative_error(dp.model(0).params(), one.params()) <= 1e-5);
+    CHECK(relative_error(dp.model(0).buffers(), one.buffers()) <= 1e-5);
     for (int r = 1; r < Replicas; ++r) {
       const auto b0 = dp.model(0).buffers(), br = dp.model(std::size_t(r)).buffers();
       CHECK(std::equal(b0.begin(), b0.end(), br.begin()));
@@ -106,7 +99,7 @@ void check_sync(std::size_t batch, std::uint64_t seed) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = fp::rng::uniform(seed + 25, 0, i);
   const std::span<const float> logits = one.predict(x);
   const std::vector<float> want(logits.begin(), logits.end());
-  CHECK(relative(dp.model(Replicas - 1).predict(x), want) <= 1e-5);
+  CHECK(relative_error(dp.model(Replicas - 1).predict(x), want) <= 1e-5);
 }
 
 }  // namespace
@@ -133,5 +126,5 @@ TEST_CASE("batch_norm::Sync differs from Broadcast: each shard's statistics are 
   fp::Sgd a{{.lr = 0.1f}}, b{{.lr = 0.1f}};
   (void)sync.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, a);
   (void)local.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, b);
-  CHECK(relative(sync.model(0).grads(), local.model(0).grads()) > 1e-3);
+  CHECK(relative_error(sync.model(0).grads(), local.model(0).grads()) > 1e-3);
 }

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/fusedp_core.hpp"
+#include "../support/relative_error.hpp"
 #include <fusedp/parallel/parallel.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 namespace fp = fusedp;
+using test_support::relative_error;
 
 namespace {
 
@@ -43,15 +45,6 @@ std::vector<float> train(Trainer& t, Opt opt, std::size_t size, int steps = 20) 
   return losses;
 }
 
-double relative(std::span<const float> a, std::span<const float> b) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    n += double(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
-}
-
 struct Reference {
   fp::Model<Net, fp::Host> model{fp::seed(3), fp::Host{1}};
   std::vector<float> losses;
@@ -72,7 +65,7 @@ void check_matches(const char* name, Opt opt, int replicas, std::size_t size, do
   scaled.options.lr /= lr_scale;
   const std::vector<float> losses = train(dp, scaled, size);
   for (std::size_t s = 0; s < losses.size(); ++s) CHECK(std::abs(losses[s] - ref.losses[s]) <= tolerance * std::abs(ref.losses[s]));
-  for (std::size_t r = 0; r < dp.local_replicas(); ++r) CHECK(relative(dp.model(r).params(), ref.model.params()) <= tolerance);
+  for (std::size_t r = 0; r < dp.local_replicas(); ++r) CHECK(relative_error(dp.model(r).params(), ref.model.params()) <= tolerance);
 }
 
 const fp::Sgd sgd{{.lr = 0.1f, .momentum = 0.9f}};
@@ -114,7 +107,7 @@ TEST_CASE("uneven shards and Weighted are weighted by their sample counts") {
   dp.set_weights(w);
   const auto losses = train(dp, sgd, 24);
   CHECK(std::abs(losses.back() - ref.losses.back()) <= 1e-5 * ref.losses.back());
-  CHECK(relative(dp.model(1).params(), ref.model.params()) <= 1e-5);
+  CHECK(relative_error(dp.model(1).params(), ref.model.params()) <= 1e-5);
 }
 
 TEST_CASE("Deterministic: bitwise equal to one model accumulating the shard gradients in replica order") {

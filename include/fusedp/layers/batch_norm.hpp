@@ -95,7 +95,7 @@ struct BatchNorm {
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync, sums.data());
   }
   template <class In>
-  using host_sums = std::array<double, kernels::host::batch_norm_sync_doubles(std::size_t(In::channels))>;
+  using host_sums = std::array<double, kernels::batch_norm_sync_doubles(std::size_t(In::channels))>;
 
 #if FUSEDP_HAS_CUDA
   template <class In, class Epi, class T, class P>
@@ -119,7 +119,7 @@ struct BatchNorm {
   // SyncBatchNorm's per-channel sums in the stage's scratch (floats), at an 8-byte boundary.
   template <class In, class P>
   static std::size_t cuda_scratch(std::size_t, const CudaSpace<P>&) {
-    return 2 * kernels::cuda::batch_norm_sync_doubles(In::channels) + 1;
+    return 2 * kernels::batch_norm_sync_doubles(std::size_t(In::channels)) + 1;
   }
   static double* device_sums(float* scratch) {
     return reinterpret_cast<double*>((reinterpret_cast<std::uintptr_t>(scratch) + 7) & ~std::uintptr_t(7));

@@ -82,11 +82,8 @@ struct AdamFamily {
   }
 #endif
 
-  /// Decay::weights needs to know where the weights are.
   void check_runs(const kernels::DecayRuns& runs) const {
-    require(options.decay == Decay::all || options.weight_decay == 0.0f || runs.given, name,
-            ": decay = Decay::weights needs the network's weight runs; step through Model or Parallel (or pass "
-            "Net::weight_runs as kernels::DecayRuns)");
+    check_decay_runs(name, options.decay, options.weight_decay, runs);
   }
 };
 }  // namespace detail

@@ -223,9 +223,6 @@ __global__ void __launch_bounds__(batch_norm_threads)
 }
 }  // namespace detail
 
-/// Doubles of device memory a synchronized pass needs (batch_norm_sync_doubles on Host).
-constexpr std::size_t batch_norm_sync_doubles(int channels) { return 2 * std::size_t(channels) + 1; }
-
 /// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
 /// `sums` is batch_norm_sync_doubles(channels) doubles of device memory).
 template <class Epi>
@@ -272,7 +269,7 @@ void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const B
   detail::batch_norm_gradient_sums_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
       g, s, state, x, y, z, dy, dgamma, dbeta, sums);
   FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums_kernel");
-  sync(sums, batch_norm_sync_doubles(g.channels), stream);
+  sync(sums, batch_norm_sync_doubles(std::size_t(g.channels)), stream);
   if (!dx) return;
   detail::batch_norm_input_gradient_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, gamma, state, x,
                                                                                              dy, dx, sums);

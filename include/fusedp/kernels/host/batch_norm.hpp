@@ -83,9 +83,6 @@ void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T
 }
 }  // namespace detail
 
-/// Room for the per-channel sums a synchronized pass adds over the replicas, in doubles.
-constexpr std::size_t batch_norm_sync_doubles(std::size_t channels) { return 2 * channels + 1; }
-
 /// y = Epi(normalize(x)); z the values before the epilogue when it needs them (else null). Training:
 /// the batch's statistics, left in the state for backward, and the running statistics updated;
 /// evaluation: the running statistics. gamma and beta are null without affine parameters. With
