@@ -22,8 +22,10 @@
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
+#include "fusedp/kernels/cuda/pointwise.cuh"
 #include "fusedp/net/model.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/detail/accumulate.hpp"
 #include "fusedp/parallel/detail/startup.hpp"
 #include "fusedp/parallel/detail/step.hpp"
 #include "fusedp/parallel/nccl.hpp"
@@ -33,9 +35,11 @@
 #include "fusedp/parallel/reducer.hpp"
 #include "fusedp/parallel/shards.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -69,7 +73,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// One replica on each of `d`'s devices, in this process, started from the same parameters (drawn
   /// from `seed`, then broadcast from the first device over NCCL).
   explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(check_devices(d.ids)) {
+      : options_(parallel::detail::checked_options(options)), pool_(check_devices(d.ids)) {
     world_ = d.ids.size();
     std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
     replicas_.reserve(world_);
@@ -83,12 +87,12 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// the same network, policies, world size and options.agree_on, and that each has its device; then
   /// NCCL is bootstrapped over MPI and rank 0's parameters are broadcast.
   explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(1), processes_(world, options.timeout) {
+      : options_(parallel::detail::checked_options(options)), pool_(1), processes_(world, options.timeout) {
     world_ = std::size_t(world.size());
     parallel::MpiCommunicator& comm = *processes_.mpi();
     parallel::detail::check_same_run(
         {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
-         world_, options.agree_on},
+         world_, options.agree_on, std::uint64_t(options.accumulate)},
         world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather_or_abort(mine, all, n, options_.timeout, "Parallel start-up check");
         });
@@ -113,6 +117,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   [[nodiscard]] bool is_root() const noexcept { return rank() == 0; }
   /// Replicas in this process.
   [[nodiscard]] std::size_t local_replicas() const noexcept { return replicas_.size(); }
+  /// Micro-batches per step (ParallelOptions::accumulate).
+  [[nodiscard]] std::size_t accumulate() const noexcept { return std::size_t(options_.accumulate); }
   /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
   [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }
@@ -124,6 +130,82 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     return replicas_.at(i).zero_state.span();
   }
 
+  /// The optimizer state of the whole flat buffer in host memory (state_slots x param_storage values,
+  /// as one Model holds it; empty before the first step), for a checkpoint: see the Host Parallel.
+  /// ReduceScatter under MPI gathers the blocks with NCCL (a collective: every rank calls it).
+  [[nodiscard]] std::vector<float> gather_optimizer_state() {
+    if constexpr (reduce_kind != parallel::detail::ReduceKind::reduce_scatter) {
+      model_type& m = replicas_[0].model;
+      m.space().activate();
+      std::vector<float> out(m.optimizer_state().size());
+      if (!out.empty()) m.copy_optimizer_state_to_host(out);
+      return out;
+    } else {
+      if (replicas_[0].model.optimizer_name() == nullptr || zero_slots_ == 0) return {};
+      const std::size_t n = Net::param_storage;
+      std::vector<float> full(zero_slots_ * n, 0.0f);
+      if (processes_.under_mpi() && world_ > 1) {
+        Replica& rep = replicas_[0];
+        rep.model.space().activate();
+        const parallel::Shard block = zero_.block(std::size_t(rank()));
+        const cudaStream_t cs = rep.channel.stream();
+        DeviceBuffer<float> whole(n);
+        for (std::size_t k = 0; k < zero_slots_; ++k) {
+          FUSEDP_CUDA_CHECK(cudaMemcpyAsync(whole.data() + block.offset, rep.zero_state.data() + k * block.count,
+                                            block.count * sizeof(float), cudaMemcpyDeviceToDevice, cs));
+          rep.channel.all_gather_blocks(whole.data(), zero_);
+          FUSEDP_CUDA_CHECK(cudaMemcpyAsync(full.data() + k * n, whole.data(), n * sizeof(float),
+                                            cudaMemcpyDeviceToHost, cs));
+          rep.channel.comm().wait(cs, "Parallel::gather_optimizer_state (the ZeRO-1 blocks)");
+        }
+      } else {
+        for (std::size_t r = 0; r < replicas_.size(); ++r) {
+          replicas_[r].model.space().activate();
+          const parallel::Shard block = zero_.block(r);
+          for (std::size_t k = 0; k < zero_slots_; ++k)
+            FUSEDP_CUDA_CHECK(cudaMemcpy(full.data() + k * n + block.offset,
+                                         replicas_[r].zero_state.data() + k * block.count, block.count * sizeof(float),
+                                         cudaMemcpyDeviceToHost));
+        }
+      }
+      return full;
+    }
+  }
+
+  /// Sets the optimizer state of Opt on every local replica from `full` (host memory, as
+  /// gather_optimizer_state gives; empty: zero state), as the reduce policy holds it (ReduceScatter:
+  /// each replica's block of the current world size). Communicates nothing.
+  template <class Opt>
+  void load_optimizer_state(std::span<const float> full) {
+    const std::size_t n = Net::param_storage;
+    require(full.empty() || full.size() == Opt::state_slots * n, "Parallel::load_optimizer_state: ", full.size(),
+            " values for ", Opt::name, ", which holds ", Opt::state_slots * n);
+    for (std::size_t r = 0; r < replicas_.size(); ++r) {
+      Replica& rep = replicas_[r];
+      rep.model.space().activate();
+      if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_scatter) {
+        const parallel::Shard block = zero_.block(global_index(r));
+        if (rep.model.template adopt_optimizer<Opt>() || rep.zero_state.size() != Opt::state_slots * block.count)
+          rep.zero_state = DeviceBuffer<float>(Opt::state_slots * block.count);
+        zero_slots_ = Opt::state_slots;
+        std::vector<float> mine(Opt::state_slots * block.count, 0.0f);
+        if (!full.empty())
+          for (std::size_t k = 0; k < Opt::state_slots; ++k)
+            std::copy_n(full.data() + k * n + block.offset, block.count, mine.data() + k * block.count);
+        if (!mine.empty())
+          FUSEDP_CUDA_CHECK(cudaMemcpy(rep.zero_state.data(), mine.data(), mine.size() * sizeof(float),
+                                       cudaMemcpyHostToDevice));
+      } else {
+        if (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast && global_index(r) != 0) continue;
+        if (full.empty()) rep.model.template load_optimizer_state<Opt>(std::vector<float>(Opt::state_slots * n, 0.0f));
+        else rep.model.template load_optimizer_state<Opt>(full);
+      }
+    }
+  }
+
+  /// Whether `mine` holds on every rank (a collective under MPI).
+  [[nodiscard]] bool all_ranks(bool mine) const { return processes_.min(mine ? 1 : 0) == 1; }
+
   /// The NCCL communicator of local replica `i`.
   [[nodiscard]] parallel::NcclCommunicator& communicator(std::size_t i = 0) { return replicas_.at(i).channel.comm(); }
 
@@ -131,7 +213,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   void set_weights(std::span<const double> weights) { weights_ = parallel::detail::checked_weights<weighted>(weights, world_); }
 
   /// One data-parallel step (host inputs, as on Host: the global batch with Even or Weighted, this
-  /// process's own data with Sharded). Returns the mean loss over the global batch once the update
+  /// process's own data with Sharded; ParallelOptions::accumulate micro-batches per replica). Returns the mean loss over the global batch once the update
   /// has run on every local replica. A collective that does not finish within options.timeout aborts
   /// the communicator and throws DeviceError naming the rank.
   template <class Loss, class Opt>
@@ -160,9 +242,15 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       float* grads = rep.model.grads().data();
       rep.reducer.begin();
       const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? rep.channel.replica_sum() : ReplicaSum{};
-      losses[r] = rep.model.compute_gradients(
-          inputs.subspan(s.offset * in, s.count * in), parallel::detail::targets_of(targets, batch, s), loss,
-          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); }, normalizer, sync);
+      const std::size_t micro = std::size_t(options_.accumulate);
+      if (micro > 1 && rep.acc.size() == 0) rep.acc = DeviceBuffer<float>(Net::param_storage);
+      cudaStream_t stream = rep.model.space().stream();
+      losses[r] = parallel::detail::accumulate_gradients<plan>(
+          rep.model, rep.acc.data(), micro, inputs.subspan(s.offset * in, s.count * in),
+          parallel::detail::targets_of(targets, batch, s), loss, normalizer, sync,
+          [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, true); },
+          [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, false); },
+          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); });
       rep.reducer.finish(rep.channel, grads, zero_);
       finish(rep, global_index(r), opt);
     };
@@ -200,6 +288,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     parallel::NcclChannel channel;
     Reducer reducer;
     DeviceBuffer<float> zero_state;  // ZeRO-1: state_slots x own block
+    DeviceBuffer<float> acc;         // accumulate > 1: the sum of the micro-batches' gradients
 
     Replica(Seed seed, int device, parallel::NcclCommunicator c)
         : model(seed, space_type{device}), channel(std::move(c), model.space().stream()) {}
@@ -330,6 +419,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   void zero_update(Replica& rep, std::size_t global, Opt& opt, double factor) {
     const parallel::Shard block = zero_.block(global);
     if (rep.model.template adopt_optimizer<Opt>()) rep.zero_state = DeviceBuffer<float>(Opt::state_slots * block.count);
+    zero_slots_ = Opt::state_slots;
     if (factor == 0.0) {
       rep.model.count_step(false);
       return;
@@ -352,6 +442,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   std::size_t world_ = 1;
   parallel::ZeroLayout zero_;
   std::vector<double> weights_;
+  std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks the replicas hold
 };
 
 }  // namespace fusedp

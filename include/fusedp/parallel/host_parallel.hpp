@@ -15,7 +15,9 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/gradient.hpp"
 #include "fusedp/net/model.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
+#include "fusedp/parallel/detail/accumulate.hpp"
 #include "fusedp/parallel/detail/startup.hpp"
 #include "fusedp/parallel/detail/step.hpp"
 #include "fusedp/parallel/gradient_channel.hpp"
@@ -59,7 +61,7 @@ class Parallel<Net, Host, Policies...> {
 
   /// `r.count` replicas in this process, started from the same parameters (drawn from `seed`).
   explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(check_replicas(r)), group_(std::make_unique<parallel::InProcessGroup>(r.count)) {
+      : options_(parallel::detail::checked_options(options)), pool_(check_replicas(r)), group_(std::make_unique<parallel::InProcessGroup>(r.count)) {
     static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
                       std::is_same_v<typename policy::comm_policy, comm::InProcess>,
                   "fusedp::Parallel: replicas in one process reduce in shared memory (category comm: Auto or "
@@ -81,14 +83,14 @@ class Parallel<Net, Host, Policies...> {
   /// same network, parameter count, policies, world size and options.agree_on; a mismatch throws on
   /// every rank. Then the parameters of rank 0 are broadcast.
   explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
-      : options_(options), pool_(1), processes_(world, options.timeout) {
+      : options_(parallel::detail::checked_options(options)), pool_(1), processes_(world, options.timeout) {
     static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
                       std::is_same_v<typename policy::comm_policy, comm::Mpi>,
                   "fusedp::Parallel: one replica per MPI rank reduces through MPI (category comm: Auto or Mpi)");
     parallel::MpiCommunicator& comm = *processes_.mpi();
     // First: the only collective that cannot hang on a missing rank.
     parallel::detail::check_same_run({Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()),
-                                      options.agree_on},
+                                      options.agree_on, std::uint64_t(options.accumulate)},
                                      std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all,
                                                                     std::size_t n) {
                                        comm.all_gather(mine, all, n, "Parallel start-up check");
@@ -112,6 +114,8 @@ class Parallel<Net, Host, Policies...> {
   [[nodiscard]] bool is_root() const noexcept { return rank() == 0; }
   /// Replicas in this process.
   [[nodiscard]] std::size_t local_replicas() const noexcept { return models_.size(); }
+  /// Micro-batches per step (ParallelOptions::accumulate).
+  [[nodiscard]] std::size_t accumulate() const noexcept { return std::size_t(options_.accumulate); }
   /// Replica `i` of this process. All replicas hold the same parameters between steps.
   [[nodiscard]] model_type& model(std::size_t i = 0) { return models_.at(i); }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return models_.at(i); }
@@ -123,13 +127,71 @@ class Parallel<Net, Host, Policies...> {
     return zero_state_.at(i).span();
   }
 
+  /// The optimizer state of the whole flat buffer (state_slots x param_storage values, as one Model
+  /// holds it; empty before the first step), for a checkpoint. ReduceScatter: every replica's block,
+  /// gathered (under MPI a collective: every rank calls it, every rank gets the whole); ReduceBroadcast:
+  /// the root's (empty on the other ranks); AllReduce: replica 0's.
+  [[nodiscard]] std::vector<float> gather_optimizer_state() {
+    if constexpr (reduce_kind != parallel::detail::ReduceKind::reduce_scatter) {
+      const std::span<const float> s = models_[0].optimizer_state();
+      return {s.begin(), s.end()};
+    } else {
+      if (models_[0].optimizer_name() == nullptr || zero_slots_ == 0) return {};
+      const std::size_t n = Net::param_storage;
+      std::vector<float> full(zero_slots_ * n, 0.0f);
+      for (std::size_t r = 0; r < models_.size(); ++r) {
+        const parallel::Shard block = zero_.block(global_index(r));
+        for (std::size_t s = 0; s < zero_slots_; ++s)
+          std::copy_n(zero_state_[r].data() + s * block.count, block.count, full.data() + s * n + block.offset);
+      }
+#if FUSEDP_WITH_MPI
+      if (auto* mpi = std::get_if<MpiChannel>(&channels_))
+        for (std::size_t s = 0; s < zero_slots_; ++s) mpi->all_gather_blocks(full.data() + s * n, zero_);
+#endif
+      return full;
+    }
+  }
+
+  /// Sets the optimizer state of Opt from `full` (Opt::state_slots x param_storage values, as
+  /// gather_optimizer_state gives; empty: zero state) on every local replica, as the reduce policy
+  /// holds it: ReduceScatter keeps each replica's block of the current world size, whatever the world
+  /// size that saved it; ReduceBroadcast the root's; AllReduce every replica's. Communicates nothing.
+  template <class Opt>
+  void load_optimizer_state(std::span<const float> full) {
+    const std::size_t n = Net::param_storage;
+    require(full.empty() || full.size() == Opt::state_slots * n, "Parallel::load_optimizer_state: ", full.size(),
+            " values for ", Opt::name, ", which holds ", Opt::state_slots * n);
+    for (std::size_t r = 0; r < models_.size(); ++r) {
+      model_type& m = models_[r];
+      if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_scatter) {
+        const parallel::Shard block = zero_.block(global_index(r));
+        if (m.template adopt_optimizer<Opt>() || zero_state_[r].size() != Opt::state_slots * block.count)
+          zero_state_[r] = HostBuffer<float>(Opt::state_slots * block.count);
+        zero_slots_ = Opt::state_slots;
+        for (std::size_t s = 0; s < Opt::state_slots; ++s)
+          for (std::size_t i = 0; i < block.count; ++i)
+            zero_state_[r].data()[s * block.count + i] = full.empty() ? 0.0f : full[s * n + block.offset + i];
+      } else {
+        if (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast && global_index(r) != 0) continue;
+        const std::span<float> state = m.template optimizer_state<Opt>();
+        if (full.empty()) std::fill(state.begin(), state.end(), 0.0f);
+        else std::copy(full.begin(), full.end(), state.begin());
+      }
+    }
+  }
+
+  /// Whether `mine` holds on every rank (a collective under MPI): for decisions all ranks must take
+  /// together, such as stopping after a signal or a failed save.
+  [[nodiscard]] bool all_ranks(bool mine) const { return processes_.min(mine ? 1 : 0) == 1; }
+
   /// Run-time weights of scatter::Weighted, one per replica (world_size()).
   void set_weights(std::span<const double> weights) { weights_ = parallel::detail::checked_weights<weighted>(weights, world_); }
 
   /// One data-parallel step. With Even or Weighted, `inputs` is the global batch (the same on every
   /// rank) and each replica takes its slice; with Sharded it is this process's own data (split evenly
-  /// among the local replicas). Returns the mean loss over the global batch. Bad input throws before
-  /// anything changes.
+  /// among the local replicas). With ParallelOptions::accumulate K, each replica runs its slice as K
+  /// micro-batches and the step's one update sees their summed gradient. Returns the mean loss over the
+  /// global batch. Bad input throws before anything changes.
   template <class Loss, class Opt>
   float train_step(std::span<const float> inputs, std::span<const typename Loss::template target<float>> targets,
                    const Loss& loss, Opt& opt) {
@@ -194,10 +256,14 @@ class Parallel<Net, Host, Policies...> {
   void init(std::size_t world) {
     world_ = world;
     reducers_.resize(models_.size());
+    acc_.resize(models_.size());
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     zero_state_.resize(models_.size());
     if (weighted) weights_.assign(world_, 1.0);
   }
+
+  // Replica `local`'s rank in the world.
+  std::size_t global_index(std::size_t local) const { return processes_.under_mpi() ? std::size_t(rank()) : local; }
 
   // The replicas of this process, one thread each; the first replica to fail breaks the group, so the
   // others stop in their next collective, and its error is the one rethrown.
@@ -248,9 +314,13 @@ class Parallel<Net, Host, Policies...> {
     reducer.begin();
     // SyncBatchNorm: the layers' statistics over every replica's shard.
     const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? channel.replica_sum() : ReplicaSum{};
-    const float l = m.compute_gradients(
-        inputs, targets, loss, [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); },
-        normalizer, sync);
+    const std::size_t micro = std::size_t(options_.accumulate);
+    if (micro > 1 && acc_[r].size() == 0) acc_[r] = HostBuffer<float>(Net::param_storage);
+    const float l = parallel::detail::accumulate_gradients<plan>(
+        m, acc_[r].data(), micro, inputs, targets, loss, normalizer, sync,
+        [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, true); },
+        [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, false); },
+        [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); });
     reducer.finish(channel, m.grads().data(), zero_);
     update(r, channel, opt);
     if constexpr (policy::broadcast_buffers) channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);
@@ -294,6 +364,7 @@ class Parallel<Net, Host, Policies...> {
     model_type& m = models_[r];
     const parallel::Shard block = zero_.block(std::size_t(channel.rank()));
     if (m.template adopt_optimizer<Opt>()) zero_state_[r] = HostBuffer<float>(Opt::state_slots * block.count);
+    zero_slots_ = Opt::state_slots;
     float* g = m.grads().data() + block.offset;
     // A guarded optimizer decides on the whole gradient: each replica measures its block, the parts are
     // added over all replicas, and every replica takes the same decision.
@@ -326,6 +397,8 @@ class Parallel<Net, Host, Policies...> {
   std::vector<double> weights_;
   parallel::ZeroLayout zero_;
   std::vector<HostBuffer<float>> zero_state_;
+  std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks zero_state_ holds
+  std::vector<HostBuffer<float>> acc_;  // accumulate > 1: each replica's sum of its micro-batches' gradients
 };
 
 }  // namespace fusedp

@@ -45,6 +45,12 @@ struct ParallelOptions {
   int device = -1;
   /// Any value that every rank must share, e.g. a hash of the command line's flags.
   std::uint64_t agree_on = 0;
+  /// Gradient accumulation: each replica cuts its shard of a step into this many micro-batches, runs
+  /// them one after the other (activations for one micro-batch at a time) and sums their gradients
+  /// before the one reduction and update of the step. A step's batch is then `accumulate` times the
+  /// micro-batch. Every rank must give the same value (checked at start-up). See
+  /// parallel/detail/accumulate.hpp.
+  int accumulate = 1;
 };
 
 /// Loss and accuracy summed over every rank's evaluation samples.

@@ -256,29 +256,49 @@ MatchedWeights match_weights(const SafetensorsFile& f) {
   return m;
 }
 
-template <class Model>
+template <class Net>
 std::vector<std::pair<std::string, std::string>> common_metadata(const char* kind) {
   return {{"format", "pt"},
           {"fusedp.version", FUSEDP_VERSION_STRING},
           {"fusedp.format", std::to_string(checkpoint_format)},
           {"fusedp.kind", kind},
-          {"fusedp.fingerprint", hex64(Model::network::fingerprint)}};
+          {"fusedp.fingerprint", hex64(Net::fingerprint)}};
 }
 
+/// Host views of everything a checkpoint holds of a model (or of a data-parallel run, whose optimizer
+/// state was gathered from its replicas).
+struct ModelImage {
+  std::span<const float> params;           // param_storage values
+  std::span<const float> buffers;          // state_storage values
+  std::span<const float> optimizer_state;  // slots x param_storage values; empty before the first step
+  const char* optimizer = nullptr;         // the optimizer that owns the state (nullptr: none)
+  std::uint64_t seed = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t optimizer_steps = 0;
+};
+
+/// The image of `model`: a Host model's own memory, a device model's copied into `staging`.
 template <class Model>
-std::vector<std::uint8_t> encode_weights(const Model& model, std::uint32_t* crc = nullptr) {
+ModelImage model_image(const Model& model, std::vector<float> (&staging)[3]) {
   check_model<Model>();
-  using Net = typename Model::network;
-  std::vector<float> staging;
-  const std::span<const float> params = host_params(model, staging);
+  return {host_params(model, staging[0]),
+          host_buffers(model, staging[1]),
+          host_optimizer_state(model, staging[2]),
+          model.optimizer_name(),
+          model.seed(),
+          model.steps(),
+          model.optimizer_steps()};
+}
+
+template <class Net>
+std::vector<std::uint8_t> encode_weights(std::span<const float> params, std::span<const float> buffers,
+                                         std::uint32_t* crc = nullptr) {
   std::vector<TensorToWrite> tensors;
   for (const ParamTensor& t : Net::param_layout)
     tensors.push_back({tensor_name(t), tensor_shape(t), params.subspan(t.offset, t.size)});
-  std::vector<float> buffer_staging;
-  const std::span<const float> buffers = host_buffers(model, buffer_staging);
   for (const StateTensor& t : Net::state_layout)
     if (saved_buffer(t)) tensors.push_back({tensor_name(t), tensor_shape(t), buffers.subspan(t.offset, t.size)});
-  return encode_safetensors(tensors, common_metadata<Model>("weights"), crc);
+  return encode_safetensors(tensors, common_metadata<Net>("weights"), crc);
 }
 
 inline void check_format(const SafetensorsFile& f) {
@@ -365,11 +385,9 @@ inline void finish_interrupted_save(const std::string& dir) {
 /// Where a simulated crash stops save_checkpoint (tests only).
 enum class SaveStop { never, after_temporaries, after_commit };
 
-template <class Model>
-void save_checkpoint(const std::string& dir, const Model& model, TrainingState state, SaveStop stop) {
-  check_model<Model>();
+template <class Net>
+void save_image(const std::string& dir, const ModelImage& image, TrainingState state, SaveStop stop) {
   namespace fs = std::filesystem;
-  using Net = typename Model::network;
   {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -379,15 +397,15 @@ void save_checkpoint(const std::string& dir, const Model& model, TrainingState s
   finish_interrupted_save(dir);
 
   std::uint32_t weights_crc = 0;
-  const std::vector<std::uint8_t> weights = encode_weights(model, &weights_crc);
+  const std::vector<std::uint8_t> weights = encode_weights<Net>(image.params, image.buffers, &weights_crc);
 
-  state.model_seed = model.seed();
-  state.steps = model.steps();
-  state.optimizer_steps = model.optimizer_steps();
-  state.optimizer = model.optimizer_name() ? model.optimizer_name() : "";
+  state.model_seed = image.seed;
+  state.steps = image.steps;
+  state.optimizer_steps = image.optimizer_steps;
+  state.optimizer = image.optimizer ? image.optimizer : "";
   state.fingerprint = Net::fingerprint;
   state.version = FUSEDP_VERSION_STRING;
-  auto meta = common_metadata<Model>("training_state");
+  auto meta = common_metadata<Net>("training_state");
   auto add = [&](const std::string& k, std::uint64_t v) { meta.emplace_back(k, std::to_string(v)); };
   meta.emplace_back("optimizer", state.optimizer);
   add("steps", state.steps);
@@ -402,8 +420,7 @@ void save_checkpoint(const std::string& dir, const Model& model, TrainingState s
   meta.emplace_back("weights.crc32", detail::hex32(weights_crc));
   for (const auto& [key, value] : state.extra) meta.emplace_back("user." + key, value);
 
-  std::vector<float> staging;
-  const std::span<const float> opt_state = host_optimizer_state(model, staging);
+  const std::span<const float> opt_state = image.optimizer_state;
   const std::size_t slots = opt_state.size() / Net::param_storage;
   const std::vector<std::string> names = slot_names(state.optimizer, slots);
   std::vector<TensorToWrite> tensors;
@@ -429,13 +446,22 @@ void save_checkpoint(const std::string& dir, const Model& model, TrainingState s
   fsync_directory(dir);
 }
 
+template <class Model>
+void save_checkpoint(const std::string& dir, const Model& model, const TrainingState& state, SaveStop stop) {
+  std::vector<float> staging[3];
+  save_image<typename Model::network>(dir, model_image(model, staging), state, stop);
+}
+
 }  // namespace detail
 
 /// Writes the parameters of `model` to `path` as a safetensors file PyTorch can load into the
 /// equivalent nn.Sequential (atomically: a failure leaves an existing file as it was).
 template <class Model>
 void save_weights(const std::string& path, const Model& model) {
-  const std::vector<std::uint8_t> bytes = detail::encode_weights(model);
+  detail::check_model<Model>();
+  std::vector<float> staging[2];
+  const std::vector<std::uint8_t> bytes = detail::encode_weights<typename Model::network>(
+      detail::host_params(model, staging[0]), detail::host_buffers(model, staging[1]));
   write_file_atomically(path, bytes);
 }
 
@@ -484,6 +510,82 @@ inline SafetensorsFile read_state_file(const std::string& dir) {
   return detail::parse_state(detail::read_state_file(dir));
 }
 
+namespace detail {
+
+/// A checkpoint read and verified for network Net and optimizer Opt, in host memory.
+struct LoadedCheckpoint {
+  TrainingState state;
+  std::vector<float> params;           // param_storage values (padding zero)
+  std::vector<float> buffers;          // state_storage values
+  std::vector<float> optimizer_state;  // Opt::state_slots x param_storage values; empty: saved before any step
+};
+
+/// Reads and verifies everything in checkpoint folder `dir` for a run of Net from model seed `seed`
+/// with optimizer Opt; throws DataError naming the file and the problem otherwise.
+template <class Net, class Opt>
+LoadedCheckpoint read_checkpoint(const std::string& dir, std::uint64_t seed) {
+  namespace fs = std::filesystem;
+  const std::string state_path = (fs::path(dir) / state_file_name).string();
+  const SafetensorsFile sf = read_state_file(dir);
+  LoadedCheckpoint c;
+  c.state = parse_state(sf);
+  const TrainingState& state = c.state;
+  if (state.fingerprint != Net::fingerprint)
+    throw DataError(state_path, "is a checkpoint of another network: its fingerprint is " + hex64(state.fingerprint) +
+                                    ", this network's is " + hex64(Net::fingerprint));
+  if (state.model_seed != seed)
+    throw DataError(state_path, "was trained from model seed " + std::to_string(state.model_seed) +
+                                    "; this model has seed " + std::to_string(seed) + " (construct it with fusedp::seed(" +
+                                    std::to_string(state.model_seed) + "); read_training_state gives the seed)");
+  if (!state.optimizer.empty() && state.optimizer != Opt::name)
+    throw DataError(state_path, "holds the state of optimizer " + state.optimizer + "; this run uses " + Opt::name);
+
+  // The optimizer state: Opt::state_slots tensors per parameter, or none before the first step.
+  const std::size_t slots = state.optimizer.empty() ? 0 : Opt::state_slots;
+  const std::vector<std::string> names = slot_names(state.optimizer, slots);
+  if (sf.tensors.size() != slots * Net::param_layout.size())
+    throw DataError(state_path, "holds " + std::to_string(sf.tensors.size()) + " optimizer tensors, expected " +
+                                    std::to_string(slots * Net::param_layout.size()) + " (" + std::to_string(slots) +
+                                    " per parameter tensor)");
+  c.optimizer_state.assign(slots * Net::param_storage, 0.0f);
+  for (std::size_t s = 0; s < slots; ++s) {
+    for (const ParamTensor& t : Net::param_layout) {
+      const std::string name = tensor_name(t) + "." + names[s];
+      const SafetensorsTensor* e = sf.find(name);
+      if (!e) throw DataError(state_path, "has no optimizer tensor '" + name + "'");
+      if (e->shape != tensor_shape(t))
+        throw DataError(state_path, "optimizer tensor '" + name + "' has shape " + shape_text(e->shape) +
+                                        ", this network needs " + shape_text(tensor_shape(t)));
+      sf.read_f32(*e, {c.optimizer_state.data() + s * Net::param_storage + t.offset, t.size});
+    }
+  }
+
+  const std::uint32_t crc = parse_crc32(sf, "weights.crc32");
+  const std::optional<SafetensorsFile> wf = committed_weights(dir, crc);
+  const std::string weights_path = (fs::path(dir) / weights_file_name).string();
+  if (!wf)
+    throw DataError(weights_path, "does not belong to " + state_path + " (its checksum differs from the one the "
+                                      "training state records): the folder mixes two saves");
+  MatchedWeights found = match_weights<Net>(*wf);
+  c.params.assign(Net::param_storage, 0.0f);
+  for (std::size_t i = 0; i < found.params.size(); ++i) {
+    const ParamTensor& t = Net::param_layout[i];
+    wf->read_f32(*found.params[i], {c.params.data() + t.offset, t.size});
+  }
+  c.buffers = std::move(found.buffers);
+  return c;
+}
+
+/// Puts a verified checkpoint's parameters, buffers and step counters into `model`; the optimizer
+/// state is the caller's (a data-parallel run shards it).
+template <class Model>
+void store_model(Model& model, const LoadedCheckpoint& c) {
+  store_params(model, c.params);
+  model.load_buffers(c.buffers);
+}
+
+}  // namespace detail
+
 /// Loads the checkpoint in folder `dir` into `model` for training on with `opt`: parameters,
 /// optimizer state and step counters. Returns the saved TrainingState (epoch, sampler position,
 /// seeds...) for the caller to continue from. Throws DataError, with the model untouched, when a
@@ -493,67 +595,17 @@ template <class Model, class Opt>
 TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& opt) {
   detail::check_model<Model>();
   (void)opt;
-  namespace fs = std::filesystem;
-  using Net = typename Model::network;
-  const std::string state_path = (fs::path(dir) / state_file_name).string();
-  const SafetensorsFile sf = detail::read_state_file(dir);
-  const TrainingState state = detail::parse_state(sf);
-  if (state.fingerprint != Net::fingerprint)
-    throw DataError(state_path, "is a checkpoint of another network: its fingerprint is " +
-                                    detail::hex64(state.fingerprint) + ", this network's is " +
-                                    detail::hex64(Net::fingerprint));
-  if (state.model_seed != model.seed())
-    throw DataError(state_path, "was trained from model seed " + std::to_string(state.model_seed) +
-                                    "; this model has seed " + std::to_string(model.seed()) +
-                                    " (construct it with fusedp::seed(" + std::to_string(state.model_seed) +
-                                    "); read_training_state gives the seed)");
-  if (!state.optimizer.empty() && state.optimizer != Opt::name)
-    throw DataError(state_path, "holds the state of optimizer " + state.optimizer + "; this run uses " + Opt::name);
-
-  // The optimizer state: Opt::state_slots tensors per parameter, or none before the first step.
-  const std::size_t slots = state.optimizer.empty() ? 0 : Opt::state_slots;
-  const std::vector<std::string> names = detail::slot_names(state.optimizer, slots);
-  if (sf.tensors.size() != slots * Net::param_layout.size())
-    throw DataError(state_path, "holds " + std::to_string(sf.tensors.size()) + " optimizer tensors, expected " +
-                                    std::to_string(slots * Net::param_layout.size()) + " (" + std::to_string(slots) +
-                                    " per parameter tensor)");
-  std::vector<float> opt_state(slots * Net::param_storage, 0.0f);
-  for (std::size_t s = 0; s < slots; ++s) {
-    for (const ParamTensor& t : Net::param_layout) {
-      const std::string name = detail::tensor_name(t) + "." + names[s];
-      const SafetensorsTensor* e = sf.find(name);
-      if (!e) throw DataError(state_path, "has no optimizer tensor '" + name + "'");
-      if (e->shape != detail::tensor_shape(t))
-        throw DataError(state_path, "optimizer tensor '" + name + "' has shape " + detail::shape_text(e->shape) +
-                                        ", this network needs " + detail::shape_text(detail::tensor_shape(t)));
-      sf.read_f32(*e, {opt_state.data() + s * Net::param_storage + t.offset, t.size});
-    }
-  }
-
-  const std::uint32_t crc = detail::parse_crc32(sf, "weights.crc32");
-  const std::optional<SafetensorsFile> wf = detail::committed_weights(dir, crc);
-  const std::string weights_path = (fs::path(dir) / weights_file_name).string();
-  if (!wf)
-    throw DataError(weights_path, "does not belong to " + state_path + " (its checksum differs from the one the "
-                                      "training state records): the folder mixes two saves");
-  const detail::MatchedWeights found = detail::match_weights<Net>(*wf);
-  std::vector<float> params(Net::param_storage, 0.0f);
-  for (std::size_t i = 0; i < found.params.size(); ++i) {
-    const ParamTensor& t = Net::param_layout[i];
-    wf->read_f32(*found.params[i], {params.data() + t.offset, t.size});
-  }
-
+  detail::LoadedCheckpoint c = detail::read_checkpoint<typename Model::network, Opt>(dir, model.seed());
   // Everything checked: now change the model.
-  detail::store_params(model, params);
-  model.load_buffers(found.buffers);
-  if (slots > 0) {
-    detail::store_optimizer_state<Opt>(model, opt_state);
+  detail::store_model(model, c);
+  if (!c.optimizer_state.empty()) {
+    detail::store_optimizer_state<Opt>(model, c.optimizer_state);
   } else if (model.optimizer_name() != nullptr) {
-    opt_state.assign(model.optimizer_state().size(), 0.0f);
-    detail::store_optimizer_state<Opt>(model, opt_state);
+    c.optimizer_state.assign(model.optimizer_state().size(), 0.0f);
+    detail::store_optimizer_state<Opt>(model, c.optimizer_state);
   }
-  model.set_step_counters(state.steps, state.optimizer_steps);
-  return state;
+  model.set_step_counters(c.state.steps, c.state.optimizer_steps);
+  return c.state;
 }
 
 }  // namespace fusedp::train

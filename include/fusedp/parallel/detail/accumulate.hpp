@@ -1,0 +1,84 @@
+#pragma once
+// Gradient accumulation, written once for both Parallel specializations: a replica's shard of a step
+// is cut into `micro` micro-batches that run forward and backward one after the other (the workspace is
+// sized for one micro-batch), and their gradients are added in order into an accumulator, with no
+// communication in between (DDP's no_sync, Horovod's backward_passes_per_step). During the last
+// micro-batch's backward each bucket of the bucket plan gets the accumulated sum added as soon as
+// backward has finished it, and only then is handed to the reducer: the reduction still overlaps the
+// last backward, and happens once per step.
+//
+// Every micro-batch's gradient is its share of the mean over the whole global batch (the normalizer),
+// so the sum is the gradient of the mean over the K-times-larger batch; the order of the additions is
+// fixed (micro-batch 0, 1, ...), so under Deterministic the result is bitwise the same on every run
+// and every communicator.
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/replica_sum.hpp"
+#include "fusedp/net/model.hpp"
+#include "fusedp/parallel/options.hpp"
+#include "fusedp/parallel/shards.hpp"
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace fusedp::parallel::detail {
+
+/// `o` after checking what a Parallel constructor cannot take.
+[[nodiscard]] inline ParallelOptions checked_options(ParallelOptions o) {
+  require(o.accumulate >= 1, "Parallel: ParallelOptions::accumulate must be >= 1, got ", o.accumulate);
+  return o;
+}
+
+/// The micro-batches of a shard of `count` samples: `micro` even pieces, or one per sample when the
+/// shard has fewer samples than that. SyncBatchNorm sums statistics over the replicas inside every
+/// micro-batch, so there every shard must have at least `micro` samples (every replica then runs the
+/// same number of micro-batches).
+[[nodiscard]] inline std::vector<Shard> micro_batches(std::size_t count, std::size_t micro, bool synchronized) {
+  require(micro >= 1, "Parallel: accumulate must be >= 1, got ", micro);
+  if (synchronized)
+    require(count >= micro, "Parallel: accumulate ", micro, " with batch_norm::Sync needs at least ", micro,
+            " samples in every replica's shard, this one has ", count,
+            " (every replica must run as many micro-batches)");
+  return even_shards(count, count < micro ? count : micro);
+}
+
+/// Gradients of one replica's shard over its micro-batches, summed into the model's gradient buffer
+/// (see the comment above). `add(src, dst, n)` adds n values on the model's space (dst += src);
+/// `copy(src, dst, n)` copies them; `acc` holds Net::param_storage values of the model's space. Each
+/// bucket of Plan reaches `stage_done` complete. Returns the shard's mean loss.
+template <class Plan, class Model, class Target, class Loss, class Add, class Copy, class StageDone>
+float accumulate_gradients(Model& m, float* acc, std::size_t micro, std::span<const float> inputs,
+                           std::span<const Target> targets, const Loss& loss, std::size_t normalizer,
+                           ReplicaSum sync, Add&& add, Copy&& copy, StageDone&& stage_done) {
+  const std::size_t in = Model::input_size;
+  const std::size_t count = inputs.size() / in;
+  if (micro <= 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync);
+  const std::vector<Shard> pieces = micro_batches(count, micro, bool(sync));
+  const std::size_t per_sample = targets.size() / count;
+  double loss_sum = 0;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const Shard& p = pieces[k];
+    const std::span<const float> x = inputs.subspan(p.offset * in, p.count * in);
+    const std::span<const Target> y = targets.subspan(p.offset * per_sample, p.count * per_sample);
+    float l = 0;
+    if (k + 1 < pieces.size()) {
+      l = m.compute_gradients(x, y, loss, NoStageHook{}, normalizer, sync);
+      if (k == 0) copy(m.grads().data(), acc, Model::network::param_storage);
+      else add(m.grads().data(), acc, Model::network::param_storage);
+    } else {
+      float* g = m.grads().data();
+      l = m.compute_gradients(
+          x, y, loss,
+          [&](std::size_t stage) {
+            for (const auto& b : Plan::buckets)
+              if (b.ready_after == stage) add(acc + b.begin, g + b.begin, b.end - b.begin);
+            stage_done(stage);
+          },
+          normalizer, sync);
+    }
+    loss_sum += double(l) * double(p.count);
+  }
+  return float(loss_sum / double(count));
+}
+
+}  // namespace fusedp::parallel::detail

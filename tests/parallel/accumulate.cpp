@@ -1,0 +1,142 @@
+// Gradient accumulation (ParallelOptions::accumulate, parallel/detail/accumulate.hpp): K micro-batches
+// per replica and one reduction and update per step reproduce one model on the K-times-larger batch,
+// for every reduce policy; under Deterministic bit for bit the one model that adds the same
+// micro-batch gradients in the same order.
+#include <doctest/doctest.h>
+
+#include "../support/fusedp_core.hpp"
+#include "../support/relative_error.hpp"
+#include <fusedp/parallel/parallel.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace fp = fusedp;
+using test_support::relative_error;
+
+namespace {
+
+using Net = fp::Sequential<fp::Input<2, 10, 10>, fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten,
+                           fp::Linear<24>, fp::Tanh, fp::Linear<5>>;
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  std::span<const float> inputs() const { return x; }
+  std::span<const std::int32_t> labels() const { return y; }
+};
+
+Batch batch_of(std::size_t size, std::uint64_t step) {
+  Batch b{std::vector<float>(size * Net::input_shape::size), std::vector<std::int32_t>(size)};
+  for (std::size_t i = 0; i < b.x.size(); ++i) b.x[i] = 2 * fp::rng::uniform(21, step, i) - 1;
+  for (std::size_t i = 0; i < size; ++i) b.y[i] = std::int32_t(fp::rng::uniform(22, step, i) * 5);
+  return b;
+}
+
+const fp::Sgd sgd{{.lr = 0.1f, .momentum = 0.9f}};
+
+// `steps` steps of a batch of `size` on `t`; returns the losses.
+template <class Trainer, class Opt>
+std::vector<float> train(Trainer& t, const Opt& opt, std::size_t size, int steps = 12) {
+  std::vector<float> losses;
+  Opt o = opt;
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = batch_of(size, std::uint64_t(s));
+    losses.push_back(t.train_step(b.inputs(), b.labels(), fp::SoftmaxCrossEntropy{}, o));
+  }
+  return losses;
+}
+
+template <class P, class Opt>
+void check_matches_larger_batch(const char* name, const Opt& opt, int replicas, int micro, std::size_t size) {
+  CAPTURE(name);
+  CAPTURE(replicas);
+  CAPTURE(micro);
+  CAPTURE(size);
+  fp::Model<Net, fp::Host> one{fp::seed(5), fp::Host{1}};
+  const std::vector<float> expected = train(one, opt, size);
+  P dp{fp::replicas(replicas, 1), fp::seed(5), {.accumulate = micro}};
+  CHECK(dp.accumulate() == std::size_t(micro));
+  const std::vector<float> losses = train(dp, opt, size);
+  for (std::size_t s = 0; s < losses.size(); ++s) CHECK(std::abs(losses[s] - expected[s]) <= 1e-5 * std::abs(expected[s]));
+  for (std::size_t r = 0; r < dp.local_replicas(); ++r) CHECK(relative_error(dp.model(r).params(), one.params()) <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("accumulate K: one update on the summed gradient of K micro-batches equals one model on the whole batch") {
+  for (int micro : {2, 3}) {
+    check_matches_larger_batch<fp::Parallel<Net, fp::Host>>("AllReduce", sgd, 2, micro, 24);
+    check_matches_larger_batch<fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<512>>>("Overlap", sgd, 3, micro, 25);
+    check_matches_larger_batch<fp::Parallel<Net, fp::Host, fp::reduce::ReduceBroadcast<>>>("ReduceBroadcast", sgd, 2,
+                                                                                          micro, 24);
+    check_matches_larger_batch<fp::Parallel<Net, fp::Host, fp::reduce::ReduceScatter<fp::Overlap, fp::Bucket<512>>>>(
+        "ReduceScatter", fp::Adam{{.lr = 1e-3f}}, 3, micro, 24);
+    check_matches_larger_batch<fp::Parallel<Net, fp::Host, fp::scatter::Sharded>>("Sharded", sgd, 2, micro, 24);
+  }
+  // One replica: accumulation without data parallelism.
+  check_matches_larger_batch<fp::Parallel<Net, fp::Host>>("one replica", sgd, 1, 4, 24);
+  // Shards smaller than K: one micro-batch per sample.
+  check_matches_larger_batch<fp::Parallel<Net, fp::Host>>("shards of 2", sgd, 3, 4, 6);
+}
+
+TEST_CASE("accumulate K under Deterministic: bit for bit the micro-batch gradients added in order, then in rank order") {
+  constexpr std::size_t size = 26, n = 2, micro = 3;
+  using P = fp::Parallel<Net, fp::Host, fp::Deterministic, fp::Overlap, fp::Bucket<1024>>;
+  P dp{fp::replicas(n, 1), fp::seed(5), {.accumulate = int(micro)}};
+  P again{fp::replicas(n, 1), fp::seed(5), {.accumulate = int(micro)}};
+  fp::Model<Net, fp::Host> one{fp::seed(5), fp::Host{1}};
+  std::vector<float> sum(Net::param_storage), acc(Net::param_storage);
+  for (int s = 0; s < 6; ++s) {
+    const Batch b = batch_of(size, std::uint64_t(s));
+    const float l1 = dp.train_step(b.inputs(), b.labels(), fp::SoftmaxCrossEntropy{}, sgd);
+    const float l2 = again.train_step(b.inputs(), b.labels(), fp::SoftmaxCrossEntropy{}, sgd);
+    CHECK(std::memcmp(&l1, &l2, sizeof l1) == 0);
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    double loss_sum = 0;
+    for (const auto& shard : fp::parallel::even_shards(size, n)) {
+      const auto pieces = fp::parallel::even_shards(shard.count, micro);
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        const std::size_t at = shard.offset + pieces[k].offset;
+        const std::span<const float> x = b.inputs().subspan(at * Net::input_shape::size,
+                                                            pieces[k].count * Net::input_shape::size);
+        const std::span<const std::int32_t> y = b.labels().subspan(at, pieces[k].count);
+        loss_sum += double(one.compute_gradients(x, y, fp::SoftmaxCrossEntropy{}, {}, size)) * double(pieces[k].count);
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = k == 0 ? one.grads()[i] : acc[i] + one.grads()[i];
+      }
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + acc[i];
+    }
+    std::copy(sum.begin(), sum.end(), one.grads().begin());
+    one.step(sgd);
+    CHECK(std::abs(double(l1) - loss_sum / double(size)) <= 1e-6 * std::abs(double(l1)));
+  }
+  for (std::size_t r = 0; r < n; ++r) {
+    CHECK(std::memcmp(dp.model(r).params().data(), one.params().data(), Net::param_storage * sizeof(float)) == 0);
+    CHECK(std::memcmp(dp.model(r).params().data(), again.model(r).params().data(),
+                      Net::param_storage * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("accumulate: bad counts are refused with a message that names them") {
+  CHECK_THROWS_WITH_AS((fp::Parallel<Net, fp::Host>{fp::replicas(2, 1), fp::seed(5), {.accumulate = 0}}),
+                       doctest::Contains("accumulate must be >= 1, got 0"), fp::InvalidArgument);
+  using BnNet = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<4, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU, fp::Flatten,
+                               fp::Linear<5>>;
+  fp::Parallel<BnNet, fp::Host, fp::batch_norm::Sync> dp{fp::replicas(2, 1), fp::seed(5), {.accumulate = 4}};
+  const std::vector<float> before(dp.model(0).params().begin(), dp.model(0).params().end());
+  std::vector<float> x(6 * BnNet::input_shape::size, 0.5f);
+  std::vector<std::int32_t> y(6, 1);
+  CHECK_THROWS_WITH_AS(dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y),
+                                     fp::SoftmaxCrossEntropy{}, sgd),
+                       doctest::Contains("accumulate 4 with batch_norm::Sync needs at least 4 samples"),
+                       fp::InvalidArgument);
+  CHECK(std::equal(before.begin(), before.end(), dp.model(0).params().begin()));
+  // With enough samples per shard it trains, and both replicas stay equal.
+  x.resize(8 * BnNet::input_shape::size);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(23, 0, i) - 1;
+  y.assign(8, 3);
+  (void)dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, sgd);
+  CHECK(std::memcmp(dp.model(0).params().data(), dp.model(1).params().data(), BnNet::param_storage * sizeof(float)) ==
+        0);
+}
