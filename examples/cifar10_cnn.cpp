@@ -39,7 +39,7 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   const fd::Augment augment = o.augment ? fd::Augment{.crop_padding = 4, .flip = true} : fd::Augment{};
 
   fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed),
-                              {.batch = std::size_t(f.batch), .augment = augment, .normalize = normalize, .seed = f.seed}};
+                              {.batch = example::step_batch(f), .augment = augment, .normalize = normalize, .seed = f.seed}};
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 500, .normalize = normalize}};
 
   example::with_trainer<CifarCnn>(launch, f, agree_on, [&](auto& trainer, int threads) {

@@ -16,6 +16,7 @@
 #include <fusedp/net/cost.hpp>
 #include <fusedp/parallel/parallel.hpp>
 #include <fusedp/train/checkpoint.hpp>
+#include <fusedp/train/parallel_checkpoint.hpp>
 #include <fusedp/train/metrics.hpp>
 #include <fusedp/train/progress.hpp>
 
@@ -23,6 +24,11 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstring>
 
 #include <cerrno>
 #include <chrono>
@@ -65,13 +71,40 @@ struct TrainFlags {
   double peak_gflops = 0;  // the machines' peak for utilization (0: measured on the CPU, from the GPU's data)
   std::string schedule = "constant";  // the learning rate over the run: constant or cosine
   int warmup = 0;                     // steps of linear warm-up before it
+  int accumulate = 1;                 // micro-batches of `batch` samples per step
+  std::string on_nonfinite = "stop";  // a NaN or infinite gradient: stop or skip
+  float clip_grad_norm = 0;           // the largest global L2 norm of a step's gradient (0: no clipping)
 };
+
+/// Samples per step in each process: --batch per micro-batch, --accumulate micro-batches.
+inline std::size_t step_batch(const TrainFlags& f) { return std::size_t(f.batch) * std::size_t(f.accumulate); }
+
+/// The exit status of a run stopped by SIGTERM or SIGUSR1 (EX_TEMPFAIL: "try again"), after it saved
+/// a checkpoint to resume from when --checkpoint was given.
+inline constexpr int preempted_status = 75;
 
 inline void add_training_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--epochs", f.epochs, "passes over the training set (in total, when resuming)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--batch", f.batch, "samples per step")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--batch", f.batch, "samples per step (per micro-batch with --accumulate), in each process")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--accumulate", f.accumulate,
+                 "micro-batches per step: their gradients are summed before one reduction and update, so a step "
+                 "trains on accumulate x batch samples per process with the memory of one micro-batch")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--on-nonfinite", f.on_nonfinite,
+                 "a step whose gradient is NaN or infinite: stop (exit 1, naming the step and the first tensor) or "
+                 "skip it (parameters unchanged; the skipped steps are counted in each epoch's line)")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", f.clip_grad_norm,
+                 "scale each step's gradient down to this global L2 norm when it is larger, as PyTorch's "
+                 "clip_grad_norm_ (0: no clipping)")
+      ->check(CLI::Range(0.0f, 1e9f))
+      ->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the weights, the shuffle and the augmentation")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads of this process (0: one per core, shared by its replicas)")
@@ -102,6 +135,49 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::Range(0.0, 1e9));
 }
 
+/// Thrown by fit when SIGTERM or SIGUSR1 stopped the run (after its checkpoint was saved); run_main
+/// turns it into exit status preempted_status.
+struct Preempted {
+  int signal;
+};
+
+namespace detail {
+inline std::atomic<int> stop_signal{0};
+inline void on_stop_signal(int sig) {
+  if (stop_signal.exchange(sig) != 0) {  // the second signal: no more waiting
+    static const char msg[] = "second stop signal: exiting at once, without saving\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    ::_exit(128 + sig);
+  }
+}
+}  // namespace detail
+
+/// For the length of a run: SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before they stop a
+/// job) ask it to stop after the current step; a second signal ends the process at once.
+class StopSignals {
+ public:
+  StopSignals() {
+    detail::stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = detail::on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGUSR1, &sa, &old_usr1_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
+  /// The signal received (0: none).
+  [[nodiscard]] int received() const noexcept { return detail::stop_signal.load(); }
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_usr1_ {};
+};
+
 /// Parses the command line and runs `body`. Help exits 0; a bad flag prints CLI11's message and exits 1;
 /// any error from the run prints "<name>: error: <what>" (which names the file or flag) and exits 1.
 inline bool wants_gpu(int argc, char** argv);
@@ -130,6 +206,8 @@ int run_main(const char* name, CLI::App& app, int argc, char** argv, Body&& body
   }
   try {
     return body();
+  } catch (const Preempted&) {
+    return preempted_status;
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", name, e.what());
   } catch (const std::bad_alloc&) {
@@ -353,7 +431,7 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
   if (gpu < 0)
     throw fp::InvalidArgument("--device cpu: this is the CUDA build of the example; run the program without the "
                               "_cuda suffix for the CPU");
-  if (launch.mpi() || f.replicas > 1) {
+  if (launch.mpi() || f.replicas > 1 || f.accumulate > 1) {
 #if FUSEDP_HAS_NCCL
     if (launch.mpi()) {
       if (f.replicas > 1)
@@ -362,17 +440,17 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
         throw fp::InvalidArgument("--device " + f.device + ": under mpirun each rank takes the GPU of its place "
                                   "among the ranks of its machine; use --device cuda");
 #if FUSEDP_WITH_MPI
-      GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on}};
+      GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on, .accumulate = f.accumulate}};
       body(dp, threads);
 #endif
     } else {
       std::vector<int> ids;
       for (int i = 0; i < f.replicas; ++i) ids.push_back(gpu + i);
-      GpuDataParallel<Net> dp{fp::Devices(ids), fp::seed(f.seed)};
+      GpuDataParallel<Net> dp{fp::Devices(ids), fp::seed(f.seed), {.accumulate = f.accumulate}};
       body(dp, threads);
     }
 #else
-    throw fp::InvalidArgument("--replicas and mpirun with --device " + f.device +
+    throw fp::InvalidArgument("--replicas, --accumulate and mpirun with --device " + f.device +
                               " need NCCL, which this program was built without (install NCCL, then reconfigure)");
 #endif
     return;
@@ -386,12 +464,13 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
   if (launch.mpi()) {
 #if FUSEDP_WITH_MPI
     if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
-    DataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.threads = f.threads, .agree_on = agree_on}};
+    DataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed),
+                         {.threads = f.threads, .agree_on = agree_on, .accumulate = f.accumulate}};
     body(dp, dp.model(0).space().threads());
 #endif
-  } else if (f.replicas > 1) {
+  } else if (f.replicas > 1 || f.accumulate > 1) {
     const int per = std::max(1, threads / f.replicas);
-    DataParallel<Net> dp{fp::replicas(f.replicas, per), fp::seed(f.seed)};
+    DataParallel<Net> dp{fp::replicas(f.replicas, per), fp::seed(f.seed), {.accumulate = f.accumulate}};
     body(dp, per * f.replicas);
   } else {
     fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads}};
@@ -431,6 +510,20 @@ inline std::string utilization(double flops, double seconds, double peak) {
   if (peak > 0) std::snprintf(text, sizeof text, "  %.1f GFLOP/s (%.1f%% of peak)", rate / 1e9, 100 * rate / peak);
   else std::snprintf(text, sizeof text, "  %.1f GFLOP/s", rate / 1e9);
   return text;
+}
+
+/// The parameter tensor whose gradient first holds a NaN or an infinity ("'3.weight' (layer 4)").
+template <class M>
+std::string nonfinite_where(const M& model) {
+  if constexpr (std::is_same_v<typename M::space_type, fp::Host>) {
+    return model.first_nonfinite_tensor();
+  } else {
+    std::vector<float> g(model.grads().size());
+    model.copy_grads_to_host(g);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (!std::isfinite(g[i])) return M::nonfinite_tensor_name(i);
+    return "no tensor";
+  }
 }
 
 /// Mean loss over a dataset, and the accuracy for classification.
@@ -497,32 +590,50 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   const std::size_t dataset_size = train.dataset().count;
   std::uint64_t first_epoch = 1;
   std::size_t first_batch = 0;
+  double resumed_loss_sum = 0;
+  std::size_t resumed_seen = 0;
   if (resumed) {
     const ft::TrainingState& s = *resumed;
     with_flag("--resume", [&] {
       // Checks the network, optimizer and files before changing anything; every rank reads the same
       // folder (it must be visible to all of them).
-      for_each_model(trainer, [&](auto& m) { (void)ft::load_checkpoint(f.resume, m, opt); });
+      (void)ft::load_checkpoint(f.resume, trainer, opt);
       if (s.dataset_size != dataset_size)
         throw fp::DataError(f.resume, "was trained on " + std::to_string(s.dataset_size) +
                                           " samples; this run has " + std::to_string(dataset_size) +
                                           " (another dataset?)");
-      if (s.world_size != std::uint64_t(launch.world()))
-        throw fp::DataError(f.resume, "was trained by " + std::to_string(s.world_size) +
+      if (s.world_size != std::uint64_t(launch.world()) && s.batches_done != 0)
+        throw fp::DataError(f.resume, "stopped inside an epoch with " + std::to_string(s.world_size) +
                                           " process(es); this run has " + std::to_string(launch.world()) +
-                                          " (each rank's share of the data depends on it)");
-      if (s.batch_size != std::uint64_t(f.batch) && s.batches_done != 0)
-        throw fp::DataError(f.resume, "stopped inside an epoch with --batch " + std::to_string(s.batch_size) +
-                                          "; resume it with the same --batch");
+                                          " (each rank's share of the rest of the epoch depends on it): resume "
+                                          "it with as many, or resume from a checkpoint saved at the end of an epoch");
+      if (s.batch_size != std::uint64_t(step_batch(f)) && s.batches_done != 0)
+        throw fp::DataError(f.resume, "stopped inside an epoch with " + std::to_string(s.batch_size) +
+                                          " samples per step (--batch x --accumulate); resume it with as many");
     });
-    if (root && s.batch_size != std::uint64_t(f.batch))
-      std::printf("note: the checkpoint was trained with --batch %llu; continuing with %d\n",
-                  static_cast<unsigned long long>(s.batch_size), f.batch);
+    if (root && s.batch_size != std::uint64_t(step_batch(f)))
+      std::printf("note: the checkpoint was trained with %llu samples per step; continuing with %zu\n",
+                  static_cast<unsigned long long>(s.batch_size), step_batch(f));
+    if (root && s.world_size != std::uint64_t(launch.world()))
+      std::printf("resumed at %d process(es) from a %llu-process checkpoint: epoch %llu, sample 0 of %zu\n",
+                  launch.world(), static_cast<unsigned long long>(s.world_size),
+                  static_cast<unsigned long long>(s.epochs_done + 1), dataset_size);
     first_epoch = s.epochs_done + 1;
     first_batch = std::size_t(s.batches_done);
+    if (first_batch > 0) {  // the epoch's loss so far, to report the whole epoch's
+      const auto sum = s.extra.find("epoch_loss_sum");
+      const auto count = s.extra.find("epoch_samples");
+      if (sum != s.extra.end() && count != s.extra.end()) {
+        resumed_loss_sum = std::strtod(sum->second.c_str(), nullptr);
+        resumed_seen = std::size_t(std::strtoull(count->second.c_str(), nullptr, 10));
+      }
+    }
     if (root)
-      std::printf("resumed from %s: %llu epochs and %llu steps done\n", f.resume.c_str(),
-                static_cast<unsigned long long>(s.epochs_done), static_cast<unsigned long long>(s.steps));
+      std::printf("resumed from %s: %llu epochs and %llu steps done%s\n", f.resume.c_str(),
+                  static_cast<unsigned long long>(s.epochs_done), static_cast<unsigned long long>(s.steps),
+                  first_batch > 0 ? (" (epoch " + std::to_string(first_epoch) + " goes on after its batch " +
+                                     std::to_string(first_batch) + ")").c_str()
+                                  : "");
     if (first_epoch > std::uint64_t(f.epochs)) {
       if (root)
         std::printf("nothing to do: the checkpoint holds %llu epochs and --epochs is %d\n",
@@ -559,68 +670,135 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   const double peak = run_peak_flops(trainer, f);
   double total_seconds = 0, total_samples = 0;
   Evaluation result;
+  // Every step is guarded: a NaN or infinite gradient is caught before it reaches the parameters
+  // (--on-nonfinite says whether the run then stops or goes on), and --clip-grad-norm clips.
+  fp::Guarded<Opt, fp::nonfinite::Skip> guarded{opt, {.max_norm = f.clip_grad_norm}};
+  const bool stop_on_nonfinite = f.on_nonfinite == "stop";
+  const StopSignals signals;
+  // A checkpoint of the run after `epochs_done` epochs and `batches_done` steps of the next, with
+  // that epoch's loss so far (a collective for a Parallel: every rank calls it; rank 0 writes).
+  const auto save = [&](std::uint64_t epochs_done, std::uint64_t batches_done, double loss_sum, std::size_t seen) {
+    ft::TrainingState s;
+    s.epochs_done = epochs_done;
+    s.batches_done = batches_done;
+    s.data_seed = f.seed;
+    s.dataset_size = dataset_size;
+    s.batch_size = std::uint64_t(step_batch(f));
+    s.world_size = std::uint64_t(launch.world());
+    if (batches_done > 0) {
+      char hex[64];
+      std::snprintf(hex, sizeof hex, "%a", loss_sum);  // exact, so a resumed epoch reports the same loss
+      s.extra["epoch_loss_sum"] = hex;
+      s.extra["epoch_samples"] = std::to_string(seen);
+    }
+    with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, trainer, s); });
+  };
   for (std::uint64_t epoch = first_epoch; epoch <= std::uint64_t(f.epochs); ++epoch) {
     const std::size_t first = epoch == first_epoch ? first_batch : 0;
     train.set_epoch(epoch, first);
     progress.start_epoch(std::size_t(epoch), std::size_t(f.epochs), train.batches());
     const auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0;
+    // The loss over the epoch's steps (those before a resume included), and the samples this run trained.
+    double loss_sum = first > 0 ? resumed_loss_sum : 0.0;
+    std::size_t loss_seen = first > 0 ? resumed_seen : 0;
     std::size_t seen = 0;
+    std::uint64_t skipped = 0;
     while (auto b = train.next()) {
       const std::size_t n = b->size();
-      opt.options.lr = lr_at(model_of(trainer).steps());
+      auto& model = model_of(trainer);
+      guarded.optimizer.options.lr = lr_at(model.steps());
+      const std::uint64_t skipped_before = model.skipped_steps();
       float l = 0;
-      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>) l = trainer.train_step(b->images, b->labels, loss, opt);
-      else l = trainer.train_step(b->images, b->targets, loss, opt);
-      loss_sum += double(l) * double(n);
+      if constexpr (std::is_same_v<typename Loss::template target<float>, std::int32_t>)
+        l = trainer.train_step(b->images, b->labels, loss, guarded);
+      else
+        l = trainer.train_step(b->images, b->targets, loss, guarded);
+      const bool was_skipped = model.skipped_steps() != skipped_before;
+      if ((was_skipped || !std::isfinite(l)) && stop_on_nonfinite)
+        throw fp::NumericError("step " + std::to_string(model.steps()) + " (epoch " + std::to_string(epoch) +
+                               ", batch " + std::to_string(b->index + 1) + "): " +
+                               (was_skipped ? "the gradient is not finite (NaN or infinity), first in " +
+                                                  nonfinite_where(model) + "; the parameters are those before it"
+                                            : std::string("the loss is not finite")) +
+                               " (--on-nonfinite skip goes on past such steps; a lower --lr or --clip-grad-norm "
+                               "may avoid them)");
+      if (was_skipped || !std::isfinite(l)) {
+        skipped += was_skipped ? 1 : 0;
+      } else {
+        loss_sum += double(l) * double(n);
+        loss_seen += n;
+      }
       seen += n;
-      if (root) progress.update(b->index + 1, loss_sum / double(seen), std::size_t(double(seen) * world));
+      if (root) progress.update(b->index + 1, loss_seen > 0 ? loss_sum / double(loss_seen) : 0.0,
+                                std::size_t(double(seen) * world));
+      // Preemption: every rank stops after the same step once any rank got the signal.
+      bool stop = signals.received() != 0;
+      if constexpr (requires { trainer.all_ranks(true); }) stop = !trainer.all_ranks(!stop);
+      if (stop) {
+        const std::uint64_t done = b->index + 1;
+        if (!f.checkpoint.empty()) save(epoch - 1, done, loss_sum, loss_seen);
+        if (root) {
+          progress.finish("");
+          std::printf("stopped by %s after step %llu (epoch %llu, batch %llu of %zu)%s\n",
+                      signals.received() == SIGUSR1 ? "SIGUSR1" : signals.received() == SIGTERM ? "SIGTERM"
+                                                                                                : "a signal to a rank",
+                      static_cast<unsigned long long>(model.steps()), static_cast<unsigned long long>(epoch),
+                      static_cast<unsigned long long>(done), train.batches(),
+                      f.checkpoint.empty() ? "; nothing saved (no --checkpoint)"
+                                           : ("; saved to " + f.checkpoint + ", continue with --resume " + f.checkpoint)
+                                                 .c_str());
+          std::fflush(stdout);
+        }
+        throw Preempted{signals.received()};
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
-    const double train_loss = seen > 0 ? loss_sum / double(seen) : 0.0;  // each step's loss is global
+    const double train_loss = loss_seen > 0 ? loss_sum / double(loss_seen) : 0.0;  // each step's loss is global
     seen = std::size_t(double(seen) * world);  // every rank trained on as many samples
     total_samples += double(seen);
     result = evaluate(trainer, test, loss);
+    if (!std::isfinite(result.loss))  // the metrics never hold a NaN
+      throw fp::NumericError("epoch " + std::to_string(epoch) + ": the test loss is not finite: the model has " +
+                             "diverged (train loss " + std::to_string(train_loss) +
+                             "); a lower --lr or --clip-grad-norm may avoid it");
     const double flops = fp::CostModel<Net>::train_flops * double(seen);  // model FLOPs of the epoch's steps
     const std::string used = utilization(flops, seconds, peak);
-    char line[320];
+    const double rate = seconds > 0 ? double(seen) / seconds : 0.0;
+    char skips[64] = "";
+    if (skipped > 0)
+      std::snprintf(skips, sizeof skips, "  %llu step(s) skipped (not finite)", static_cast<unsigned long long>(skipped));
+    char line[384];
     if (result.accuracy)
       std::snprintf(line, sizeof line,
-                    "epoch %llu/%d  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f images/s%s  %.1fs",
+                    "epoch %llu/%d  train loss %.4f  test loss %.4f  test accuracy %.2f%%  %.0f images/s%s  %.1fs%s",
                     static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, 100 * *result.accuracy,
-                    double(seen) / seconds, used.c_str(), seconds);
+                    rate, used.c_str(), seconds, skips);
     else
-      std::snprintf(line, sizeof line, "epoch %llu/%d  train loss %.6f  test loss %.6f  %.0f samples/s%s  %.1fs",
-                    static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, double(seen) / seconds,
-                    used.c_str(), seconds);
+      std::snprintf(line, sizeof line, "epoch %llu/%d  train loss %.6f  test loss %.6f  %.0f samples/s%s  %.1fs%s",
+                    static_cast<unsigned long long>(epoch), f.epochs, train_loss, result.loss, rate, used.c_str(),
+                    seconds, skips);
     if (root) progress.finish(line);
     if (result.accuracy)
       metrics.write({{"epoch", static_cast<long long>(epoch)},
                      {"train_loss", train_loss},
                      {"test_loss", result.loss},
                      {"test_accuracy", *result.accuracy},
-                     {"images_per_s", double(seen) / seconds},
+                     {"images_per_s", rate},
                      {"train_gflops", flops / seconds / 1e9},
                      {"mfu", peak > 0 ? flops / seconds / peak : 0.0},
+                     {"skipped_steps", static_cast<long long>(skipped)},
                      {"seconds", seconds}});
     else
       metrics.write({{"epoch", static_cast<long long>(epoch)},
                      {"train_loss", train_loss},
                      {"test_loss", result.loss},
-                     {"samples_per_s", double(seen) / seconds},
+                     {"samples_per_s", rate},
                      {"train_gflops", flops / seconds / 1e9},
                      {"mfu", peak > 0 ? flops / seconds / peak : 0.0},
+                     {"skipped_steps", static_cast<long long>(skipped)},
                      {"seconds", seconds}});
-    if (root && !f.checkpoint.empty()) {
-      ft::TrainingState s;
-      s.epochs_done = epoch;
-      s.data_seed = f.seed;
-      s.dataset_size = dataset_size;
-      s.batch_size = std::uint64_t(f.batch);
-      s.world_size = std::uint64_t(launch.world());
-      with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, model_of(trainer), s); });
-    }
+    if (!f.checkpoint.empty()) save(epoch, 0, 0.0, 0);
   }
   if (root && total_seconds > 0) {
     const auto epochs = static_cast<unsigned long long>(std::uint64_t(f.epochs) - first_epoch + 1);

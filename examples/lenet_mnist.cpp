@@ -43,7 +43,7 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
 
   const example::TrainFlags& f = o.train;
   fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed),
-                              {.batch = std::size_t(f.batch), .normalize = normalize, .seed = f.seed}};
+                              {.batch = example::step_batch(f), .normalize = normalize, .seed = f.seed}};
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 1000, .normalize = normalize}};
 
   example::with_trainer<LeNet>(launch, f, agree_on, [&](auto& trainer, int threads) {

@@ -76,7 +76,7 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   const example::TrainFlags& f = o.train;
   const fd::Dataset train = points(o.samples, f.seed);
   const fd::Dataset test = grid(o.side);
-  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed), {.batch = std::size_t(f.batch), .seed = f.seed}};
+  fd::DataLoader train_loader{train, launch.train_sampler(train.count, f.seed), {.batch = example::step_batch(f), .seed = f.seed}};
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 4096}};
 
   example::with_trainer<Mlp>(launch, f, agree_on, [&](auto& trainer, int threads) {
