@@ -43,13 +43,14 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 500, .normalize = normalize}};
 
   example::with_trainer<CifarCnn>(launch, f, agree_on, [&](auto& trainer, int threads) {
-    fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
+    fp::Sgd opt = example::sgd_of(f, o.momentum);
     if (launch.root())
-      std::printf("fusedp %s: CIFAR-10 CNN (%zu parameters) on %s, %zu train / %zu test images, %s, %d process(es) x "
-                  "%d replica(s), %s\n",
+      std::printf("fusedp %s: CIFAR-10 CNN (%zu parameters) on %s, %zu train / %zu test images, %s, %s, %d "
+                  "process(es) x %d replica(s), %s\n",
                   FUSEDP_VERSION_STRING, CifarCnn::param_count, o.synthetic > 0 ? "synthetic data" : o.data.c_str(),
-                  train.count, test.count, o.augment ? "crop+flip augmentation" : "no augmentation", launch.world(),
-                  o.train.replicas, example::where(f, threads).c_str());
+                  train.count, test.count, o.augment ? "crop+flip augmentation" : "no augmentation",
+                  example::optimizer_text(f, "SGD", o.momentum).c_str(), launch.world(), o.train.replicas,
+                  example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
   });
   return 0;
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--synthetic", o.synthetic, "train on N random images instead (speed runs; no download)")
       ->check(CLI::Range(std::size_t(1), std::size_t(1) << 24));
   example::add_training_flags(app, o.train);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
+  example::add_sgd_flags(app, o.train, o.momentum);
   app.add_flag("!--no-augment", o.augment, "turn off random crop and flip");
   return example::run_main("cifar10_cnn", app, argc, argv, [&] {
     const example::Launch launch;

@@ -71,7 +71,18 @@ struct TrainFlags {
   double peak_gflops = 0;  // the machines' peak for utilization (0: measured on the CPU, from the GPU's data)
   std::string schedule = "constant";  // the learning rate over the run: constant or cosine
   int warmup = 0;                     // steps of linear warm-up before it
+  int step_epochs = 10;               // --schedule step: epochs between two reductions of the rate
+  float gamma = 0.1f;                 // --schedule step: the factor of each reduction
+  float weight_decay = 0.0f;          // L2 penalty (SGD, Adam) or decoupled decay (AdamW)
+  std::string decay = "weights";      // what the weight decay applies to: weights or all
+  bool nesterov = false;              // SGD: Nesterov momentum
   int accumulate = 1;                 // micro-batches of `batch` samples per step
+  std::string reduce = "allreduce";   // allreduce, reduce-broadcast or zero1
+  bool deterministic = false;         // AllReduce + Deterministic
+  std::string compress = "none";      // none or bf16
+  bool overlap = true;                // reduce buckets while backward continues
+  double bucket_mb = 4;               // gradient bucket capacity
+  bool sync_bn = false;               // SyncBatchNorm
   std::string on_nonfinite = "stop";  // a NaN or infinite gradient: stop or skip
   float clip_grad_norm = 0;           // the largest global L2 norm of a step's gradient (0: no clipping)
 };
@@ -95,6 +106,23 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "trains on accumulate x batch samples per process with the memory of one micro-batch")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  app.add_option("--reduce", f.reduce,
+                 "how replicas combine gradients: allreduce (DDP), reduce-broadcast (DataParallel: the root steps "
+                 "and broadcasts) or zero1 (ZeRO-1: each replica updates, and holds the optimizer state of, a block)")
+      ->check(CLI::IsMember({"allreduce", "reduce-broadcast", "zero1"}))
+      ->capture_default_str();
+  app.add_flag("--deterministic", f.deterministic,
+               "sum gradients in rank order: the same bits on every run, whatever the communicator does");
+  app.add_option("--compress", f.compress, "send gradients as bf16 (half the bytes) or not (none)")
+      ->check(CLI::IsMember({"none", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--bucket-mb", f.bucket_mb, "the capacity of a gradient bucket, in MiB (DDP's bucket_cap_mb)")
+      ->check(CLI::Range(0.001, 65536.0))
+      ->capture_default_str();
+  app.add_flag("!--no-overlap", f.overlap, "reduce the gradients after backward instead of bucket by bucket during it");
+  app.add_flag("--sync-bn", f.sync_bn,
+               "SyncBatchNorm: BatchNorm statistics over every replica's shard (default: each shard's own, rank 0's "
+               "running statistics broadcast)");
   app.add_option("--on-nonfinite", f.on_nonfinite,
                  "a step whose gradient is NaN or infinite: stop (exit 1, naming the step and the first tensor) or "
                  "skip it (parameters unchanged; the skipped steps are counted in each epoch's line)")
@@ -123,8 +151,23 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "every epoch");
   app.add_option("--resume", f.resume, "continue the run saved in this checkpoint folder");
   app.add_option("--schedule", f.schedule,
-                 "the learning rate over the run: constant, or cosine (from --lr down to 0 at the last step)")
-      ->check(CLI::IsMember({"constant", "cosine"}))
+                 "the learning rate over the run: constant; step (times --gamma every --step-epochs epochs, as "
+                 "PyTorch's StepLR); or cosine (from --lr down to 0 at the last step)")
+      ->check(CLI::IsMember({"constant", "step", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--step-epochs", f.step_epochs, "--schedule step: epochs between two reductions of the rate")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--gamma", f.gamma, "--schedule step: the factor of each reduction")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "weight decay (L2 for SGD and Adam)")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--decay", f.decay,
+                 "what the weight decay applies to: weights (conv and linear weights; not biases or BatchNorm) or "
+                 "all (every parameter, PyTorch's default)")
+      ->check(CLI::IsMember({"weights", "all"}))
       ->capture_default_str();
   app.add_option("--warmup", f.warmup, "steps over which the learning rate rises linearly to --lr first")
       ->check(CLI::Range(0, 1 << 30))
@@ -133,6 +176,38 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "the peak GFLOP/s of all the processors the run uses, the denominator of the utilization printed "
                  "per epoch (default: the CPU's FMA rate, measured at start, or the GPU's tensor-core rate)")
       ->check(CLI::Range(0.0, 1e9));
+}
+
+/// The flags of the SGD examples: --momentum and --nesterov (their defaults are the example's).
+inline void add_sgd_flags(CLI::App& app, TrainFlags& f, float& momentum) {
+  app.add_option("--momentum", momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
+  app.add_flag("--nesterov,!--no-nesterov", f.nesterov, "Nesterov momentum (or plain momentum)")->capture_default_str();
+}
+
+/// The SGD of the flags (--lr, --weight-decay, --decay, --nesterov) with `momentum`.
+inline fp::Sgd sgd_of(const TrainFlags& f, float momentum) {
+  return fp::Sgd{{.lr = f.lr,
+                  .momentum = momentum,
+                  .weight_decay = f.weight_decay,
+                  .nesterov = f.nesterov,
+                  .decay = f.decay == "all" ? fp::Decay::all : fp::Decay::weights}};
+}
+/// The Adam of the flags (--lr, --weight-decay, --decay).
+inline fp::Adam adam_of(const TrainFlags& f) {
+  return fp::Adam{{.lr = f.lr, .weight_decay = f.weight_decay, .decay = f.decay == "all" ? fp::Decay::all : fp::Decay::weights}};
+}
+/// The optimizer's part of the first line: "SGD (Nesterov) momentum 0.9, weight decay 0.0005 on weights".
+inline std::string optimizer_text(const TrainFlags& f, const char* name, float momentum = -1) {
+  std::string t = name;
+  char buf[160];
+  if (momentum >= 0) {
+    std::snprintf(buf, sizeof buf, "%s momentum %g", f.nesterov ? " (Nesterov)" : "", double(momentum));
+    t += buf;
+  }
+  std::snprintf(buf, sizeof buf, ", lr %g (%s%s), weight decay %g%s", double(f.lr), f.schedule.c_str(),
+                f.warmup > 0 ? (", " + std::to_string(f.warmup) + " warm-up steps").c_str() : "", double(f.weight_decay),
+                f.weight_decay > 0 ? (f.decay == "all" ? " on every parameter" : " on conv and linear weights") : "");
+  return t + buf;
 }
 
 /// Thrown by fit when SIGTERM or SIGUSR1 stopped the run (after its checkpoint was saved); run_main
@@ -337,24 +412,70 @@ inline std::pair<fd::Dataset, fd::Dataset> cifar10_or_synthetic(const std::strin
           with_flag("--data", [&] { return fd::load_cifar10(data, fd::Split::test); })};
 }
 
-/// The data-parallel trainer of the examples: each replica or rank trains on its own batches
-/// (Sharded), gradients are all-reduced in 4 MiB buckets while backward continues; a network with
-/// BatchNorm takes rank 0's running statistics after every step (batch_norm::Broadcast).
-template <class Net, class Space>
-using ExampleParallel = std::conditional_t<
-    (Net::state_storage > 0),
-    fp::Parallel<Net, Space, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>,
-                 fp::batch_norm::Broadcast>,
-    fp::Parallel<Net, Space, fp::scatter::Sharded, fp::reduce::AllReduce<fp::Bucket<(4u << 20)>, fp::Overlap>>>;
-template <class Net>
-using DataParallel = ExampleParallel<Net, fp::Host>;
+/// The data-parallel trainers of the examples: each replica or rank trains on its own batches (Sharded);
+/// the gradients are reduced in 4 MiB buckets as the flags say, from a closed set (each member is one
+/// more instantiation of the trainer and of the training loop, so the set stays small):
+///   --reduce allreduce (default)  AllReduce, each bucket while backward continues (Overlap); buckets of
+///                                 --bucket-mb (ParallelOptions::bucket_bytes, a run-time value)
+///        with --no-overlap        AllReduce after backward
+///        with --deterministic     AllReduce + Deterministic (the same bits on every run and world)
+///        with --compress bf16     AllReduce + Compress<bf16>
+///        with --sync-bn           AllReduce + batch_norm::Sync (networks with BatchNorm)
+///   --reduce reduce-broadcast     ReduceBroadcast (DataParallel: the root steps, then broadcasts)
+///   --reduce zero1                ReduceScatter (ZeRO-1: optimizer state sharded), Overlap
+/// A network with BatchNorm takes rank 0's running statistics after every step (batch_norm::Broadcast)
+/// unless --sync-bn.
+template <class Net, class Space, class Bn, class... P>
+struct ExampleParallelOf {
+  using type = fp::Parallel<Net, Space, fp::scatter::Sharded, P..., Bn>;
+};
+template <class Net, class Space, class... P>
+struct ExampleParallelOf<Net, Space, void, P...> {
+  using type = fp::Parallel<Net, Space, fp::scatter::Sharded, P...>;
+};
 
-#if defined(FUSEDP_EXAMPLE_GPU_PART) && FUSEDP_HAS_NCCL
-/// The same on GPUs: one replica per GPU, gradients all-reduced by NCCL in 4 MiB buckets while
-/// backward continues.
-template <class Net>
-using GpuDataParallel = ExampleParallel<Net, fp::Cuda>;
-#endif
+/// --bucket-mb in bytes.
+inline std::size_t bucket_bytes(const TrainFlags& f) { return std::size_t(f.bucket_mb * double(1u << 20)); }
+
+/// Whether the flags ask for a Parallel (in one process, a Parallel of one replica when only
+/// --accumulate or a reduction flag is given).
+inline bool wants_parallel(const TrainFlags& f) {
+  return f.replicas > 1 || f.accumulate > 1 || f.reduce != "allreduce" || f.deterministic || f.compress != "none" ||
+         !f.overlap || f.sync_bn || f.bucket_mb != 4;
+}
+
+/// Calls make.template operator()<P>() with the Parallel type P the flags choose (see above); a
+/// combination outside the set is an InvalidArgument that names it.
+template <class Net, class Space, class Make>
+void with_parallel_type(const TrainFlags& f, Make&& make) {
+  using B = fp::Bucket<(4u << 20)>;
+  using Bn = std::conditional_t<(Net::state_storage > 0), fp::batch_norm::Broadcast, void>;
+  const auto as = [&]<class... P>() { make.template operator()<typename ExampleParallelOf<Net, Space, Bn, P...>::type>(); };
+  const int knobs = int(f.deterministic) + int(f.compress != "none") + int(!f.overlap) + int(f.sync_bn);
+  if (knobs > 1 || (knobs == 1 && f.reduce != "allreduce"))
+    throw fp::InvalidArgument("--deterministic, --compress, --no-overlap and --sync-bn go one at a time, with --reduce "
+                              "allreduce (the examples build that set of policies; a program of your own can "
+                              "combine any: see parallel/policy.hpp)");
+  if (f.reduce == "zero1") {
+    as.template operator()<fp::reduce::ReduceScatter<B, fp::Overlap>>();
+  } else if (f.reduce == "reduce-broadcast") {
+    as.template operator()<fp::reduce::ReduceBroadcast<B>>();
+  } else if (f.deterministic) {
+    as.template operator()<fp::reduce::AllReduce<B, fp::Overlap>, fp::Deterministic>();
+  } else if (f.compress == "bf16") {
+    as.template operator()<fp::reduce::AllReduce<B, fp::Overlap>, fp::Compress<fp::bf16>>();
+  } else if (!f.overlap) {
+    as.template operator()<fp::reduce::AllReduce<B>>();
+  } else if (f.sync_bn) {
+    if constexpr (Net::state_storage > 0)
+      make.template operator()<fp::Parallel<Net, Space, fp::scatter::Sharded, fp::reduce::AllReduce<B, fp::Overlap>,
+                                            fp::batch_norm::Sync>>();
+    else
+      throw fp::InvalidArgument("--sync-bn: this network has no BatchNorm");
+  } else {
+    as.template operator()<fp::reduce::AllReduce<B, fp::Overlap>>();
+  }
+}
 
 /// The one model of a trainer (replica 0 of a Parallel).
 template <class Net, class S>
@@ -383,8 +504,17 @@ inline constexpr bool on_gpu = !std::is_same_v<typename std::remove_reference_t<
 
 /// Where the run trains, for the examples' first line: "GPU cuda:0" or "CPU, 4 threads per process".
 inline std::string where(const TrainFlags& f, int threads) {
-  if (f.device != "cpu") return "GPU " + (f.device == "cuda" ? std::string("cuda:0") : f.device);
-  return "CPU, " + std::to_string(threads) + " threads per process";
+  std::string w = f.device != "cpu" ? "GPU " + (f.device == "cuda" ? std::string("cuda:0") : f.device)
+                                    : "CPU, " + std::to_string(threads) + " threads per process";
+  if (wants_parallel(f) || fp::launched_by_mpirun()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; gradients: %s%s%s%s%s, %g MiB buckets", f.reduce.c_str(),
+                  f.deterministic ? " deterministic" : "", f.compress == "bf16" ? " bf16" : "",
+                  f.overlap ? " overlapped" : " after backward", f.sync_bn ? ", SyncBatchNorm" : "", f.bucket_mb);
+    w += buf;
+  }
+  if (f.accumulate > 1) w += "; " + std::to_string(f.accumulate) + " micro-batches of " + std::to_string(f.batch) + " per step";
+  return w;
 }
 
 /// Whether the command line asks for --device other than cpu.
@@ -431,7 +561,7 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
   if (gpu < 0)
     throw fp::InvalidArgument("--device cpu: this is the CUDA build of the example; run the program without the "
                               "_cuda suffix for the CPU");
-  if (launch.mpi() || f.replicas > 1 || f.accumulate > 1) {
+  if (launch.mpi() || wants_parallel(f)) {
 #if FUSEDP_HAS_NCCL
     if (launch.mpi()) {
       if (f.replicas > 1)
@@ -440,14 +570,19 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
         throw fp::InvalidArgument("--device " + f.device + ": under mpirun each rank takes the GPU of its place "
                                   "among the ranks of its machine; use --device cuda");
 #if FUSEDP_WITH_MPI
-      GpuDataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed), {.agree_on = agree_on, .accumulate = f.accumulate}};
-      body(dp, threads);
+      with_parallel_type<Net, fp::Cuda>(f, [&]<class P>() {
+        P dp{launch.mpi_world(), fp::seed(f.seed),
+             {.agree_on = agree_on, .accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+        body(dp, threads);
+      });
 #endif
     } else {
       std::vector<int> ids;
       for (int i = 0; i < f.replicas; ++i) ids.push_back(gpu + i);
-      GpuDataParallel<Net> dp{fp::Devices(ids), fp::seed(f.seed), {.accumulate = f.accumulate}};
-      body(dp, threads);
+      with_parallel_type<Net, fp::Cuda>(f, [&]<class P>() {
+        P dp{fp::Devices(ids), fp::seed(f.seed), {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+        body(dp, threads);
+      });
     }
 #else
     throw fp::InvalidArgument("--replicas, --accumulate and mpirun with --device " + f.device +
@@ -464,14 +599,18 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
   if (launch.mpi()) {
 #if FUSEDP_WITH_MPI
     if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
-    DataParallel<Net> dp{launch.mpi_world(), fp::seed(f.seed),
-                         {.threads = f.threads, .agree_on = agree_on, .accumulate = f.accumulate}};
-    body(dp, dp.model(0).space().threads());
+    with_parallel_type<Net, fp::Host>(f, [&]<class P>() {
+      P dp{launch.mpi_world(), fp::seed(f.seed),
+           {.threads = f.threads, .agree_on = agree_on, .accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+      body(dp, dp.model(0).space().threads());
+    });
 #endif
-  } else if (f.replicas > 1 || f.accumulate > 1) {
+  } else if (wants_parallel(f)) {
     const int per = std::max(1, threads / f.replicas);
-    DataParallel<Net> dp{fp::replicas(f.replicas, per), fp::seed(f.seed), {.accumulate = f.accumulate}};
-    body(dp, per * f.replicas);
+    with_parallel_type<Net, fp::Host>(f, [&]<class P>() {
+      P dp{fp::replicas(f.replicas, per), fp::seed(f.seed), {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+      body(dp, per * f.replicas);
+    });
   } else {
     fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads}};
     body(model, threads);
@@ -661,9 +800,12 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   using Net = typename std::remove_reference_t<decltype(model_of(trainer))>::network;
   // The learning rate of step s (counted over the whole run, so a resumed run continues the curve).
   const std::uint64_t total_steps = std::uint64_t(f.epochs) * train.batches();
-  const auto lr_at = [&f, total_steps](std::uint64_t step) -> float {
+  const std::uint64_t steps_per_epoch = train.batches();
+  const auto lr_at = [&f, total_steps, steps_per_epoch](std::uint64_t step) -> float {
     if (f.schedule == "cosine")
       return fp::CosineWarmup{f.lr, std::uint64_t(f.warmup), std::max(total_steps, std::uint64_t(f.warmup) + 1)}(step);
+    if (f.schedule == "step" && step >= std::uint64_t(f.warmup))
+      return fp::StepLR{f.lr, std::max<std::uint64_t>(1, std::uint64_t(f.step_epochs) * steps_per_epoch), f.gamma}(step);
     if (step < std::uint64_t(f.warmup)) return f.lr * float(step + 1) / float(f.warmup);
     return f.lr;
   };

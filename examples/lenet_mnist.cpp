@@ -47,12 +47,13 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 1000, .normalize = normalize}};
 
   example::with_trainer<LeNet>(launch, f, agree_on, [&](auto& trainer, int threads) {
-    fp::Sgd opt{{.lr = f.lr, .momentum = o.momentum}};
+    fp::Sgd opt = example::sgd_of(f, o.momentum);
     if (launch.root())
-      std::printf("fusedp %s: LeNet (%zu parameters) on %s, %zu train / %zu test images, %d process(es) x %d "
+      std::printf("fusedp %s: LeNet (%zu parameters) on %s, %zu train / %zu test images, %s, %d process(es) x %d "
                   "replica(s), %s\n",
-                  FUSEDP_VERSION_STRING, LeNet::param_count, o.data.c_str(), train.count, test.count, launch.world(),
-                  o.train.replicas, example::where(f, threads).c_str());
+                  FUSEDP_VERSION_STRING, LeNet::param_count, o.data.c_str(), train.count, test.count,
+                  example::optimizer_text(f, "SGD", o.momentum).c_str(), launch.world(), o.train.replicas,
+                  example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::SoftmaxCrossEntropy{}, train_loader, test_loader, f, resumed, launch);
   });
   return 0;
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "folder with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")
       ->capture_default_str();
   example::add_training_flags(app, o.train);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
+  example::add_sgd_flags(app, o.train, o.momentum);
   return example::run_main("lenet_mnist", app, argc, argv, [&] {
     const example::Launch launch;
     const auto resumed = example::resume_state(app, o.train);

@@ -80,7 +80,7 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 4096}};
 
   example::with_trainer<Mlp>(launch, f, agree_on, [&](auto& trainer, int threads) {
-    fp::Adam opt{{.lr = f.lr}};
+    fp::Adam opt = example::adam_of(f);
     if (launch.root())
       std::printf("fusedp %s: MLP 2-64-64-64-1 (%zu parameters) fitting a %zux%zu image from %zu random points, "
                   "MSE + Adam, %d process(es) x %d replica(s), %s\n",
@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   o.train.epochs = 30;
   o.train.batch = 128;
   o.train.lr = 0.002f;
+  o.train.decay = "all";  // Adam's weight decay (0 by default) on every parameter, as PyTorch
   app.add_option("--samples", o.samples, "random training points per epoch")
       ->check(CLI::Range(std::size_t(1), std::size_t(1) << 26))
       ->capture_default_str();

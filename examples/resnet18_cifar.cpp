@@ -36,9 +36,6 @@ struct Options {
   std::string data;
   std::size_t synthetic = 0;
   float momentum = 0.9f;
-  float weight_decay = 5e-4f;
-  std::string decay = "weights";
-  bool nesterov = true;
   float label_smoothing = 0.0f;
   bool augment = true;
   example::TrainFlags train;
@@ -59,21 +56,15 @@ int run(const Options& o, const std::optional<fp::train::TrainingState>& resumed
   fd::DataLoader test_loader{test, launch.eval_sampler(test.count), {.batch = 500, .normalize = normalize}};
 
   example::with_trainer<ResNet18>(launch, f, agree_on, [&](auto& trainer, int threads) {
-    fp::Sgd opt{{.lr = f.lr,
-                 .momentum = o.momentum,
-                 .weight_decay = o.weight_decay,
-                 .nesterov = o.nesterov,
-                 .decay = o.decay == "all" ? fp::Decay::all : fp::Decay::weights}};
+    fp::Sgd opt = example::sgd_of(f, o.momentum);
     if (launch.root())
       std::printf("fusedp %s: ResNet-18 (%zu parameters, %zu running statistics) on %s, %zu train / %zu test "
-                  "images, %s, SGD%s lr %g (%s, %d warm-up steps) weight decay %g (on %s), %d process(es) x %d replica(s), "
-                  "%s\n",
+                  "images, %s, %s, %d process(es) x %d replica(s), %s\n",
                   FUSEDP_VERSION_STRING, ResNet18::param_count, running_statistics,
                   o.synthetic > 0 ? "synthetic data" : o.data.c_str(), train.count, test.count,
-                  o.augment ? "crop+flip augmentation" : "no augmentation", o.nesterov ? " (Nesterov)" : "",
-                  double(f.lr), f.schedule.c_str(), f.warmup, double(o.weight_decay),
-                  o.decay == "all" ? "every parameter" : "conv and linear weights", launch.world(),
-                  o.train.replicas, example::where(f, threads).c_str());
+                  o.augment ? "crop+flip augmentation" : "no augmentation",
+                  example::optimizer_text(f, "SGD", o.momentum).c_str(), launch.world(), o.train.replicas,
+                  example::where(f, threads).c_str());
     example::fit(trainer, opt, fp::SoftmaxCrossEntropy{.label_smoothing = o.label_smoothing}, train_loader,
                  test_loader, f, resumed, launch);
   });
@@ -88,20 +79,13 @@ int main(int argc, char** argv) {
   o.train.lr = 0.1f;
   o.train.schedule = "cosine";
   o.train.warmup = 100;
+  o.train.weight_decay = 5e-4f;
+  o.train.nesterov = true;
   app.add_option("--data", o.data, "folder with data_batch_1..5.bin and test_batch.bin (or cifar-10-batches-bin in it)");
   app.add_option("--synthetic", o.synthetic, "train on N random images instead (speed runs; no download)")
       ->check(CLI::Range(std::size_t(1), std::size_t(1) << 24));
   example::add_training_flags(app, o.train);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0f, 0.999999f))->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay (L2)")
-      ->check(CLI::Range(0.0f, 1.0f))
-      ->capture_default_str();
-  app.add_option("--decay", o.decay,
-                 "what the weight decay applies to: weights (conv and linear weights; not biases or BatchNorm) or "
-                 "all (every parameter, PyTorch's default)")
-      ->check(CLI::IsMember({"weights", "all"}))
-      ->capture_default_str();
-  app.add_flag("!--no-nesterov", o.nesterov, "plain momentum instead of Nesterov's");
+  example::add_sgd_flags(app, o.train, o.momentum);
   app.add_option("--label-smoothing", o.label_smoothing, "the cross-entropy's label smoothing")
       ->check(CLI::Range(0.0f, 1.0f))
       ->capture_default_str();

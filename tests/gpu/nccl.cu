@@ -9,11 +9,13 @@
 #include "gpu_test.hpp"
 
 #include <fusedp/parallel/parallel.hpp>
+#include <fusedp/train/parallel_checkpoint.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "../data/temp_dir.hpp"
 #include "../support/seed_networks.hpp"
 
 #if !FUSEDP_HAS_NCCL
@@ -227,6 +229,63 @@ void compress_reproduces_rounded_model(const char* what) {
   const Run got = train(dp, batch);
   for (int s = 0; s < steps; ++s) CHECK_MESSAGE(got.losses[std::size_t(s)] == want.losses[std::size_t(s)], "step " << s);
   CHECK(got.params == want.params);
+}
+
+TEST_CASE("Parallel on Cuda, world size 1: accumulate K sums the micro-batches' gradients in order, as on Host") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  constexpr std::size_t micro = 4;
+  fp::Model<LeNet, fp::CudaFp32> single{fp::seed(11), fp::CudaFp32{0}};
+  fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::AllReduce<Small, fp::Overlap>> dp{
+      fp::replicas(1), fp::seed(11), {.accumulate = int(micro)}};
+  CHECK(dp.accumulate() == micro);
+  std::vector<float> acc(LeNet::param_storage), g(LeNet::param_storage);
+  for (int s = 0; s < 5; ++s) {
+    const Batch b = batch_of(batch, std::uint64_t(s));
+    fp::Sgd o1 = sgd_options, o2 = sgd_options;
+    (void)dp.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, o2);
+    const auto pieces = fp::parallel::even_shards(batch, micro);
+    for (std::size_t k = 0; k < micro; ++k) {
+      const std::size_t in = LeNet::input_shape::size;
+      (void)single.compute_gradients(std::span<const float>(b.x).subspan(pieces[k].offset * in, pieces[k].count * in),
+                                     std::span<const std::int32_t>(b.y).subspan(pieces[k].offset, pieces[k].count),
+                                     fp::SoftmaxCrossEntropy{}, fp::NoStageHook{}, batch);
+      single.copy_grads_to_host(g);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = k == 0 ? g[i] : acc[i] + g[i];
+    }
+    fp::copy_async(single.grads().data(), acc.data(), acc.size(), single.space().stream());
+    single.space().synchronize();
+    single.step(o1);
+  }
+  CHECK(params_on_host(dp.model()) == params_on_host(single));
+}
+
+TEST_CASE("Parallel on Cuda, world size 1: a ZeRO-1 checkpoint resumes bit for bit, and in a Host model") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  using Zero = fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceScatter<Small, fp::Overlap>>;
+  const fp::Adam adam{{.lr = 0.01f}};
+  fusedp_test::TempDir dir;
+  const std::string ck = dir.file("zero");
+  Zero run{fp::replicas(1), fp::seed(17)};
+  const auto steps_of = [&](auto& t, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      const Batch b = batch_of(batch, std::uint64_t(s));
+      fp::Adam o = adam;
+      (void)t.train_step(std::span<const float>(b.x), std::span<const std::int32_t>(b.y), fp::SoftmaxCrossEntropy{}, o);
+    }
+  };
+  steps_of(run, 0, 3);
+  const std::vector<float> gathered = run.gather_optimizer_state();
+  REQUIRE(gathered.size() == 2 * LeNet::param_storage);
+  fp::train::save_checkpoint(ck, run, fp::train::TrainingState{});
+  steps_of(run, 3, 6);
+  Zero resumed{fp::replicas(1), fp::seed(17)};
+  (void)fp::train::load_checkpoint(ck, resumed, adam);
+  CHECK(resumed.gather_optimizer_state() == gathered);
+  steps_of(resumed, 3, 6);
+  CHECK(params_on_host(resumed.model()) == params_on_host(run.model()));
+  fp::Model<LeNet, fp::Host> host{fp::seed(17), fp::Host{1}};
+  (void)fp::train::load_checkpoint(ck, host, adam);
+  CHECK(std::vector<float>(host.optimizer_state().begin(), host.optimizer_state().end()) == gathered);
 }
 
 TEST_CASE("Parallel on Cuda, world size 1: Compress<bf16> equals the update with bfloat16-rounded gradients") {

@@ -59,7 +59,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   using policy = parallel::Policy<space_type, Policies...>;
   using value_type = float;
   using model_type = Model<Net, space_type, float>;
-  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  /// The bucket capacity in bytes: ParallelOptions::bucket_bytes, or the Bucket<bytes> policy's.
+  static constexpr std::size_t bucket_bytes(const ParallelOptions& o) noexcept {
+    return o.bucket_bytes > 0 ? o.bucket_bytes : policy::bucket_bytes;
+  }
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
   static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
@@ -92,7 +95,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     parallel::MpiCommunicator& comm = *processes_.mpi();
     parallel::detail::check_same_run(
         {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
-         world_, options.agree_on, std::uint64_t(options.accumulate)},
+         world_, options.agree_on, std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes)},
         world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather_or_abort(mine, all, n, options_.timeout, "Parallel start-up check");
         });
@@ -245,8 +248,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       const std::size_t micro = std::size_t(options_.accumulate);
       if (micro > 1 && rep.acc.size() == 0) rep.acc = DeviceBuffer<float>(Net::param_storage);
       cudaStream_t stream = rep.model.space().stream();
-      losses[r] = parallel::detail::accumulate_gradients<plan>(
-          rep.model, rep.acc.data(), micro, inputs.subspan(s.offset * in, s.count * in),
+      losses[r] = parallel::detail::accumulate_gradients(
+          rep.model, rep.reducer.plan(), rep.acc.data(), micro, inputs.subspan(s.offset * in, s.count * in),
           parallel::detail::targets_of(targets, batch, s), loss, normalizer, sync,
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, true); },
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, false); },
@@ -281,7 +284,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   [[nodiscard]] std::size_t agree_steps(std::size_t local) const { return processes_.min(local); }
 
  private:
-  using Reducer = parallel::BucketReducer<policy, plan>;
+  using Reducer = parallel::BucketReducer<policy>;
 
   struct Replica {
     model_type model;
@@ -337,6 +340,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 #endif
 
   void init() {
+    for (auto& rep : replicas_) rep.reducer = Reducer(parallel::bucket_plan<Net>(bucket_bytes(options_), sizeof(float)));
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     if (weighted) weights_.assign(world_, 1.0);
     broadcast_parameters();

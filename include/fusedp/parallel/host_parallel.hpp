@@ -53,7 +53,10 @@ class Parallel<Net, Host, Policies...> {
   using policy = parallel::Policy<Host, Policies...>;
   using value_type = float;
   using model_type = Model<Net, Host, float>;
-  using plan = parallel::BucketPlan<Net, policy::bucket_bytes, sizeof(float)>;
+  /// The bucket capacity in bytes: ParallelOptions::bucket_bytes, or the Bucket<bytes> policy's.
+  static constexpr std::size_t bucket_bytes(const ParallelOptions& o) noexcept {
+    return o.bucket_bytes > 0 ? o.bucket_bytes : policy::bucket_bytes;
+  }
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
   static constexpr parallel::detail::ReduceKind reduce_kind = policy::reduce_kind;
@@ -90,7 +93,8 @@ class Parallel<Net, Host, Policies...> {
     parallel::MpiCommunicator& comm = *processes_.mpi();
     // First: the only collective that cannot hang on a missing rank.
     parallel::detail::check_same_run({Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()),
-                                      options.agree_on, std::uint64_t(options.accumulate)},
+                                      options.agree_on, std::uint64_t(options.accumulate),
+                                      std::uint64_t(options.bucket_bytes)},
                                      std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all,
                                                                     std::size_t n) {
                                        comm.all_gather(mine, all, n, "Parallel start-up check");
@@ -234,7 +238,7 @@ class Parallel<Net, Host, Policies...> {
 #else
   using Channels = std::variant<InProcessChannels>;
 #endif
-  using Reducer = parallel::BucketReducer<policy, plan>;
+  using Reducer = parallel::BucketReducer<policy>;
   template <class Opt>
   static constexpr bool guarded = requires { typename Opt::on_nonfinite; };
 
@@ -255,7 +259,7 @@ class Parallel<Net, Host, Policies...> {
 
   void init(std::size_t world) {
     world_ = world;
-    reducers_.resize(models_.size());
+    reducers_.assign(models_.size(), Reducer(parallel::bucket_plan<Net>(bucket_bytes(options_), sizeof(float))));
     acc_.resize(models_.size());
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     zero_state_.resize(models_.size());
@@ -316,8 +320,8 @@ class Parallel<Net, Host, Policies...> {
     const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? channel.replica_sum() : ReplicaSum{};
     const std::size_t micro = std::size_t(options_.accumulate);
     if (micro > 1 && acc_[r].size() == 0) acc_[r] = HostBuffer<float>(Net::param_storage);
-    const float l = parallel::detail::accumulate_gradients<plan>(
-        m, acc_[r].data(), micro, inputs, targets, loss, normalizer, sync,
+    const float l = parallel::detail::accumulate_gradients(
+        m, reducer.plan(), acc_[r].data(), micro, inputs, targets, loss, normalizer, sync,
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, true); },
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, false); },
         [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); });

@@ -51,6 +51,9 @@ struct ParallelOptions {
   /// micro-batch. Every rank must give the same value (checked at start-up). See
   /// parallel/detail/accumulate.hpp.
   int accumulate = 1;
+  /// The capacity of a gradient bucket in bytes, instead of the Bucket<bytes> policy's (0: the
+  /// policy's). Every rank must give the same value (checked at start-up).
+  std::size_t bucket_bytes = 0;
 };
 
 /// Loss and accuracy summed over every rank's evaluation samples.

@@ -1,6 +1,6 @@
 #pragma once
-// BucketReducer<Policy, Plan>: the one place where the reduce policy becomes collectives. Each replica
-// holds one; it walks the compile-time bucket plan as backward completes stages (Overlap: a bucket is
+// BucketReducer<Policy>: the one place where the reduce policy becomes collectives. Each replica holds
+// one; it walks the bucket plan (parallel/bucket_plan.hpp) as backward completes stages (Overlap: a bucket is
 // reduced, or queued, as soon as backward has finished it) and reduces what is left after backward, over
 // any GradientChannel: replicas of this process, MPI ranks, NCCL devices. Per bucket:
 //   Deterministic     all-gather every replica's values, sum in rank order (kernels/rank_order_sum.hpp):
@@ -16,30 +16,36 @@
 #include "fusedp/parallel/policy.hpp"
 #include "fusedp/parallel/shards.hpp"
 
-#include <array>
+#include <algorithm>
 #include <cstddef>
+#include <utility>
+#include <vector>
 
 namespace fusedp::parallel {
 
 /// Reduces one replica's flat gradient as the policy says, bucket by bucket.
 /// @tparam Policy a parallel::Policy<...>
-/// @tparam Plan the BucketPlan of the network
-template <class Policy, class Plan>
+template <class Policy>
 class BucketReducer {
  public:
+  BucketReducer() = default;
+  /// Reduces the buckets of `plan` (bucket_plan or BucketPlan::buckets).
+  explicit BucketReducer(std::vector<GradientBucket> plan) : plan_(std::move(plan)), done_(plan_.size(), 0) {}
+  [[nodiscard]] const std::vector<GradientBucket>& plan() const noexcept { return plan_; }
+
   /// ZeRO-1 with a plain sum: one reduce-scatter after backward instead of the buckets.
   static constexpr bool whole_reduce_scatter =
       Policy::reduce_kind == detail::ReduceKind::reduce_scatter && !Policy::deterministic && !Policy::compress;
 
   /// Before backward starts: no bucket is reduced yet.
-  void begin() noexcept { done_.fill(false); }
+  void begin() noexcept { std::fill(done_.begin(), done_.end(), char(0)); }
 
   /// Backward has finished (Cuda: queued) stage `stage`: with Overlap, the buckets it completes are reduced.
   template <GradientChannel C>
   void stage_done(C& channel, float* grads, std::size_t stage) {
     if constexpr (Policy::overlap && !whole_reduce_scatter) {
-      for (std::size_t b = 0; b < Plan::count; ++b)
-        if (Plan::buckets[b].ready_after == stage && !done_[b]) reduce(channel, grads, b, true);
+      for (std::size_t b = 0; b < plan_.size(); ++b)
+        if (plan_[b].ready_after == stage && !done_[b]) reduce(channel, grads, b, true);
     }
   }
 
@@ -50,7 +56,7 @@ class BucketReducer {
       channel.before_reduction();
       channel.reduce_scatter_sum(grads, zero);
     } else {
-      for (std::size_t b = 0; b < Plan::count; ++b)
+      for (std::size_t b = 0; b < plan_.size(); ++b)
         if (!done_[b]) reduce(channel, grads, b, false);
     }
     channel.finish_started();
@@ -59,8 +65,8 @@ class BucketReducer {
  private:
   template <GradientChannel C>
   void reduce(C& channel, float* grads, std::size_t b, bool may_start) {
-    float* g = grads + Plan::buckets[b].begin;
-    const std::size_t n = Plan::buckets[b].end - Plan::buckets[b].begin;
+    float* g = grads + plan_[b].begin;
+    const std::size_t n = plan_[b].end - plan_[b].begin;
     channel.before_reduction();
     if constexpr (Policy::deterministic) {
       float* all = channel.gathered(n * std::size_t(channel.size()));
@@ -78,10 +84,11 @@ class BucketReducer {
     } else {
       channel.all_reduce_sum(g, n);
     }
-    done_[b] = true;
+    done_[b] = 1;
   }
 
-  std::array<bool, Plan::count> done_{};
+  std::vector<GradientBucket> plan_;
+  std::vector<char> done_;  // per bucket: reduced (or queued) in this step
 };
 
 }  // namespace fusedp::parallel

@@ -14,6 +14,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/net/model.hpp"
+#include "fusedp/parallel/bucket_plan.hpp"
 #include "fusedp/parallel/options.hpp"
 #include "fusedp/parallel/shards.hpp"
 
@@ -45,9 +46,10 @@ namespace fusedp::parallel::detail {
 /// Gradients of one replica's shard over its micro-batches, summed into the model's gradient buffer
 /// (see the comment above). `add(src, dst, n)` adds n values on the model's space (dst += src);
 /// `copy(src, dst, n)` copies them; `acc` holds Net::param_storage values of the model's space. Each
-/// bucket of Plan reaches `stage_done` complete. Returns the shard's mean loss.
-template <class Plan, class Model, class Target, class Loss, class Add, class Copy, class StageDone>
-float accumulate_gradients(Model& m, float* acc, std::size_t micro, std::span<const float> inputs,
+/// bucket of `plan` reaches `stage_done` complete. Returns the shard's mean loss.
+template <class Model, class Target, class Loss, class Add, class Copy, class StageDone>
+float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float* acc, std::size_t micro,
+                           std::span<const float> inputs,
                            std::span<const Target> targets, const Loss& loss, std::size_t normalizer,
                            ReplicaSum sync, Add&& add, Copy&& copy, StageDone&& stage_done) {
   const std::size_t in = Model::input_size;
@@ -70,7 +72,7 @@ float accumulate_gradients(Model& m, float* acc, std::size_t micro, std::span<co
       l = m.compute_gradients(
           x, y, loss,
           [&](std::size_t stage) {
-            for (const auto& b : Plan::buckets)
+            for (const GradientBucket& b : plan)
               if (b.ready_after == stage) add(acc + b.begin, g + b.begin, b.end - b.begin);
             stage_done(stage);
           },

@@ -22,22 +22,25 @@ struct RunIdentity {
   std::uint64_t world;           // world size as this rank sees it
   std::uint64_t agree_on;        // ParallelOptions::agree_on
   std::uint64_t accumulate = 1;  // ParallelOptions::accumulate
+  std::uint64_t bucket_bytes = 0;  // ParallelOptions::bucket_bytes
 };
 
 /// Gathers every rank's identity with `gather(mine, all, n)` (a collective over `world` ranks that
 /// cannot hang: it times out) and throws InvalidArgument on every rank when any differs from rank 0's.
 template <class Gather>
 void check_same_run(const RunIdentity& id, std::size_t world, Gather&& gather) {
-  const std::array<std::uint64_t, 8> mine{0x66757365647031ull /* "fusedp1" */,
+  const std::array<std::uint64_t, 9> mine{0x66757365647031ull /* "fusedp1" */,
                                           FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
                                           id.fingerprint,
                                           id.param_count,
                                           id.policy,
                                           id.world,
                                           id.agree_on,
-                                          id.accumulate};
+                                          id.accumulate,
+                                          id.bucket_bytes};
   static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
-                                         "policy hash", "world size",      "agree_on value",      "accumulate count"};
+                                         "policy hash", "world size",      "agree_on value",      "accumulate count",
+                                         "bucket bytes"};
   std::vector<std::uint64_t> all(mine.size() * world);
   gather(mine.data(), all.data(), mine.size());
   std::ostringstream diff;
