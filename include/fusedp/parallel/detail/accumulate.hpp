@@ -20,7 +20,6 @@
 
 #include <cstddef>
 #include <span>
-#include <vector>
 
 namespace fusedp::parallel::detail {
 
@@ -30,17 +29,25 @@ namespace fusedp::parallel::detail {
   return o;
 }
 
-/// The micro-batches of a shard of `count` samples: `micro` even pieces, or one per sample when the
-/// shard has fewer samples than that. SyncBatchNorm sums statistics over the replicas inside every
+/// How many micro-batches a shard of `count` samples runs: `micro`, or one per sample when the shard
+/// has fewer samples than that. SyncBatchNorm sums statistics over the replicas inside every
 /// micro-batch, so there every shard must have at least `micro` samples (every replica then runs the
 /// same number of micro-batches).
-[[nodiscard]] inline std::vector<Shard> micro_batches(std::size_t count, std::size_t micro, bool synchronized) {
+[[nodiscard]] inline std::size_t micro_batch_count(std::size_t count, std::size_t micro, bool synchronized) {
   require(micro >= 1, "Parallel: accumulate must be >= 1, got ", micro);
+  require(count >= 1, "Parallel: a replica's shard holds no sample");
   if (synchronized)
     require(count >= micro, "Parallel: accumulate ", micro, " with batch_norm::Sync needs at least ", micro,
             " samples in every replica's shard, this one has ", count,
             " (every replica must run as many micro-batches)");
-  return even_shards(count, count < micro ? count : micro);
+  return count < micro ? count : micro;
+}
+
+/// Micro-batch k of `pieces` over `count` samples, as even_shards(count, pieces)[k] (the first
+/// count % pieces take one more), without building the list inside a step.
+[[nodiscard]] constexpr Shard micro_batch(std::size_t count, std::size_t pieces, std::size_t k) noexcept {
+  const std::size_t base = count / pieces, extra = count % pieces;
+  return {k * base + (k < extra ? k : extra), base + (k < extra ? 1 : 0)};
 }
 
 /// Gradients of one replica's shard over its micro-batches, summed into the model's gradient buffer
@@ -55,15 +62,15 @@ float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float
   const std::size_t in = Model::input_size;
   const std::size_t count = inputs.size() / in;
   if (micro <= 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync);
-  const std::vector<Shard> pieces = micro_batches(count, micro, bool(sync));
+  const std::size_t pieces = micro_batch_count(count, micro, bool(sync));
   const std::size_t per_sample = targets.size() / count;
   double loss_sum = 0;
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    const Shard& p = pieces[k];
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const Shard p = micro_batch(count, pieces, k);
     const std::span<const float> x = inputs.subspan(p.offset * in, p.count * in);
     const std::span<const Target> y = targets.subspan(p.offset * per_sample, p.count * per_sample);
     float l = 0;
-    if (k + 1 < pieces.size()) {
+    if (k + 1 < pieces) {
       l = m.compute_gradients(x, y, loss, NoStageHook{}, normalizer, sync);
       if (k == 0) copy(m.grads().data(), acc, Model::network::param_storage);
       else add(m.grads().data(), acc, Model::network::param_storage);
