@@ -643,6 +643,16 @@ double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
 }
 
 /// Achieved model FLOP/s and their share of the peak, for the epoch lines.
+/// `n` with a comma between groups of three digits: 19,200.
+inline std::string thousands(std::uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 inline std::string utilization(double flops, double seconds, double peak) {
   char text[96];
   const double rate = seconds > 0 ? flops / seconds : 0.0;
@@ -728,7 +738,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   const bool root = launch.root();
   const std::size_t dataset_size = train.dataset().count;
   std::uint64_t first_epoch = 1;
-  std::size_t first_batch = 0;
+  fd::EpochPosition first_position;  // where the first epoch starts: the rest of a resumed one
+  std::uint64_t first_steps = 0;     // steps of that epoch trained before the resume
   double resumed_loss_sum = 0;
   std::size_t resumed_seen = 0;
   if (resumed) {
@@ -741,25 +752,21 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
         throw fp::DataError(f.resume, "was trained on " + std::to_string(s.dataset_size) +
                                           " samples; this run has " + std::to_string(dataset_size) +
                                           " (another dataset?)");
-      if (s.world_size != std::uint64_t(launch.world()) && s.batches_done != 0)
-        throw fp::DataError(f.resume, "stopped inside an epoch with " + std::to_string(s.world_size) +
-                                          " process(es); this run has " + std::to_string(launch.world()) +
-                                          " (each rank's share of the rest of the epoch depends on it): resume "
-                                          "it with as many, or resume from a checkpoint saved at the end of an epoch");
-      if (s.batch_size != std::uint64_t(step_batch(f)) && s.batches_done != 0)
-        throw fp::DataError(f.resume, "stopped inside an epoch with " + std::to_string(s.batch_size) +
-                                          " samples per step (--batch x --accumulate); resume it with as many");
     });
     if (root && s.batch_size != std::uint64_t(step_batch(f)))
       std::printf("note: the checkpoint was trained with %llu samples per step; continuing with %zu\n",
                   static_cast<unsigned long long>(s.batch_size), step_batch(f));
+    // The position is in samples of the epoch's global order, so the rest of the epoch can be shared
+    // among any number of processes: each remaining sample is visited once (data/sampler.hpp).
     if (root && s.world_size != std::uint64_t(launch.world()))
-      std::printf("resumed at %d process(es) from a %llu-process checkpoint: epoch %llu, sample 0 of %zu\n",
+      std::printf("resumed at %d process(es) from a %llu-process checkpoint: epoch %llu, sample %s of %s\n",
                   launch.world(), static_cast<unsigned long long>(s.world_size),
-                  static_cast<unsigned long long>(s.epochs_done + 1), dataset_size);
+                  static_cast<unsigned long long>(s.epochs_done + 1), thousands(s.samples_done).c_str(),
+                  thousands(dataset_size).c_str());
     first_epoch = s.epochs_done + 1;
-    first_batch = std::size_t(s.batches_done);
-    if (first_batch > 0) {  // the epoch's loss so far, to report the whole epoch's
+    first_position = {std::size_t(s.samples_done)};
+    first_steps = s.batches_done;
+    if (first_position.samples > 0) {  // the epoch's loss so far, to report the whole epoch's
       const auto sum = s.extra.find("epoch_loss_sum");
       const auto count = s.extra.find("epoch_samples");
       if (sum != s.extra.end() && count != s.extra.end()) {
@@ -770,9 +777,10 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     if (root)
       std::printf("resumed from %s: %llu epochs and %llu steps done%s\n", f.resume.c_str(),
                   static_cast<unsigned long long>(s.epochs_done), static_cast<unsigned long long>(s.steps),
-                  first_batch > 0 ? (" (epoch " + std::to_string(first_epoch) + " goes on after its batch " +
-                                     std::to_string(first_batch) + ")").c_str()
-                                  : "");
+                  first_position.samples > 0
+                      ? (" (epoch " + std::to_string(first_epoch) + " goes on at sample " +
+                         thousands(first_position.samples) + " of " + thousands(dataset_size) + ")").c_str()
+                      : "");
     if (first_epoch > std::uint64_t(f.epochs)) {
       if (root)
         std::printf("nothing to do: the checkpoint holds %llu epochs and --epochs is %d\n",
@@ -817,17 +825,20 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   fp::Guarded<Opt, fp::nonfinite::Skip> guarded{opt, {.max_norm = f.clip_grad_norm}};
   const bool stop_on_nonfinite = f.on_nonfinite == "stop";
   const StopSignals signals;
-  // A checkpoint of the run after `epochs_done` epochs and `batches_done` steps of the next, with
-  // that epoch's loss so far (a collective for a Parallel: every rank calls it; rank 0 writes).
-  const auto save = [&](std::uint64_t epochs_done, std::uint64_t batches_done, double loss_sum, std::size_t seen) {
+  // A checkpoint of the run after `epochs_done` epochs and `batches_done` steps of the next, which
+  // reached `at` in its order, with that epoch's loss so far (a collective for a Parallel: every rank
+  // calls it; rank 0 writes).
+  const auto save = [&](std::uint64_t epochs_done, std::uint64_t batches_done, fd::EpochPosition at,
+                        double loss_sum, std::size_t seen) {
     ft::TrainingState s;
     s.epochs_done = epochs_done;
     s.batches_done = batches_done;
+    s.samples_done = at.samples;
     s.data_seed = f.seed;
     s.dataset_size = dataset_size;
     s.batch_size = std::uint64_t(step_batch(f));
     s.world_size = std::uint64_t(launch.world());
-    if (batches_done > 0) {
+    if (at.samples > 0) {
       char hex[64];
       std::snprintf(hex, sizeof hex, "%a", loss_sum);  // exact, so a resumed epoch reports the same loss
       s.extra["epoch_loss_sum"] = hex;
@@ -836,13 +847,15 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, trainer, s); });
   };
   for (std::uint64_t epoch = first_epoch; epoch <= std::uint64_t(f.epochs); ++epoch) {
-    const std::size_t first = epoch == first_epoch ? first_batch : 0;
-    train.set_epoch(epoch, first);
+    const bool resuming = epoch == first_epoch && first_position.samples > 0;
+    train.set_epoch(epoch, resuming ? first_position : fd::EpochPosition{});
+    const std::uint64_t steps_before = resuming ? first_steps : 0;  // of this epoch, before the resume
     progress.start_epoch(std::size_t(epoch), std::size_t(f.epochs), train.batches());
     const auto start = std::chrono::steady_clock::now();
-    // The loss over the epoch's steps (those before a resume included), and the samples this run trained.
-    double loss_sum = first > 0 ? resumed_loss_sum : 0.0;
-    std::size_t loss_seen = first > 0 ? resumed_seen : 0;
+    // The loss over the epoch's steps (those before a resume included) weighted by the samples of
+    // each step on all ranks, and the samples this run trained on this rank.
+    double loss_sum = resuming ? resumed_loss_sum : 0.0;
+    std::size_t loss_seen = resuming ? resumed_seen : 0;
     std::size_t seen = 0;
     std::uint64_t skipped = 0;
     while (auto b = train.next()) {
@@ -867,8 +880,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
       if (was_skipped || !std::isfinite(l)) {
         skipped += was_skipped ? 1 : 0;
       } else {
-        loss_sum += double(l) * double(n);
-        loss_seen += n;
+        loss_sum += double(l) * double(n) * world;  // every rank trained n samples (the samplers pad)
+        loss_seen += n * std::size_t(world);
       }
       seen += n;
       if (root) progress.update(b->index + 1, loss_seen > 0 ? loss_sum / double(loss_seen) : 0.0,
@@ -877,15 +890,15 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
       bool stop = signals.received() != 0;
       if constexpr (requires { trainer.all_ranks(true); }) stop = !trainer.all_ranks(!stop);
       if (stop) {
-        const std::uint64_t done = b->index + 1;
-        if (!f.checkpoint.empty()) save(epoch - 1, done, loss_sum, loss_seen);
+        const fd::EpochPosition at = train.position();
+        if (!f.checkpoint.empty()) save(epoch - 1, steps_before + b->index + 1, at, loss_sum, loss_seen);
         if (root) {
           progress.finish("");
-          std::printf("stopped by %s after step %llu (epoch %llu, batch %llu of %zu)%s\n",
+          std::printf("stopped by %s after step %llu (epoch %llu, sample %s of %s)%s\n",
                       signals.received() == SIGUSR1 ? "SIGUSR1" : signals.received() == SIGTERM ? "SIGTERM"
                                                                                                 : "a signal to a rank",
                       static_cast<unsigned long long>(model.steps()), static_cast<unsigned long long>(epoch),
-                      static_cast<unsigned long long>(done), train.batches(),
+                      thousands(at.samples).c_str(), thousands(dataset_size).c_str(),
                       f.checkpoint.empty() ? "; nothing saved (no --checkpoint)"
                                            : ("; saved to " + f.checkpoint + ", continue with --resume " + f.checkpoint)
                                                  .c_str());
@@ -940,7 +953,7 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
                      {"mfu", peak > 0 ? flops / seconds / peak : 0.0},
                      {"skipped_steps", static_cast<long long>(skipped)},
                      {"seconds", seconds}});
-    if (!f.checkpoint.empty()) save(epoch, 0, 0.0, 0);
+    if (!f.checkpoint.empty()) save(epoch, 0, {}, 0.0, 0);
   }
   if (root && total_seconds > 0) {
     const auto epochs = static_cast<unsigned long long>(std::uint64_t(f.epochs) - first_epoch + 1);

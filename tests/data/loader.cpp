@@ -53,10 +53,10 @@ struct Epoch {
   bool operator==(const Epoch&) const = default;
 };
 
-Epoch run_epoch(DataLoader& loader, std::uint64_t epoch, std::size_t first = 0, bool jitter = false) {
-  loader.set_epoch(epoch, first);
+Epoch run_epoch(DataLoader& loader, std::uint64_t epoch, fd::EpochPosition start = {}, bool jitter = false) {
+  loader.set_epoch(epoch, start);
   Epoch e;
-  std::size_t expect = first;
+  std::size_t expect = 0;
   while (auto b = loader.next()) {
     REQUIRE(b->index == expect++);
     e.images.emplace_back(b->images.begin(), b->images.end());
@@ -179,7 +179,7 @@ TEST_CASE("the same seed gives the same batches, with prefetch on or off, whatev
   for (std::size_t prefetch : {1u, 2u, 5u}) {
     CAPTURE(prefetch);
     auto p = make(prefetch, 11);
-    CHECK(run_epoch(*p, 1, 0, true) == e1);
+    CHECK(run_epoch(*p, 1, {}, true) == e1);
     CHECK(run_epoch(*p, 2) == e2);
     CHECK(run_epoch(*p, 1) == e1);  // epochs can be revisited
   }
@@ -187,11 +187,12 @@ TEST_CASE("the same seed gives the same batches, with prefetch on or off, whatev
   CHECK(run_epoch(*other, 1) != e1);
 }
 
-TEST_CASE("set_epoch at a batch continues where a checkpoint left off; abandoning an epoch is safe") {
+TEST_CASE("set_epoch at a position continues where a checkpoint left off; abandoning an epoch is safe") {
   const Dataset d = images(30);
   DataLoader loader{d, {.batch = 4, .prefetch = 2, .augment = {.flip = true}, .seed = 1}, {.seed = 2}};
   const Epoch full = run_epoch(loader, 3);
-  const Epoch tail = run_epoch(loader, 3, 5);
+  CHECK(loader.position() == fd::EpochPosition{30});  // the end of the epoch: its last batch of 2 included
+  const Epoch tail = run_epoch(loader, 3, {20});  // after 5 batches of 4
   REQUIRE(tail.indices.size() == full.indices.size() - 5);
   CHECK(std::equal(tail.images.begin(), tail.images.end(), full.images.begin() + 5));
   CHECK(std::equal(tail.indices.begin(), tail.indices.end(), full.indices.begin() + 5));
@@ -199,7 +200,8 @@ TEST_CASE("set_epoch at a batch continues where a checkpoint left off; abandonin
   loader.set_epoch(4);
   (void)loader.next();
   (void)loader.next();
-  CHECK(loader.position() == 2);
+  CHECK(loader.batches_given() == 2);
+  CHECK(loader.position() == fd::EpochPosition{8});
   CHECK(run_epoch(loader, 3) == full);
   // at the end of an epoch next() keeps returning nothing
   CHECK_FALSE(loader.next().has_value());
@@ -265,7 +267,8 @@ TEST_CASE("bad loader arguments are InvalidArgument") {
   CHECK_THROWS_WITH_AS(DataLoader(d, {.normalize = {{0.5f}, {0.0f}}}), doctest::Contains("stddev[0] must be"),
                        fusedp::InvalidArgument);
   DataLoader ok{d, {.batch = 4}};
-  CHECK_THROWS_AS(ok.set_epoch(0, 4), fusedp::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ok.set_epoch(0, {11}), doctest::Contains("a start at sample 11 of an epoch of 10"),
+                       fusedp::InvalidArgument);
   Dataset broken = d;
   broken.labels[3] = 10;
   CHECK_THROWS_WITH_AS(DataLoader(broken, {}), doctest::Contains("label of sample 3 is 10"), fusedp::DataError);

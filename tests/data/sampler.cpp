@@ -165,6 +165,88 @@ TEST_CASE("every rank can compute every rank's count, to agree on a step count")
   CHECK(s.size() == 10);
 }
 
+// Elastic resume: n samples, N ranks take k steps of b samples each, then M ranks go on from the
+// position those steps reached. Returns (visited before, visited after) as multisets.
+struct Split {
+  std::multiset<std::size_t> before, after;
+  std::vector<std::vector<std::size_t>> after_shards;
+};
+Split resume_split(std::size_t n, std::size_t N, std::size_t M, std::size_t k, std::size_t b, SamplerOptions o,
+                   std::uint64_t epoch) {
+  Split out;
+  for (std::size_t r = 0; r < N; ++r) {
+    DistributedSampler s{n, N, r, o};
+    s.set_epoch(epoch);
+    REQUIRE(k * b <= s.num_samples());
+    out.before.insert(s.indices().begin(), s.indices().begin() + std::ptrdiff_t(k * b));
+  }
+  const std::size_t position = k * b * N;
+  for (std::size_t r = 0; r < M; ++r) {
+    DistributedSampler s{n, M, r, o};
+    s.set_epoch(epoch, {position});
+    CHECK(s.start().samples == position);
+    CHECK(s.num_samples() == s.num_samples_of(r));
+    out.after.insert(s.indices().begin(), s.indices().end());
+    out.after_shards.emplace_back(s.indices().begin(), s.indices().end());
+  }
+  return out;
+}
+
+TEST_CASE("resumed inside an epoch at another world size, each remaining sample is visited exactly once") {
+  for (std::size_t n : {23u, 30u, 64u})
+    for (std::size_t N : {1u, 2u, 3u})
+      for (std::size_t M : {1u, 2u, 3u, 4u}) {
+        CAPTURE(n);
+        CAPTURE(N);
+        CAPTURE(M);
+        const std::size_t b = 2, k = (n / N) / (2 * b);  // about a quarter of the epoch
+        const SamplerOptions o{.seed = 5};
+        const Split s = resume_split(n, N, M, k, b, o, 3);
+        // the steps before the resume visited a prefix of the epoch's order: no sample twice
+        CHECK(std::set<std::size_t>(s.before.begin(), s.before.end()).size() == s.before.size());
+        // after it, every sample not visited before comes exactly once ...
+        for (std::size_t i = 0; i < n; ++i)
+          if (s.before.count(i) == 0) REQUIRE(s.after.count(i) == 1);
+        // ... every rank has the same count, and the padding to it repeats samples visited before,
+        // fewer than M of them (as the padding of a whole epoch repeats its head)
+        std::size_t padding = 0;
+        for (std::size_t i : std::set<std::size_t>(s.after.begin(), s.after.end()))
+          if (s.before.count(i) != 0) padding += s.after.count(i);
+        CHECK(padding < M);
+        CHECK(s.after.size() == (n - k * b * N) + padding);
+        for (const auto& shard : s.after_shards) CHECK(shard.size() == s.after_shards[0].size());
+        if (M == N) {  // the same world: each rank goes on with exactly its own list
+          for (std::size_t r = 0; r < N; ++r) {
+            DistributedSampler whole{n, N, r, o};
+            whole.set_epoch(3);
+            CHECK(std::equal(s.after_shards[r].begin(), s.after_shards[r].end(),
+                             whole.indices().begin() + std::ptrdiff_t(k * b), whole.indices().end()));
+            CHECK(s.after_shards[r].size() == whole.num_samples() - k * b);
+          }
+        }
+      }
+}
+
+TEST_CASE("drop_last and evaluation counts from a start; the end of the epoch leaves nothing") {
+  DistributedSampler drop{30, 4, 1, {.drop_last = true}};
+  drop.set_epoch(1, {8});  // 22 left: 5 per rank, 2 dropped
+  CHECK(drop.num_samples() == 5);
+  CHECK(drop.total_size() == 20);
+  DistributedSampler eval{30, 4, 3, {.evaluation = true}};
+  eval.set_epoch(0, {8});  // 22 left: 6, 6, 5, 5
+  CHECK(eval.num_samples() == 5);
+  CHECK(eval.num_samples_of(0) == 6);
+  CHECK(eval.total_size() == 22);
+  DistributedSampler done{30, 3, 2};
+  done.set_epoch(2, {30});
+  CHECK(done.num_samples() == 0);
+  CHECK(done.indices().empty());
+  done.set_epoch(2);  // back to a whole epoch
+  CHECK(done.num_samples() == 10);
+  CHECK_THROWS_WITH_AS(done.set_epoch(2, {31}), doctest::Contains("a start at sample 31 of an epoch of 30"),
+                       InvalidArgument);
+}
+
 TEST_CASE("bad arguments are InvalidArgument with a message") {
   CHECK_THROWS_WITH_AS(DistributedSampler(0, 1, 0), doctest::Contains("empty"), InvalidArgument);
   CHECK_THROWS_WITH_AS(DistributedSampler(10, 0, 0), doctest::Contains("world size must be >= 1"), InvalidArgument);

@@ -64,7 +64,7 @@ struct Snapshot {
 
 // Every field but the version, which a save stamps with this fusedp's (a file without one loads).
 bool same_state(const ft::TrainingState& a, const ft::TrainingState& b) {
-  return a.epochs_done == b.epochs_done && a.batches_done == b.batches_done && a.data_seed == b.data_seed &&
+  return a.epochs_done == b.epochs_done && a.batches_done == b.batches_done && a.samples_done == b.samples_done && a.data_seed == b.data_seed &&
          a.dataset_size == b.dataset_size && a.batch_size == b.batch_size && a.world_size == b.world_size &&
          a.extra == b.extra && a.model_seed == b.model_seed && a.steps == b.steps &&
          a.optimizer_steps == b.optimizer_steps && a.optimizer == b.optimizer && a.fingerprint == b.fingerprint;

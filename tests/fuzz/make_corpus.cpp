@@ -130,6 +130,7 @@ ft::TrainingState state() {
   ft::TrainingState s;
   s.epochs_done = 2;
   s.batches_done = 1;
+  s.samples_done = 2;
   s.data_seed = 7;
   s.dataset_size = 100;
   s.batch_size = 2;

@@ -63,7 +63,7 @@ TEST_CASE("DeviceLoader delivers the host loader's batches, bit for bit, every e
                           space};
   CHECK(device.batches() == host.batches());
   for (std::uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    const std::size_t first = epoch == 2 ? 3 : 0;
+    const fd::EpochPosition first{epoch == 2 ? std::size_t(3 * 16 * 2) : 0};  // after 3 batches of 16 on 2 ranks
     host.set_epoch(epoch, first);
     device.set_epoch(epoch, first);
     std::size_t count = 0;
@@ -82,7 +82,8 @@ TEST_CASE("DeviceLoader delivers the host loader's batches, bit for bit, every e
       ++count;
     }
     CHECK_FALSE(device.next().has_value());
-    CHECK(count == host.batches() - first);
+    CHECK(count == host.batches());  // the rest of the epoch after `first`
+    CHECK(device.position() == fd::EpochPosition{data.count});
   }
 }
 

@@ -19,13 +19,9 @@ launcher="$*"  # empty: one process
 
 flags="--epochs 6 --samples 65536 --side 16 --batch 64 --lr 0.002 --threads 1 --seed 5"
 
-fail() {
-  echo "restart.sh: FAILED: $*" >&2
-  exit 1
-}
-
-rm -rf "$work" && mkdir -p "$work" || fail "cannot make $work"
-cd "$work" || fail "cannot enter $work"
+name=restart.sh
+. "$(dirname "$0")/lib.sh"
+enter_work "$work"
 
 # $1: output file; the rest: extra flags. Runs in the foreground.
 run() {
@@ -39,14 +35,9 @@ run() {
 victim() {
   if [ -z "$launcher" ]; then
     echo "$1"
-    return
+  else
+    rank_pid "$1" 0
   fi
-  for child in $(ps -o pid= --ppid "$1"); do
-    if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then
-      echo "$child"
-      return
-    fi
-  done
 }
 
 # $1: output file; $2: metrics lines to wait for; $3: seconds to wait after them; the rest: extra
@@ -59,13 +50,7 @@ run_and_kill() {
   # shellcheck disable=SC2086
   $launcher "$program" $flags "$@" > "$out" 2>&1 &
   pid=$!
-  tries=0
-  while [ "$(cat metrics.jsonl 2>/dev/null | wc -l)" -lt "$lines" ]; do
-    kill -0 "$pid" 2>/dev/null || fail "the run ended before epoch $lines was written (see $work/$out)"
-    tries=$((tries + 1))
-    [ "$tries" -lt 6000 ] || fail "no metrics for epoch $lines after 60 s (see $work/$out)"
-    sleep 0.01
-  done
+  wait_for_metrics "$pid" "$lines" "$out"
   sleep "$delay"
   target=$(victim "$pid")
   [ -n "$target" ] || fail "found no process to kill under $pid"
@@ -91,17 +76,6 @@ run_and_kill second.txt 3 0.1 --checkpoint checkpoint --metrics metrics.jsonl --
 run last.txt --checkpoint checkpoint --metrics metrics.jsonl --resume checkpoint || fail "the last resume failed (see $work/last.txt)"
 grep -q '^resumed from checkpoint' last.txt || fail "the last run did not resume (see $work/last.txt)"
 
-cmp reference/model.safetensors checkpoint/model.safetensors || fail "the weights differ"
-cmp reference/training_state.safetensors checkpoint/training_state.safetensors || fail "the training states differ"
-# Metrics without the timings (samples per second, achieved GFLOP/s and utilization, seconds), which
-# differ from run to run.
-strip() {
-  sed -e 's/, "samples_per_s": [^,}]*//' -e 's/, "train_gflops": [^,}]*//' -e 's/, "mfu": [^,}]*//' \
-      -e 's/, "seconds": [^,}]*//' "$1"
-}
-strip reference.jsonl > reference.metrics
-strip metrics.jsonl > resumed.metrics
-[ "$(wc -l < resumed.metrics)" -eq 6 ] || fail "$(wc -l < resumed.metrics) metrics lines, expected 6"
-cmp reference.metrics resumed.metrics || fail "the metrics differ: $(diff reference.metrics resumed.metrics)"
+same_as_reference 6
 echo "killed twice and resumed: weights, training state and 6 epochs of metrics equal to the uninterrupted run's" \
   "($(($(date +%s) - start)) s)"

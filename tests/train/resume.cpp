@@ -61,13 +61,13 @@ struct EpochMetrics {
   bool operator==(const EpochMetrics&) const = default;
 };
 
-// Trains `epoch` from batch `first` (up to `stop` batches), then evaluates.
+// Trains `epoch` from `start` (up to `stop` batches), then evaluates.
 template <class Opt>
-EpochMetrics run_epoch(Model& model, Opt& opt, fd::DataLoader& loader, std::uint64_t epoch, std::size_t first = 0,
-                       std::size_t stop = ~std::size_t(0)) {
+EpochMetrics run_epoch(Model& model, Opt& opt, fd::DataLoader& loader, std::uint64_t epoch,
+                       fd::EpochPosition start = {}, std::size_t stop = ~std::size_t(0)) {
   EpochMetrics m;
-  loader.set_epoch(epoch, first);
-  for (std::size_t b = first; b < stop; ++b) {
+  loader.set_epoch(epoch, start);
+  for (std::size_t b = 0; b < stop; ++b) {
     const auto batch_data = loader.next();
     if (!batch_data) break;
     m.train_loss += model.train_step(batch_data->images, batch_data->labels, fp::SoftmaxCrossEntropy{}, opt);
@@ -84,6 +84,7 @@ ft::TrainingState state(std::uint64_t epochs_done, std::uint64_t batches_done) {
   ft::TrainingState s;
   s.epochs_done = epochs_done;
   s.batches_done = batches_done;
+  s.samples_done = batches_done * batch;
   s.data_seed = seed;
   s.dataset_size = train_data().count;
   s.batch_size = batch;
@@ -121,7 +122,7 @@ void check_resume(const Opt& options) {
     Opt o = options;
     const ft::TrainingState st = ft::load_checkpoint(ck, resumed, o);
     auto l = train_loader(2);
-    const EpochMetrics r2 = run_epoch(resumed, o, l, st.epochs_done + 1, st.batches_done);
+    const EpochMetrics r2 = run_epoch(resumed, o, l, st.epochs_done + 1, {st.samples_done});
     CHECK(r2 == s2);
     CHECK(params(resumed) == params(straight));
     CHECK(resumed.steps() == straight.steps());
@@ -132,15 +133,16 @@ void check_resume(const Opt& options) {
       Opt o = options;
       auto l = train_loader(1);
       (void)run_epoch(first, o, l, 1);
-      (void)run_epoch(first, o, l, 2, 0, 3);  // 3 batches of epoch 2
+      (void)run_epoch(first, o, l, 2, {}, 3);  // 3 batches of epoch 2
       ft::save_checkpoint(ck, first, state(1, 3));
     }
     Model resumed{fp::seed(seed), host};
     Opt o = options;
     const ft::TrainingState st = ft::load_checkpoint(ck, resumed, o);
     CHECK(st.batches_done == 3);
+    CHECK(st.samples_done == 3 * batch);
     auto l = train_loader(1);
-    const EpochMetrics r2 = run_epoch(resumed, o, l, st.epochs_done + 1, st.batches_done);
+    const EpochMetrics r2 = run_epoch(resumed, o, l, st.epochs_done + 1, {st.samples_done});
     CHECK(r2.test_loss == s2.test_loss);
     CHECK(r2.correct == s2.correct);
     CHECK(params(resumed) == params(straight));

@@ -86,17 +86,17 @@ class DeviceLoader {
     if (compute_) (void)cudaStreamSynchronize(compute_.get());
   }
 
-  /// Starts `epoch` at batch `first_batch` (DataLoader::set_epoch). Copies queued for the previous
-  /// epoch finish first; their batches are discarded.
-  void set_epoch(std::uint64_t epoch, std::size_t first_batch = 0) {
+  /// Starts `epoch` at `start` (DataLoader::set_epoch). Copies queued for the previous epoch finish
+  /// first; their batches are discarded.
+  void set_epoch(std::uint64_t epoch, EpochPosition start = {}) {
     activate();
     release_current();
     if (pending_) {
       slots_[pending_->slot].copied.synchronize();
       pending_.reset();
     }
-    host_.set_epoch(epoch, first_batch);
-    handed_ = first_batch;
+    host_.set_epoch(epoch, start);
+    handed_ = 0;
   }
 
   /// The next batch of the epoch on the device, or nothing at its end. The batch after it is copied
@@ -131,8 +131,11 @@ class DeviceLoader {
 
   /// Batches per epoch on this rank.
   [[nodiscard]] std::size_t batches() const noexcept { return host_.batches(); }
-  /// Batches handed out so far in the current epoch (the sampler position a checkpoint records).
-  [[nodiscard]] std::size_t position() const { return handed_; }
+  /// Batches handed out so far in the current epoch.
+  [[nodiscard]] std::size_t batches_given() const { return handed_; }
+  /// Where the epoch stands once the batches handed out so far are trained (DataLoader::position;
+  /// the host loader runs a batch ahead).
+  [[nodiscard]] EpochPosition position() const { return host_.position_after(handed_); }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return host_.epoch(); }
   [[nodiscard]] const DistributedSampler& sampler() const noexcept { return host_.sampler(); }
   [[nodiscard]] const Dataset& dataset() const noexcept { return host_.dataset(); }

@@ -77,9 +77,8 @@ class BasicDataLoader {
     require(options_.augment.crop_padding == 0 || (data.height > 1 && data.width > 1),
             "DataLoader: random crop needs images, the samples are ", data.channels, "x", data.height, "x", data.width);
     require(options_.prefetch <= 64, "DataLoader: prefetch of ", options_.prefetch, " batches (at most 64)");
-    const std::size_t per_rank = sampler_.num_samples();
-    batches_ = options_.drop_last ? per_rank / options_.batch : (per_rank + options_.batch - 1) / options_.batch;
-    const std::size_t capacity = std::min(options_.batch, per_rank);
+    batches_ = batches_of(sampler_.num_samples());
+    const std::size_t capacity = std::min(options_.batch, sampler_.size());  // a batch at any start
     slots_.resize(options_.prefetch + 1);
     for (Slot& s : slots_) {
       s.images = Storage<float>(capacity * data.sample_size());
@@ -106,17 +105,21 @@ class BasicDataLoader {
     worker_.join();
   }
 
-  /// Starts `epoch` (the sampler's permutation and the augmentation draws) at batch `first_batch`,
-  /// so a resumed run continues where its checkpoint left off. Batches prepared ahead for the
-  /// previous epoch are discarded.
-  void set_epoch(std::uint64_t epoch, std::size_t first_batch = 0) {
-    require(first_batch <= batches_, "DataLoader::set_epoch: batch ", first_batch, " of an epoch of ", batches_);
+  /// Starts `epoch` (the sampler's permutation and the augmentation draws) at `start`: the samples of
+  /// the epoch's global order that all ranks together have visited (position() of the run that saved
+  /// a checkpoint, at any world size), so a resumed run continues where its checkpoint left off and
+  /// visits each remaining sample once. The epoch's batches are then those of the rest, numbered from
+  /// 0. Batches prepared ahead for the previous epoch are discarded.
+  void set_epoch(std::uint64_t epoch, EpochPosition start = {}) {
+    require(start.samples <= sampler_.size(), "DataLoader::set_epoch: a start at sample ", start.samples,
+            " of an epoch of ", sampler_.size());
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return !filling_; });  // the worker reads the sampler while filling
-    sampler_.set_epoch(epoch);
+    sampler_.set_epoch(epoch, start);
+    batches_ = batches_of(sampler_.num_samples());
     epoch_ = epoch;
     started_ = true;
-    next_fill_ = released_ = given_ = first_batch;
+    next_fill_ = released_ = given_ = 0;
     for (Slot& s : slots_) s.batch = no_batch;
     lock.unlock();
     changed_.notify_all();
@@ -142,12 +145,26 @@ class BasicDataLoader {
     return view(slot, b);
   }
 
-  /// Batches per epoch on this rank.
+  /// Batches of the current epoch on this rank (from its start).
   [[nodiscard]] std::size_t batches() const noexcept { return batches_; }
-  /// Batches handed out so far in the current epoch (the sampler position a checkpoint records).
-  [[nodiscard]] std::size_t position() const {
+  /// Batches handed out so far in the current epoch.
+  [[nodiscard]] std::size_t batches_given() const {
     std::lock_guard lock(mutex_);
     return given_;
+  }
+  /// Where the epoch stands once the batches handed out so far are trained on every rank: the
+  /// position a checkpoint records (set_epoch's `start` of a resumed run). Every rank reports the
+  /// same; the end of the epoch is the dataset's size (a last batch dropped or padded included).
+  [[nodiscard]] EpochPosition position() const {
+    std::lock_guard lock(mutex_);
+    return position_after(given_);
+  }
+  /// The position after the epoch's first `batches` batches (position() once they are handed out).
+  [[nodiscard]] EpochPosition position_after(std::size_t batches) const {
+    require(batches <= batches_, "DataLoader::position_after: ", batches, " batches of an epoch of ", batches_);
+    if (batches == batches_) return {sampler_.size()};
+    // Every batch before the last holds `batch` samples on every rank: a prefix of the order.
+    return {sampler_.start().samples + batches * options_.batch * sampler_.world()};
   }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
   [[nodiscard]] const DistributedSampler& sampler() const noexcept { return sampler_; }
@@ -166,6 +183,10 @@ class BasicDataLoader {
     std::size_t batch = no_batch;  // which batch the slot holds (no_batch: none yet)
     std::exception_ptr error;
   };
+
+  std::size_t batches_of(std::size_t samples) const noexcept {
+    return options_.drop_last ? samples / options_.batch : (samples + options_.batch - 1) / options_.batch;
+  }
 
   std::span<const std::size_t> indices_of(std::size_t b) const {
     const std::span<const std::size_t> all = sampler_.indices();

@@ -5,6 +5,14 @@
 // together cover the dataset. For training, every rank gets the same count (padding by repeating
 // the permutation from its start, or dropping the tail); for evaluation, every sample is visited
 // exactly once and counts may differ by one.
+//
+// Resuming inside an epoch (EpochPosition): rank r of w takes global positions r, r + w, ..., so
+// after k equal steps the ranks together have visited a prefix of the epoch's order, whatever w was.
+// set_epoch(epoch, {.samples = S}) splits the rest of that order, positions S, S + 1, ..., among the
+// ranks of this run, which may be more or fewer than those that visited the prefix: each remaining
+// sample is visited exactly once; the padding that gives every rank the same count repeats samples
+// from the epoch's head, as it does at the start of an epoch. At the same world size the rest is
+// exactly what each rank would have visited after its first S / w samples.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/data/batches.hpp"
@@ -23,6 +31,14 @@ struct SamplerOptions {
   std::uint64_t seed = 0;   ///< with the epoch, selects the permutation; must be the same on every rank
   bool drop_last = false;   ///< training: drop the tail so every rank has size / world samples (else pad)
   bool evaluation = false;  ///< every sample exactly once across ranks, no padding; counts may differ
+};
+
+/// Where an epoch stands: samples of its global order (all ranks together) already visited. A
+/// loader reports it after each batch (DataLoader::position); a checkpoint stores it; set_epoch
+/// starts there. 0 is the epoch's start and the dataset's size its end.
+struct EpochPosition {
+  std::size_t samples = 0;
+  friend bool operator==(const EpochPosition&, const EpochPosition&) = default;
 };
 
 /// The samples of one rank for one epoch.
@@ -46,31 +62,41 @@ class DistributedSampler {
     require(!options.drop_last || size >= world, "DistributedSampler: drop_last with ", size,
             " samples leaves nothing for each of ", world, " ranks");
     order_.resize(size);
-    mine_.resize(num_samples_of(rank));
-    fill(0);
+    mine_.resize(num_samples_of(rank));  // the most any start leaves
+    fill(0, {});
   }
 
-  /// Selects the epoch's permutation (the same on every rank for the same seed and epoch). Allocates
-  /// nothing; call before each epoch, as with PyTorch's sampler.
-  void set_epoch(std::uint64_t epoch) { fill(epoch); }
+  /// Selects the epoch's permutation (the same on every rank for the same seed and epoch) and where
+  /// in it this run starts: `start.samples` positions of the global order already visited, by this
+  /// run's ranks or by another number of ranks before a resume (0: the whole epoch; the dataset's
+  /// size: none of it). Allocates nothing; call before each epoch, as with PyTorch's sampler.
+  void set_epoch(std::uint64_t epoch, EpochPosition start = {}) {
+    require(start.samples <= size_, "DistributedSampler::set_epoch: a start at sample ", start.samples,
+            " of an epoch of ", size_);
+    fill(epoch, start);
+  }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  /// Where the current epoch started (set_epoch's `start`).
+  [[nodiscard]] EpochPosition start() const noexcept { return {start_}; }
 
-  /// This rank's dataset indices for the current epoch, in visiting order.
-  [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return mine_; }
-  /// Number of samples this rank visits per epoch.
-  [[nodiscard]] std::size_t num_samples() const noexcept { return mine_.size(); }
-  /// Number of samples rank `r` visits per epoch: every rank can know every rank's count (to agree on
-  /// a step count) without communicating.
+  /// This rank's dataset indices for the current epoch (from its start), in visiting order.
+  [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return {mine_.data(), count_}; }
+  /// Number of samples this rank visits in the current epoch (from its start).
+  [[nodiscard]] std::size_t num_samples() const noexcept { return count_; }
+  /// Number of samples rank `r` visits in the current epoch: every rank can know every rank's count
+  /// (to agree on a step count) without communicating.
   [[nodiscard]] std::size_t num_samples_of(std::size_t r) const {
     require(r < world_, "DistributedSampler::num_samples_of: rank ", r, " is not in [0, ", world_, ")");
-    if (options_.evaluation) return r < size_ ? (size_ - r + world_ - 1) / world_ : 0;
-    if (options_.drop_last) return size_ / world_;
-    return (size_ + world_ - 1) / world_;
+    const std::size_t rest = size_ - start_;
+    if (options_.evaluation) return r < rest ? (rest - r + world_ - 1) / world_ : 0;
+    if (options_.drop_last) return rest / world_;
+    return (rest + world_ - 1) / world_;
   }
-  /// Samples visited per epoch by all ranks together (padding included).
+  /// Samples visited in the current epoch (from its start) by all ranks together, padding included.
   [[nodiscard]] std::size_t total_size() const noexcept {
-    if (options_.evaluation) return size_;
-    return (options_.drop_last ? size_ / world_ : (size_ + world_ - 1) / world_) * world_;
+    const std::size_t rest = size_ - start_;
+    if (options_.evaluation) return rest;
+    return (options_.drop_last ? rest / world_ : (rest + world_ - 1) / world_) * world_;
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
@@ -79,18 +105,22 @@ class DistributedSampler {
   [[nodiscard]] const Options& options() const noexcept { return options_; }
 
  private:
-  void fill(std::uint64_t epoch) {
+  void fill(std::uint64_t epoch, EpochPosition start) {
     epoch_ = epoch;
+    start_ = start.samples;
     if (options_.shuffle) permutation_into(order_, options_.seed, epoch);
     else std::iota(order_.begin(), order_.end(), std::size_t(0));
-    // The padded global order is order_[k % size_] for k < total_size(): the head repeated as often
-    // as needed, as PyTorch pads. Rank r takes positions r, r + w, r + 2w, ...
-    for (std::size_t j = 0; j < mine_.size(); ++j) mine_[j] = order_[(rank_ + j * world_) % size_];
+    // The padded global order is order_[k % size_]: the head repeated as often as needed, as PyTorch
+    // pads. From a start S, rank r takes positions S + r, S + r + w, S + r + 2w, ...
+    count_ = num_samples_of(rank_);
+    for (std::size_t j = 0; j < count_; ++j) mine_[j] = order_[(start_ + rank_ + j * world_) % size_];
   }
 
   std::size_t size_, world_, rank_;
   Options options_;
   std::uint64_t epoch_ = 0;
+  std::size_t start_ = 0;  // global positions of the epoch visited before this run's share
+  std::size_t count_ = 0;  // this rank's samples from start_ on (mine_ holds the most any start leaves)
   std::vector<std::size_t> order_;  // the epoch's permutation of all samples
   std::vector<std::size_t> mine_;   // this rank's share of it
 };

@@ -58,7 +58,11 @@ inline constexpr int checkpoint_format = 1;
 /// fills the second from the model.
 struct TrainingState {
   std::uint64_t epochs_done = 0;    ///< epochs completed
-  std::uint64_t batches_done = 0;   ///< batches of the next epoch already trained (the sampler position)
+  std::uint64_t batches_done = 0;   ///< steps of the next epoch already trained
+  /// Samples of the next epoch's global order already visited by all ranks together: the sampler
+  /// position (data::EpochPosition, DataLoader::position) a resumed run starts from, at any world size.
+  /// Read from a checkpoint without it as batches_done x batch_size x world_size.
+  std::uint64_t samples_done = 0;
   std::uint64_t data_seed = 0;      ///< seed of the sampler and the augmentation
   std::uint64_t dataset_size = 0;   ///< training samples (a resumed run must see the same data)
   std::uint64_t batch_size = 0;     ///< samples per batch (per rank)
@@ -324,6 +328,11 @@ inline TrainingState parse_state(const SafetensorsFile& f) {
   s.dataset_size = parse_u64(f, "dataset_size");
   s.batch_size = parse_u64(f, "batch_size");
   s.world_size = parse_u64(f, "world_size");
+  s.samples_done = f.meta("samples_done") ? parse_u64(f, "samples_done")
+                                          : std::min(s.batches_done * s.batch_size * s.world_size, s.dataset_size);
+  if (s.samples_done > s.dataset_size)
+    throw DataError(f.path, "says " + std::to_string(s.samples_done) + " samples of an epoch of " +
+                                std::to_string(s.dataset_size) + " were visited");
   s.model_seed = parse_u64(f, "model_seed");
   s.steps = parse_u64(f, "steps");
   s.optimizer_steps = parse_u64(f, "optimizer_steps");
@@ -388,6 +397,8 @@ enum class SaveStop { never, after_temporaries, after_commit };
 template <class Net>
 void save_image(const std::string& dir, const ModelImage& image, TrainingState state, SaveStop stop) {
   namespace fs = std::filesystem;
+  require(state.samples_done <= state.dataset_size, "save_checkpoint: samples_done (", state.samples_done,
+          ") exceeds the epoch's ", state.dataset_size, " samples (dataset_size)");
   {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -412,6 +423,7 @@ void save_image(const std::string& dir, const ModelImage& image, TrainingState s
   add("optimizer_steps", state.optimizer_steps);
   add("epochs_done", state.epochs_done);
   add("batches_done", state.batches_done);
+  add("samples_done", state.samples_done);
   add("data_seed", state.data_seed);
   add("model_seed", state.model_seed);
   add("dataset_size", state.dataset_size);
