@@ -63,7 +63,50 @@ void check_matches_larger_batch(const char* name, const Opt& opt, int replicas, 
   for (std::size_t r = 0; r < dp.local_replicas(); ++r) CHECK(relative_error(dp.model(r).params(), one.params()) <= 1e-5);
 }
 
+// Dropout's masks are drawn per element of the step's global batch: replicas and micro-batches draw
+// what one model on the whole batch draws (with the same mask over every shard's own samples, the
+// parameters would part within a step).
+using DropNet = fp::Sequential<fp::Input<2, 10, 10>, fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::Dropout<0.3f>,
+                               fp::MaxPool2d<2>, fp::Flatten, fp::Linear<24>, fp::Tanh, fp::Dropout<0.5f>,
+                               fp::Linear<5>>;
+
+template <class P>
+void check_dropout_matches_one_model(const char* name, int replicas, int micro, std::size_t size) {
+  CAPTURE(name);
+  CAPTURE(replicas);
+  CAPTURE(micro);
+  fp::Model<DropNet, fp::Host> one{fp::seed(6), fp::Host{1}};
+  const std::vector<float> expected = train(one, sgd, size, 6);
+  P dp{fp::replicas(replicas, 1), fp::seed(6), {.accumulate = micro}};
+  const std::vector<float> losses = train(dp, sgd, size, 6);
+  for (std::size_t s = 0; s < losses.size(); ++s) CHECK(std::abs(losses[s] - expected[s]) <= 1e-5 * std::abs(expected[s]));
+  for (std::size_t r = 0; r < dp.local_replicas(); ++r) CHECK(relative_error(dp.model(r).params(), one.params()) <= 1e-5);
+}
+
 }  // namespace
+
+TEST_CASE("Dropout under Parallel and accumulation draws the masks of one model on the global batch") {
+  check_dropout_matches_one_model<fp::Parallel<DropNet, fp::Host>>("AllReduce", 2, 1, 24);
+  check_dropout_matches_one_model<fp::Parallel<DropNet, fp::Host>>("AllReduce", 3, 2, 25);
+  check_dropout_matches_one_model<fp::Parallel<DropNet, fp::Host>>("one replica", 1, 3, 24);
+  check_dropout_matches_one_model<fp::Parallel<DropNet, fp::Host, fp::scatter::Sharded>>("Sharded", 2, 2, 24);
+  // the masks differ from step to step and from one global position to the next
+  fp::Model<DropNet, fp::Host> m{fp::seed(6), fp::Host{1}};
+  const Batch b = batch_of(4, 0);
+  const auto twice = std::vector<float>(b.x.begin(), b.x.begin() + std::ptrdiff_t(DropNet::input_shape::size));
+  std::vector<float> same(2 * twice.size());
+  std::copy(twice.begin(), twice.end(), same.begin());
+  std::copy(twice.begin(), twice.end(), same.begin() + std::ptrdiff_t(twice.size()));
+  const std::vector<std::int32_t> labels{1, 1};
+  (void)m.compute_gradients(std::span<const float>(same), std::span<const std::int32_t>(labels), fp::SoftmaxCrossEntropy{});
+  const std::vector<float> g0(m.grads().begin(), m.grads().end());
+  // the same sample twice: its two copies get different masks, so the gradient differs from that of
+  // the sample at position 0 alone, and from the same pair placed one sample later in the global batch
+  (void)m.compute_gradients(std::span<const float>(same), std::span<const std::int32_t>(labels), fp::SoftmaxCrossEntropy{},
+                            {}, 0, {}, 1);
+  const std::vector<float> g1(m.grads().begin(), m.grads().end());
+  CHECK(g0 != g1);
+}
 
 TEST_CASE("accumulate K: one update on the summed gradient of K micro-batches equals one model on the whole batch") {
   for (int micro : {2, 3}) {

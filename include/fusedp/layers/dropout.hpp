@@ -33,34 +33,32 @@ struct Dropout {
   template <class In>
   using output = In;
 
-  template <class T>
-  static kernels::DropoutMask mask(const StageArgs<Host, T>& a) {
-    return {P, a.seed, rng::stream(rng::Purpose::dropout, (std::uint64_t(a.index) << 40) ^ a.step)};
+  // Per layer and step; indexed by the element's place in the step's global batch (a.first_sample).
+  template <class Space, class T>
+  static kernels::DropoutMask mask(const StageArgs<Space, T>& a, std::size_t sample_size) {
+    return {P, a.seed, rng::stream(rng::Purpose::dropout, (std::uint64_t(a.index) << 40) ^ a.step),
+            std::uint64_t(a.first_sample) * sample_size};
   }
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
-    kernels::host::dropout_forward(a.space, a.batch * In::size, mask(a), a.training, a.x, a.y);
+    kernels::host::dropout_forward(a.space, a.batch * In::size, mask(a, In::size), a.training, a.x, a.y);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
-    kernels::host::dropout_backward(a.space, a.batch * In::size, mask(a), a.dy, a.dx);
+    kernels::host::dropout_backward(a.space, a.batch * In::size, mask(a, In::size), a.dy, a.dx);
   }
 
 #if FUSEDP_HAS_CUDA
   // The mask depends on the step number, which a launch takes as an argument: a CUDA graph recorded
   // once would replay the first step's mask, so models with Dropout launch their kernels directly.
   static constexpr bool cuda_graph_safe = false;
-  template <class T, class Prec>
-  static kernels::DropoutMask mask(const StageArgs<CudaSpace<Prec>, T>& a) {
-    return {P, a.seed, rng::stream(rng::Purpose::dropout, (std::uint64_t(a.index) << 40) ^ a.step)};
-  }
   template <class In, class Epi, class T, class Prec>
   static void forward(const StageArgs<CudaSpace<Prec>, T>& a) {
-    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a), a.training, a.x, a.y);
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), a.training, a.x, a.y);
   }
   template <class In, class Epi, class T, class Prec>
   static void backward(const StageArgs<CudaSpace<Prec>, T>& a) {
-    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a), true, a.dy, a.dx);
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), true, a.dy, a.dx);
   }
 #endif
 };

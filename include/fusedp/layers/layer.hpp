@@ -126,6 +126,7 @@ struct StageArgs {
   T* state = nullptr;  // the layer's tensors in the state buffer (StateSpec order), when it has any
   T* work = nullptr;   // backward only: the network's shared per-sample work memory (backward_elements)
   ReplicaSum sync{};   // training under Parallel<..., batch_norm::Sync>: sums over every replica's shard
+  std::size_t first_sample = 0;  // the batch's first sample in the step's global batch (a shard's offset)
 };
 
 namespace detail {

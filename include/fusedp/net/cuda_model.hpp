@@ -234,15 +234,16 @@ class Model<Net, CudaSpace<P>, T> {
   /// loss. Returns the loss (waits). `on_stage_done(i)` is called when backward of stage i has been
   /// *queued* on the stream (stages in reverse order): work a reducer queues on the same stream after
   /// that sees the stage's gradients. With `normalizer` N (0: the batch size) the gradient is this
-  /// batch's share of the mean over N samples, as on Host; `sync` as on Host (SyncBatchNorm).
+  /// batch's share of the mean over N samples, as on Host; `sync` and `first_sample` as on Host
+  /// (SyncBatchNorm; Dropout masks of the global batch).
   template <class Loss, class StageDone = NoStageHook>
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                       const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0,
-                      ReplicaSum sync = {}) {
+                      ReplicaSum sync = {}, std::size_t first_sample = 0) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
-    const auto scope = binding_.synchronized(sync);
+    const auto scope = binding_.synchronized(sync, first_sample);
     stage(inputs, targets, batch);
     queue_gradients(staging_.inputs(), staged_targets<Loss>(), batch, loss, on_stage_done, normalizer);
     return last_loss();

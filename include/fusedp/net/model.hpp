@@ -115,16 +115,18 @@ class Model {
   /// of that stage while backward continues. With `normalizer` N (0: the batch size), the gradient is
   /// that of the loss summed over this batch and divided by N: the share of this shard in the mean
   /// over a global batch of N samples, so that shards' gradients simply add up. With `sync` (Parallel
-  /// with batch_norm::Sync) BatchNorm layers take their statistics over every replica's shard. Returns
-  /// this batch's mean loss in every case.
+  /// with batch_norm::Sync) BatchNorm layers take their statistics over every replica's shard. With
+  /// `first_sample` (where this batch begins in the step's global batch: a shard's or micro-batch's
+  /// offset) per-sample randomness (Dropout masks) is that of one model running the global batch.
+  /// Returns this batch's mean loss in every case.
   template <class Loss, class StageDone = NoStageHook>
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                       const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0,
-                      ReplicaSum sync = {}) {
+                      ReplicaSum sync = {}, std::size_t first_sample = 0) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
-    const auto scope = binding_.synchronized(sync);
+    const auto scope = binding_.synchronized(sync, first_sample);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);
     const T l = loss(space_, batch, output_size, binding_.template output_of<last>(inputs.data(), batch),

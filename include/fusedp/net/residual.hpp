@@ -138,7 +138,8 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (stage_executor<typename Net::template stage<I>>::template forward<typename Net::template stage<I>::in,
                                                                      typename Net::template stage<I>::epilogue>(
-         stage_args<Net, I>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step, a.index, a.sync)),
+         stage_args<Net, I>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step, a.index, a.sync,
+                            a.first_sample)),
      ...);
   }(std::make_index_sequence<Net::stage_count>{});
 }
@@ -155,7 +156,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           using S = typename Net::template stage<I>;
           if (I == 0 && !S::has_params && dx == nullptr) return;
           StageArgs<Space, T> s = stage_args<Net, I>(a.space, m, x, a.batch, true, a.scratch, a.seed, a.step, a.index,
-                                                     a.sync);
+                                                     a.sync, a.first_sample);
           s.dy = current;
           s.dx = I == 0 ? dx : (current == g0 ? g1 : g0);
           stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);

@@ -51,7 +51,7 @@ struct StageMemory {
 template <Network Net, std::size_t I, class Space, class T>
 StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, const T* x, std::size_t batch,
                                bool training, T* scratch, std::uint64_t seed, std::uint64_t step,
-                               std::size_t index, ReplicaSum sync = {}) {
+                               std::size_t index, ReplicaSum sync = {}, std::size_t first_sample = 0) {
   constexpr StagePlan p = Net::stage_plan[I];
   using S = typename Net::template stage<I>;
   return StageArgs<Space, T>{space,
@@ -72,7 +72,8 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
                              index,
                              p.has_state ? m.state + p.state : nullptr,
                              m.work,
-                             training ? sync : ReplicaSum{}};
+                             training ? sync : ReplicaSum{},
+                             first_sample};
 }
 }  // namespace detail
 
@@ -118,18 +119,27 @@ class StageBinding {
   }
 
   /// For the training passes until the returned guard ends: the sum over the replicas that SyncBatchNorm
-  /// layers take their statistics over (empty: this batch alone).
+  /// layers take their statistics over (empty: this batch alone), and where the batch begins in the
+  /// step's global batch (per-sample randomness: Dropout).
   class SyncScope {
    public:
-    SyncScope(StageBinding& b, ReplicaSum sync) : b_(b) { b_.sync_ = sync; }
+    SyncScope(StageBinding& b, ReplicaSum sync, std::size_t first_sample) : b_(b) {
+      b_.sync_ = sync;
+      b_.first_sample_ = first_sample;
+    }
     SyncScope(const SyncScope&) = delete;
     SyncScope& operator=(const SyncScope&) = delete;
-    ~SyncScope() { b_.sync_ = {}; }
+    ~SyncScope() {
+      b_.sync_ = {};
+      b_.first_sample_ = 0;
+    }
 
    private:
     StageBinding& b_;
   };
-  [[nodiscard]] SyncScope synchronized(ReplicaSum sync) { return SyncScope(*this, sync); }
+  [[nodiscard]] SyncScope synchronized(ReplicaSum sync, std::size_t first_sample = 0) {
+    return SyncScope(*this, sync, first_sample);
+  }
 
   template <std::size_t I>
   T* output_of(const T* x, std::size_t batch) {
@@ -148,7 +158,7 @@ class StageBinding {
                                    store.buffers().data(),
                                    workspace_.data() + batch * (Net::activation_elements + 2 * Net::gradient_elements)};
     return detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(), store.steps(),
-                                      Net::template stage<I>::first, sync_);
+                                      Net::template stage<I>::first, sync_, first_sample_);
   }
 
   /// Runs stage I forward (a reshape runs nothing: its output aliases its input).
@@ -183,6 +193,7 @@ class StageBinding {
   buffer<T> workspace_;
   std::size_t capacity_ = 0;
   ReplicaSum sync_{};
+  std::size_t first_sample_ = 0;
 };
 
 }  // namespace fusedp

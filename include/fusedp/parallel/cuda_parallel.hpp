@@ -230,9 +230,17 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     std::uint64_t local = 0;
     for (const auto& sh : shards) local += sh.count;
     std::uint64_t global = batch;
+    std::size_t process_first = 0;  // Sharded: where this process's data begins in the global batch
     if constexpr (sharded) {
-      global = local;
-      processes_.all_reduce_sum(&global, 1);
+      // Every process's count, in rank order: the global batch and this process's place in it.
+      std::vector<std::uint64_t> counts(std::size_t(processes_.size()), 0);
+      counts[std::size_t(processes_.rank())] = local;
+      processes_.all_reduce_sum(counts.data(), counts.size());
+      global = 0;
+      for (std::size_t i = 0; i < counts.size(); ++i) {
+        global += counts[i];
+        if (i < std::size_t(processes_.rank())) process_first += std::size_t(counts[i]);
+      }
     }
 
     std::vector<float> losses(replicas_.size());
@@ -250,7 +258,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       cudaStream_t stream = rep.model.space().stream();
       losses[r] = parallel::detail::accumulate_gradients(
           rep.model, rep.reducer.plan(), rep.acc.data(), micro, inputs.subspan(s.offset * in, s.count * in),
-          parallel::detail::targets_of(targets, batch, s), loss, normalizer, sync,
+          parallel::detail::targets_of(targets, batch, s), loss, normalizer, sync, process_first + s.offset,
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, true); },
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, false); },
           [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); });

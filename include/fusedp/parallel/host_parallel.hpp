@@ -206,7 +206,8 @@ class Parallel<Net, Host, Policies...> {
     auto one = [&](std::size_t r, auto& channel) {
       return replica_step(r, channel, inputs.subspan(shards[r].offset * model_type::input_size,
                                                      shards[r].count * model_type::input_size),
-                          parallel::detail::targets_of(targets, batch, shards[r]), batch, loss, opt);
+                          parallel::detail::targets_of(targets, batch, shards[r]), batch, shards[r].offset, loss,
+                          opt);
     };
     return std::visit([&](auto& channels) { return on_every_replica(channels, one); }, channels_);
   }
@@ -261,6 +262,7 @@ class Parallel<Net, Host, Policies...> {
     world_ = world;
     reducers_.assign(models_.size(), Reducer(parallel::bucket_plan<Net>(bucket_bytes(options_), sizeof(float))));
     acc_.resize(models_.size());
+    if (sharded) counts_.assign(models_.size(), std::vector<std::uint64_t>(world_));
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     zero_state_.resize(models_.size());
     if (weighted) weights_.assign(world_, 1.0);
@@ -299,17 +301,26 @@ class Parallel<Net, Host, Policies...> {
 #endif
 
   // One replica's step, the same for every process model: gradient of the shard, reduction, update.
-  // Returns the mean loss over the global batch (the same on every replica).
+  // `offset`: the shard's place in the global batch (Even, Weighted) or in this process's data
+  // (Sharded). Returns the mean loss over the global batch (the same on every replica).
   template <class Channel, class Loss, class Opt>
   float replica_step(std::size_t r, Channel& channel, std::span<const float> inputs,
                      std::span<const typename Loss::template target<float>> targets, std::size_t batch,
-                     const Loss& loss, Opt& opt) {
+                     std::size_t offset, const Loss& loss, Opt& opt) {
     model_type& m = models_[r];
     const std::size_t count = inputs.size() / model_type::input_size;
     std::uint64_t global = batch;
+    std::size_t first_sample = offset;  // where the shard begins in the step's global batch
     if constexpr (sharded) {
-      global = count;
-      channel.comm().all_reduce_sum(&global, 1);
+      // Every replica's count, in replica order: the global batch and this shard's place in it.
+      std::vector<std::uint64_t>& counts = counts_[r];
+      std::fill(counts.begin(), counts.end(), std::uint64_t(0));
+      counts[global_index(r)] = count;
+      channel.comm().all_reduce_sum(counts.data(), counts.size());
+      global = 0;
+      for (std::size_t i = 0; i < counts.size(); ++i) global += counts[i];
+      first_sample = 0;
+      for (std::size_t i = 0; i < global_index(r); ++i) first_sample += std::size_t(counts[i]);
     }
     // Average: each replica's gradient is its share of the mean over the global batch (its loss sum
     // divided by the global count), so the reduction is a plain sum. Sum: each replica's own mean.
@@ -321,7 +332,7 @@ class Parallel<Net, Host, Policies...> {
     const std::size_t micro = std::size_t(options_.accumulate);
     if (micro > 1 && acc_[r].size() == 0) acc_[r] = HostBuffer<float>(Net::param_storage);
     const float l = parallel::detail::accumulate_gradients(
-        m, reducer.plan(), acc_[r].data(), micro, inputs, targets, loss, normalizer, sync,
+        m, reducer.plan(), acc_[r].data(), micro, inputs, targets, loss, normalizer, sync, first_sample,
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, true); },
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, false); },
         [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); });
@@ -403,6 +414,7 @@ class Parallel<Net, Host, Policies...> {
   std::vector<HostBuffer<float>> zero_state_;
   std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks zero_state_ holds
   std::vector<HostBuffer<float>> acc_;  // accumulate > 1: each replica's sum of its micro-batches' gradients
+  std::vector<std::vector<std::uint64_t>> counts_;  // Sharded: each replica's room for every replica's count
 };
 
 }  // namespace fusedp

@@ -53,15 +53,16 @@ namespace fusedp::parallel::detail {
 /// Gradients of one replica's shard over its micro-batches, summed into the model's gradient buffer
 /// (see the comment above). `add(src, dst, n)` adds n values on the model's space (dst += src);
 /// `copy(src, dst, n)` copies them; `acc` holds Net::param_storage values of the model's space. Each
-/// bucket of `plan` reaches `stage_done` complete. Returns the shard's mean loss.
+/// bucket of `plan` reaches `stage_done` complete. `first_sample`: where the shard begins in the
+/// step's global batch (Dropout masks). Returns the shard's mean loss.
 template <class Model, class Target, class Loss, class Add, class Copy, class StageDone>
 float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float* acc, std::size_t micro,
                            std::span<const float> inputs,
                            std::span<const Target> targets, const Loss& loss, std::size_t normalizer,
-                           ReplicaSum sync, Add&& add, Copy&& copy, StageDone&& stage_done) {
+                           ReplicaSum sync, std::size_t first_sample, Add&& add, Copy&& copy, StageDone&& stage_done) {
   const std::size_t in = Model::input_size;
   const std::size_t count = inputs.size() / in;
-  if (micro <= 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync);
+  if (micro <= 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync, first_sample);
   const std::size_t pieces = micro_batch_count(count, micro, bool(sync));
   const std::size_t per_sample = targets.size() / count;
   double loss_sum = 0;
@@ -71,7 +72,7 @@ float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float
     const std::span<const Target> y = targets.subspan(p.offset * per_sample, p.count * per_sample);
     float l = 0;
     if (k + 1 < pieces) {
-      l = m.compute_gradients(x, y, loss, NoStageHook{}, normalizer, sync);
+      l = m.compute_gradients(x, y, loss, NoStageHook{}, normalizer, sync, first_sample + p.offset);
       if (k == 0) copy(m.grads().data(), acc, Model::network::param_storage);
       else add(m.grads().data(), acc, Model::network::param_storage);
     } else {
@@ -83,7 +84,7 @@ float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float
               if (b.ready_after == stage) add(acc + b.begin, g + b.begin, b.end - b.begin);
             stage_done(stage);
           },
-          normalizer, sync);
+          normalizer, sync, first_sample + p.offset);
     }
     loss_sum += double(l) * double(p.count);
   }
