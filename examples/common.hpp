@@ -642,7 +642,6 @@ double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
   return mine;
 }
 
-/// Achieved model FLOP/s and their share of the peak, for the epoch lines.
 /// `n` with a comma between groups of three digits: 19,200.
 inline std::string thousands(std::uint64_t n) {
   std::string digits = std::to_string(n), out;
@@ -653,6 +652,7 @@ inline std::string thousands(std::uint64_t n) {
   return out;
 }
 
+/// Achieved model FLOP/s and their share of the peak, for the epoch lines.
 inline std::string utilization(double flops, double seconds, double peak) {
   char text[96];
   const double rate = seconds > 0 ? flops / seconds : 0.0;
@@ -767,11 +767,15 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     first_position = {std::size_t(s.samples_done)};
     first_steps = s.batches_done;
     if (first_position.samples > 0) {  // the epoch's loss so far, to report the whole epoch's
-      const auto sum = s.extra.find("epoch_loss_sum");
-      const auto count = s.extra.find("epoch_samples");
+      // Sums over all ranks' samples ("epoch_global_..."), or over one rank's in a checkpoint written
+      // before resuming at another world size was possible (every rank trained as many).
+      const bool global = s.extra.count("epoch_global_loss_sum") != 0;
+      const auto sum = s.extra.find(global ? "epoch_global_loss_sum" : "epoch_loss_sum");
+      const auto count = s.extra.find(global ? "epoch_global_samples" : "epoch_samples");
       if (sum != s.extra.end() && count != s.extra.end()) {
-        resumed_loss_sum = std::strtod(sum->second.c_str(), nullptr);
-        resumed_seen = std::size_t(std::strtoull(count->second.c_str(), nullptr, 10));
+        const double scale = global ? 1.0 : double(s.world_size);
+        resumed_loss_sum = std::strtod(sum->second.c_str(), nullptr) * scale;
+        resumed_seen = std::size_t(std::strtoull(count->second.c_str(), nullptr, 10)) * std::size_t(scale);
       }
     }
     if (root)
@@ -841,8 +845,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     if (at.samples > 0) {
       char hex[64];
       std::snprintf(hex, sizeof hex, "%a", loss_sum);  // exact, so a resumed epoch reports the same loss
-      s.extra["epoch_loss_sum"] = hex;
-      s.extra["epoch_samples"] = std::to_string(seen);
+      s.extra["epoch_global_loss_sum"] = hex;
+      s.extra["epoch_global_samples"] = std::to_string(seen);
     }
     with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, trainer, s); });
   };
@@ -871,7 +875,7 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
       const bool was_skipped = model.skipped_steps() != skipped_before;
       if ((was_skipped || !std::isfinite(l)) && stop_on_nonfinite)
         throw fp::NumericError("step " + std::to_string(model.steps()) + " (epoch " + std::to_string(epoch) +
-                               ", batch " + std::to_string(b->index + 1) + "): " +
+                               ", batch " + std::to_string(steps_before + b->index + 1) + "): " +
                                (was_skipped ? "the gradient is not finite (NaN or infinity), first in " +
                                                   nonfinite_where(model) + "; the parameters are those before it"
                                             : std::string("the loss is not finite")) +

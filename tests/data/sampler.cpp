@@ -193,38 +193,41 @@ Split resume_split(std::size_t n, std::size_t N, std::size_t M, std::size_t k, s
 }
 
 TEST_CASE("resumed inside an epoch at another world size, each remaining sample is visited exactly once") {
-  for (std::size_t n : {23u, 30u, 64u})
+  const SamplerOptions o{.seed = 5};
+  for (std::size_t n : {10u, 23u, 30u, 64u})
     for (std::size_t N : {1u, 2u, 3u})
-      for (std::size_t M : {1u, 2u, 3u, 4u}) {
-        CAPTURE(n);
-        CAPTURE(N);
-        CAPTURE(M);
-        const std::size_t b = 2, k = (n / N) / (2 * b);  // about a quarter of the epoch
-        const SamplerOptions o{.seed = 5};
-        const Split s = resume_split(n, N, M, k, b, o, 3);
-        // the steps before the resume visited a prefix of the epoch's order: no sample twice
-        CHECK(std::set<std::size_t>(s.before.begin(), s.before.end()).size() == s.before.size());
-        // after it, every sample not visited before comes exactly once ...
-        for (std::size_t i = 0; i < n; ++i)
-          if (s.before.count(i) == 0) REQUIRE(s.after.count(i) == 1);
-        // ... every rank has the same count, and the padding to it repeats samples visited before,
-        // fewer than M of them (as the padding of a whole epoch repeats its head)
-        std::size_t padding = 0;
-        for (std::size_t i : std::set<std::size_t>(s.after.begin(), s.after.end()))
-          if (s.before.count(i) != 0) padding += s.after.count(i);
-        CHECK(padding < M);
-        CHECK(s.after.size() == (n - k * b * N) + padding);
-        for (const auto& shard : s.after_shards) CHECK(shard.size() == s.after_shards[0].size());
-        if (M == N) {  // the same world: each rank goes on with exactly its own list
-          for (std::size_t r = 0; r < N; ++r) {
-            DistributedSampler whole{n, N, r, o};
-            whole.set_epoch(3);
-            CHECK(std::equal(s.after_shards[r].begin(), s.after_shards[r].end(),
-                             whole.indices().begin() + std::ptrdiff_t(k * b), whole.indices().end()));
-            CHECK(s.after_shards[r].size() == whole.num_samples() - k * b);
+      for (std::size_t M : {1u, 2u, 3u, 4u, 7u})
+        for (std::size_t b : {1u, 2u})
+          for (std::size_t k : {std::size_t(1), n / N / (2 * b), n / N / b - 1}) {  // 1 step, a quarter, all but 1
+            if (k == 0) continue;
+            CAPTURE(n);
+            CAPTURE(N);
+            CAPTURE(M);
+            CAPTURE(b);
+            CAPTURE(k);
+            const Split s = resume_split(n, N, M, k, b, o, 3);
+            // the steps before the resume visited a prefix of the epoch's order: no sample twice
+            CHECK(std::set<std::size_t>(s.before.begin(), s.before.end()).size() == s.before.size());
+            // after it, every sample not visited before comes exactly once ...
+            for (std::size_t i = 0; i < n; ++i)
+              if (s.before.count(i) == 0) REQUIRE(s.after.count(i) == 1);
+            // ... every rank has the same count, and the padding to it repeats samples visited before,
+            // fewer than M of them (as the padding of a whole epoch repeats its head)
+            std::size_t padding = 0;
+            for (std::size_t i : std::set<std::size_t>(s.after.begin(), s.after.end()))
+              if (s.before.count(i) != 0) padding += s.after.count(i);
+            CHECK(padding < M);
+            CHECK(s.after.size() == (n - k * b * N) + padding);
+            for (const auto& shard : s.after_shards) CHECK(shard.size() == s.after_shards[0].size());
+            if (M != N) continue;
+            for (std::size_t r = 0; r < N; ++r) {  // the same world: each rank goes on with its own list
+              DistributedSampler whole{n, N, r, o};
+              whole.set_epoch(3);
+              CHECK(std::equal(s.after_shards[r].begin(), s.after_shards[r].end(),
+                               whole.indices().begin() + std::ptrdiff_t(k * b), whole.indices().end()));
+              CHECK(s.after_shards[r].size() == whole.num_samples() - k * b);
+            }
           }
-        }
-      }
 }
 
 TEST_CASE("drop_last and evaluation counts from a start; the end of the epoch leaves nothing") {

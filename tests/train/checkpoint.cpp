@@ -215,6 +215,7 @@ TEST_CASE("a checkpoint restores parameters, optimizer state, counters and the t
     CHECK(Snapshot(a) == Snapshot(b));
     CHECK(s.epochs_done == 2);
     CHECK(s.batches_done == 3);
+    CHECK(s.samples_done == 3 * batch);  // left 0 by the program: the position of 3 batches on 1 rank
     CHECK(s.data_seed == 99);
     CHECK(s.dataset_size == 1000);
     CHECK(s.batch_size == batch);

@@ -63,7 +63,7 @@ class DeviceLoader {
       : device_(space.device()), compute_(space.shared_stream()), host_(data, std::move(sampler), std::move(options)) {
     space.activate();
     copy_ = CudaStream::make();
-    const std::size_t capacity = std::min(host_.options().batch, host_.sampler().num_samples());
+    const std::size_t capacity = std::min(host_.options().batch, data.count);  // a batch at any start
     for (Slot& slot : slots_) {
       slot.images = DeviceBuffer<float>(capacity * data.sample_size());
       slot.labels = DeviceBuffer<std::int32_t>(data.regression() ? 0 : capacity);

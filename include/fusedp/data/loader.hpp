@@ -127,7 +127,7 @@ class BasicDataLoader {
 
   /// The next batch of the epoch, or nothing at its end. The previous batch's views become invalid.
   std::optional<Batch> next() {
-    if (!started_) set_epoch(sampler_.epoch());
+    if (!started_) set_epoch(sampler_.epoch(), sampler_.start());
     std::unique_lock lock(mutex_);
     released_ = given_;  // the caller is done with the batch it had
     if (given_ >= batches_) return std::nullopt;
@@ -153,8 +153,9 @@ class BasicDataLoader {
     return given_;
   }
   /// Where the epoch stands once the batches handed out so far are trained on every rank: the
-  /// position a checkpoint records (set_epoch's `start` of a resumed run). Every rank reports the
-  /// same; the end of the epoch is the dataset's size (a last batch dropped or padded included).
+  /// position a checkpoint records (set_epoch's `start` of a resumed run). With a training sampler
+  /// (every rank the same count) every rank reports the same; the end of the epoch is the dataset's
+  /// size (a last batch dropped or padded included). An evaluation sampler's ranks may differ.
   [[nodiscard]] EpochPosition position() const {
     std::lock_guard lock(mutex_);
     return position_after(given_);

@@ -11,8 +11,8 @@
 // set_epoch(epoch, {.samples = S}) splits the rest of that order, positions S, S + 1, ..., among the
 // ranks of this run, which may be more or fewer than those that visited the prefix: each remaining
 // sample is visited exactly once; the padding that gives every rank the same count repeats samples
-// from the epoch's head, as it does at the start of an epoch. At the same world size the rest is
-// exactly what each rank would have visited after its first S / w samples.
+// of the visited prefix (from its head, as a whole epoch's padding repeats the epoch's head). At the
+// same world size the rest is exactly what each rank would have visited after its first S / w samples.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/data/batches.hpp"
@@ -110,10 +110,14 @@ class DistributedSampler {
     start_ = start.samples;
     if (options_.shuffle) permutation_into(order_, options_.seed, epoch);
     else std::iota(order_.begin(), order_.end(), std::size_t(0));
-    // The padded global order is order_[k % size_]: the head repeated as often as needed, as PyTorch
-    // pads. From a start S, rank r takes positions S + r, S + r + w, S + r + 2w, ...
+    // The padded global order is order_[k] for k < size_, then padding: the head repeated as often as
+    // needed, as PyTorch pads; from a start S > 0 the head of the visited prefix order_[0, S), so no
+    // sample after S is visited twice. Rank r takes positions S + r, S + r + w, S + r + 2w, ...
     count_ = num_samples_of(rank_);
-    for (std::size_t j = 0; j < count_; ++j) mine_[j] = order_[(start_ + rank_ + j * world_) % size_];
+    for (std::size_t j = 0; j < count_; ++j) {
+      const std::size_t k = start_ + rank_ + j * world_;
+      mine_[j] = order_[k < size_ ? k : start_ > 0 ? (k - size_) % start_ : k % size_];
+    }
   }
 
   std::size_t size_, world_, rank_;

@@ -61,7 +61,8 @@ struct TrainingState {
   std::uint64_t batches_done = 0;   ///< steps of the next epoch already trained
   /// Samples of the next epoch's global order already visited by all ranks together: the sampler
   /// position (data::EpochPosition, DataLoader::position) a resumed run starts from, at any world size.
-  /// Read from a checkpoint without it as batches_done x batch_size x world_size.
+  /// Left 0 with batches_done > 0 (a program written before it), and read from a checkpoint without
+  /// it, it is batches_done x batch_size x world_size (at most dataset_size).
   std::uint64_t samples_done = 0;
   std::uint64_t data_seed = 0;      ///< seed of the sampler and the augmentation
   std::uint64_t dataset_size = 0;   ///< training samples (a resumed run must see the same data)
@@ -83,6 +84,16 @@ inline std::string hex64(std::uint64_t v) {
   char buf[19];
   std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+// The position of `s`'s batches_done steps of batch_size samples on world_size ranks, at most the
+// epoch (a program that sets only batches_done, and checkpoints written before samples_done).
+inline std::uint64_t samples_of_batches(const TrainingState& s) {
+  std::uint64_t per_step = 0, samples = 0;
+  if (__builtin_mul_overflow(s.batch_size, s.world_size, &per_step) ||
+      __builtin_mul_overflow(s.batches_done, per_step, &samples))
+    return s.dataset_size;
+  return std::min(samples, s.dataset_size);
 }
 
 inline std::uint64_t parse_u64(const SafetensorsFile& f, const std::string& key, bool hex = false) {
@@ -328,8 +339,7 @@ inline TrainingState parse_state(const SafetensorsFile& f) {
   s.dataset_size = parse_u64(f, "dataset_size");
   s.batch_size = parse_u64(f, "batch_size");
   s.world_size = parse_u64(f, "world_size");
-  s.samples_done = f.meta("samples_done") ? parse_u64(f, "samples_done")
-                                          : std::min(s.batches_done * s.batch_size * s.world_size, s.dataset_size);
+  s.samples_done = f.meta("samples_done") ? parse_u64(f, "samples_done") : samples_of_batches(s);
   if (s.samples_done > s.dataset_size)
     throw DataError(f.path, "says " + std::to_string(s.samples_done) + " samples of an epoch of " +
                                 std::to_string(s.dataset_size) + " were visited");
@@ -399,6 +409,7 @@ void save_image(const std::string& dir, const ModelImage& image, TrainingState s
   namespace fs = std::filesystem;
   require(state.samples_done <= state.dataset_size, "save_checkpoint: samples_done (", state.samples_done,
           ") exceeds the epoch's ", state.dataset_size, " samples (dataset_size)");
+  if (state.samples_done == 0 && state.batches_done > 0) state.samples_done = samples_of_batches(state);
   {
     std::error_code ec;
     fs::create_directories(dir, ec);
