@@ -25,12 +25,8 @@ run_and_stop() {
   out=$1
   lines=$2
   shift 2
-  "$@" > "$out" 2>&1 &
-  pid=$!
-  wait_for_metrics "$pid" "$lines" "$out"
-  sleep 0.05
-  kill -USR1 "$pid" || fail "could not send SIGUSR1 to $pid"
-  wait "$pid" && fail "the run exited 0 after SIGUSR1 (see $PWD/$out)"
+  signal_when_written "$out" "$lines" USR1 self "$@"
+  [ "$status" -ne 0 ] || fail "the run exited 0 after SIGUSR1 (see $PWD/$out)"
   grep '^done:' "$out" > /dev/null && fail "the run finished before the signal (make it longer)"
   line=$(grep '^stopped by SIGUSR1 after step' "$out") || fail "no 'stopped by SIGUSR1' line (see $PWD/$out)"
   echo "$line" | sed -n 's/.*(epoch \([0-9]*\), sample \([0-9,]*\) of 32,768).*/\1 \2/p'

@@ -34,6 +34,29 @@ wait_for_metrics() {
   done
 }
 
+# Runs the command after $4 in the background, output in $1; once metrics.jsonl holds $2 lines
+# (and 0.05 s more: inside the next epoch) sends signal $3 to it ($4 = self) or to its rank N among
+# mpirun's children ($4 = rankN), and waits for it. Leaves its exit status in `status`.
+signal_when_written() {
+  out=$1
+  lines=$2
+  sig=$3
+  whom=$4
+  shift 4
+  "$@" > "$out" 2>&1 &
+  pid=$!
+  wait_for_metrics "$pid" "$lines" "$out"
+  sleep 0.05
+  case $whom in
+    rank*) target=$(rank_pid "$pid" "${whom#rank}") ;;
+    *) target=$pid ;;
+  esac
+  [ -n "$target" ] || fail "found no process for $whom under $pid"
+  kill "-$sig" "$target" || fail "could not send $sig to $target"
+  wait "$pid"
+  status=$?
+}
+
 # Metrics file $1 without the timings (samples per second, achieved GFLOP/s and utilization,
 # seconds), which differ from run to run.
 strip_timings() {

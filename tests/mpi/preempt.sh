@@ -30,18 +30,7 @@ run_and_signal() {
   whom=$4
   shift 4
   # shellcheck disable=SC2086
-  $launcher "$program" $flags "$@" > "$out" 2>&1 &
-  pid=$!
-  wait_for_metrics "$pid" "$lines" "$out"
-  sleep 0.05
-  case $whom in
-    rank1) target=$(rank_pid "$pid" 1) ;;
-    *) target=$pid ;;
-  esac
-  [ -n "$target" ] || fail "found no process for $whom under $pid"
-  kill "-$sig" "$target" || fail "could not send $sig to $target"
-  wait "$pid"
-  status=$?
+  signal_when_written "$out" "$lines" "$sig" "$whom" $launcher "$program" $flags "$@"
   if [ -z "$launcher" ]; then
     [ "$status" -eq 75 ] || fail "exit status $status after $sig, expected 75 (see $work/$out)"
   else

@@ -233,7 +233,8 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     std::size_t process_first = 0;  // Sharded: where this process's data begins in the global batch
     if constexpr (sharded) {
       // Every process's count, in rank order: the global batch and this process's place in it.
-      std::vector<std::uint64_t> counts(std::size_t(processes_.size()), 0);
+      std::vector<std::uint64_t>& counts = process_counts_;
+      counts.assign(std::size_t(processes_.size()), 0);  // allocates on the first step only
       counts[std::size_t(processes_.rank())] = local;
       processes_.all_reduce_sum(counts.data(), counts.size());
       global = 0;
@@ -450,6 +451,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   ParallelOptions options_;
   Host pool_;  // one thread per local replica
   parallel::ProcessGroup processes_;
+  std::vector<std::uint64_t> process_counts_;  // Sharded: every process's count in the step
   std::vector<Replica> replicas_;
   std::size_t world_ = 1;
   parallel::ZeroLayout zero_;
