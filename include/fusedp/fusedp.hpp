@@ -15,6 +15,7 @@
 #include "fusedp/data/sampler.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/layers/activation.hpp"
 #include "fusedp/layers/batch_norm.hpp"
 #include "fusedp/layers/conv2d.hpp"

@@ -22,6 +22,7 @@
 #include "fusedp/data/augment.hpp"
 #include "fusedp/data/dataset.hpp"
 #include "fusedp/data/sampler.hpp"
+#include "fusedp/exec/trace.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -126,7 +127,9 @@ class BasicDataLoader {
   }
 
   /// The next batch of the epoch, or nothing at its end. The previous batch's views become invalid.
+  /// Traced as a data span (exec/trace.hpp): the time the caller waits for the batch.
   std::optional<Batch> next() {
+    const trace::Scope span("next batch", trace::Kind::data);
     if (!started_) set_epoch(sampler_.epoch(), sampler_.start());
     std::unique_lock lock(mutex_);
     released_ = given_;  // the caller is done with the batch it had

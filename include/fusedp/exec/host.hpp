@@ -3,6 +3,7 @@
 #include "fusedp/core/buffer.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
+#include "fusedp/exec/trace.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -228,5 +229,9 @@ struct Host {
  private:
   std::shared_ptr<detail::ThreadPool> pool_;
 };
+
+/// The Host space's work is done when its calls return: the host clock times its stages.
+template <>
+inline constexpr bool trace::timed_on_host<Host> = true;
 
 }  // namespace fusedp

@@ -5,6 +5,7 @@
 // first step at a batch size, a step allocates nothing.
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/rng.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/kernels/host/gradient.hpp"
 #include "fusedp/net/cost.hpp"
 #include "fusedp/net/parameter_store.hpp"
@@ -60,6 +61,7 @@ class Model {
   T train_step(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                const Loss& loss, Opt& opt) {
     opt.validate();
+    const trace::Scope span("step", trace::Kind::step, std::int64_t(store_.steps() + 1));
     const T l = compute_gradients(inputs, targets, loss);
     step(opt);
     return l;
@@ -71,24 +73,27 @@ class Model {
   template <class Opt>
   bool step(const Opt& opt) {
     opt.validate();
+    const trace::Scope span("optimizer", trace::Kind::optimizer);
     if constexpr (requires { typename Opt::on_nonfinite; })
-      return apply_step(opt, opt.decide(kernels::host::gradient_stats(space_, store_.grads().data(), Net::param_storage),
-                                        store_.steps() + 1, first_nonfinite_tensor()));
+      return store_.apply_step(space_, opt,
+                               opt.decide(kernels::host::gradient_stats(space_, store_.grads().data(), Net::param_storage),
+                                          store_.steps() + 1, first_nonfinite_tensor()));
     else
-      return apply_step(opt, 1.0);
+      return store_.apply_step(space_, opt, 1.0);
   }
 
-  /// Applies a decision taken elsewhere (a data-parallel guard that combined every replica's
-  /// statistics): factor 0 skips the update, else the gradient is scaled by `factor` and the optimizer
-  /// runs. Returns whether the update ran.
   /// Where the GEMM weights lie, for an optimizer's Decay::weights over the part of the flat buffer
   /// from `offset` (a ZeRO-1 block: Parallel updates it).
   [[nodiscard]] kernels::DecayRuns decay_runs(std::size_t offset = 0) const noexcept {
     return store_.decay_runs(offset);
   }
 
+  /// Applies a decision taken elsewhere (a data-parallel guard that combined every replica's
+  /// statistics): factor 0 skips the update, else the gradient is scaled by `factor` and the optimizer
+  /// runs. Returns whether the update ran.
   template <class Opt>
   bool apply_step(const Opt& opt, double factor) {
+    const trace::Scope span("optimizer", trace::Kind::optimizer);
     return store_.apply_step(space_, opt, factor);
   }
 
@@ -129,10 +134,12 @@ class Model {
     const auto scope = binding_.synchronized(sync, first_sample);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);
+    trace::Scope loss_span("loss", trace::Kind::loss);
     const T l = loss(space_, batch, output_size, binding_.template output_of<last>(inputs.data(), batch),
                      targets.data(), dlogits);
     if (normalizer != 0 && normalizer != batch)
       detail::scale_in_space(space_, dlogits, batch * output_size, T(batch) / T(normalizer));
+    loss_span.end();
     int current = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (binding_.template backward_stage<last - I>(space_, store_, inputs.data(), batch, current, on_stage_done,

@@ -5,6 +5,7 @@
 // layer's executor for Space. Held by both models; the Cuda model adds its fused groups around it.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/layers/activation.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
@@ -161,13 +162,16 @@ class StageBinding {
                                       Net::template stage<I>::first, sync_, first_sample_);
   }
 
-  /// Runs stage I forward (a reshape runs nothing: its output aliases its input).
+  /// Runs stage I forward (a reshape runs nothing: its output aliases its input). Traced as a forward
+  /// span where the host clock times Space's work (exec/trace.hpp).
   template <std::size_t I>
   void forward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, bool training, T* scratch) {
     using S = typename Net::template stage<I>;
-    if constexpr (S::kind != LayerKind::reshape)
+    if constexpr (S::kind != LayerKind::reshape) {
+      const trace::SpaceScope<Space> span(S::layer::name, trace::Kind::forward, std::int64_t(S::first));
       executor<S>::template forward<typename S::in, typename S::epilogue>(
           args_of<I>(space, store, x, batch, training, scratch));
+    }
   }
 
   /// Runs stage I backward from gradient buffer `current` into the other one, which becomes current
@@ -180,7 +184,10 @@ class StageBinding {
       StageArgs<Space, T> a = args_of<I>(space, store, x, batch, true, scratch);
       a.dy = gradient_buffer(current, batch);
       a.dx = I > 0 ? gradient_buffer(1 - current, batch) : nullptr;
-      executor<S>::template backward<typename S::in, typename S::epilogue>(a);
+      {
+        const trace::SpaceScope<Space> span(S::layer::name, trace::Kind::backward, std::int64_t(S::first));
+        executor<S>::template backward<typename S::in, typename S::epilogue>(a);
+      }
       current = 1 - current;
     }
     on_stage_done(I);

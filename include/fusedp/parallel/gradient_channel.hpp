@@ -10,6 +10,7 @@
 #include "fusedp/core/buffer.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/replica_sum.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/kernels/rank_order_sum.hpp"
 #include "fusedp/parallel/shards.hpp"
 
@@ -30,7 +31,10 @@ namespace fusedp::parallel {
 /// same sizes, on this replica's own buffers.
 ///   before_reduction()          orders what follows after the work that wrote the gradient
 ///   all_reduce_sum(g, n)        sum in place on every replica
-///   start_all_reduce_sum(g, n)  the same, possibly still running when it returns: finish_started() waits
+///   start_all_reduce_sum(g, n, b) the same for bucket b, possibly still running when it returns (then
+///                               true): finish_started() waits; progress() moves started ones on
+///   timed_on_host               whether the host clock times the channel's work (exec/trace.hpp: a
+///                               reduction is traced where it is)
 ///   all_reduce_sum_bf16(h, n)   sum of bfloat16 values in place
 ///   reduce_sum(g, n, root)      sum into root's g only
 ///   all_gather(g, all, n)       every replica's n values, in rank order, into all (size() x n)
@@ -45,8 +49,10 @@ concept GradientChannel = requires(C& c, float* g, const float* cg, std::uint16_
   { c.size() } -> std::convertible_to<int>;
   c.before_reduction();
   c.all_reduce_sum(g, n);
-  c.start_all_reduce_sum(g, n);
+  { c.start_all_reduce_sum(g, n, n) } -> std::convertible_to<bool>;
+  c.progress();
   c.finish_started();
+  { C::timed_on_host } -> std::convertible_to<bool>;
   c.all_reduce_sum_bf16(h, n);
   c.reduce_sum(g, n, 0);
   c.all_gather(cg, g, n);
@@ -90,14 +96,38 @@ class HostChannel {
     return {&comm_, [](void* c, double* values, std::size_t n, void*) { static_cast<C*>(c)->all_reduce_sum(values, n); }};
   }
 
+  static constexpr bool timed_on_host = true;
+
   void before_reduction() noexcept {}  // host work is done when it returns
   void all_reduce_sum(float* g, std::size_t n) { comm_.all_reduce_sum(g, n); }
-  void start_all_reduce_sum(float* g, std::size_t n) {
-    if constexpr (mpi) comm_.start_all_reduce_sum(g, n, requests_);
-    else comm_.all_reduce_sum(g, n);
+  /// MPI: started (MPI_Iallreduce), true; in-process: done when it returns, false.
+  bool start_all_reduce_sum(float* g, std::size_t n, std::size_t bucket) {
+    if constexpr (mpi) {
+      const std::size_t before = requests_.size();
+      comm_.start_all_reduce_sum(g, n, requests_);
+      const std::int64_t now = trace::active() != nullptr ? trace::now_ns() : 0;
+      for (std::size_t i = before; i < requests_.size(); ++i)
+        started_.push_back({now, std::int64_t(bucket), std::uint64_t(n * sizeof(float))});
+      return true;
+    } else {
+      comm_.all_reduce_sum(g, n);
+      return false;
+    }
   }
+  /// Tests the started reductions once: Open MPI's non-blocking collectives move on only inside MPI
+  /// calls, so backward calls this after each stage.
+  void progress() {
+    if constexpr (mpi)
+      if (!requests_.empty()) comm_.test_all(requests_, [this](std::size_t i) { completed(i); });
+  }
+  /// Waits for the started reductions (traced as a wait: the part of them backward did not hide).
   void finish_started() {
-    if constexpr (mpi) comm_.wait_all(requests_);
+    if constexpr (mpi) {
+      if (requests_.empty()) return;
+      const trace::Scope span("started reductions", trace::Kind::wait);
+      comm_.wait_all(requests_, [this](std::size_t i) { completed(i); });
+      started_.clear();
+    }
   }
   void all_reduce_sum_bf16(std::uint16_t* h, std::size_t n) { comm_.all_reduce_sum_bf16(h, n); }
   void reduce_sum(float* g, std::size_t n, int root) { comm_.reduce_sum(g, n, root); }
@@ -145,7 +175,22 @@ class HostChannel {
     }
   }
 
+  // Started reduction i was seen complete: its reduce span, from its start until now.
+  void completed(std::size_t i) {
+    trace::Recorder* r = trace::active();
+    if (r == nullptr || i >= started_.size() || started_[i].begin_ns == 0) return;
+    const Started& s = started_[i];
+    r->add({"bucket", trace::Kind::reduce, trace::comm_lane + trace::current_lane(), s.begin_ns, trace::now_ns(),
+            s.bucket, s.bytes});
+  }
+  struct Started {
+    std::int64_t begin_ns;  // 0: tracing was off when it started
+    std::int64_t bucket;
+    std::uint64_t bytes;
+  };
+
   C comm_;
+  std::vector<Started> started_;  // per request of requests_: what it reduces, for the trace
   HostBuffer<float> gathered_;
   HostBuffer<std::uint16_t> packed_;
   std::vector<detail::MpiRequest> requests_;

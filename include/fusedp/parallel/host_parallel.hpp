@@ -281,6 +281,7 @@ class Parallel<Net, Host, Policies...> {
     std::vector<std::exception_ptr> errors(channels.size());
     std::atomic<int> first_failed{-1};
     pool_.run_on_all([&](int r) {
+      const trace::Lane lane{std::uint32_t(r)};
       try {
         losses[std::size_t(r)] = one(std::size_t(r), channels[std::size_t(r)]);
       } catch (...) {
@@ -308,6 +309,7 @@ class Parallel<Net, Host, Policies...> {
                      std::span<const typename Loss::template target<float>> targets, std::size_t batch,
                      std::size_t offset, const Loss& loss, Opt& opt) {
     model_type& m = models_[r];
+    const trace::Scope step_span("step", trace::Kind::step, std::int64_t(m.steps() + 1));
     const std::size_t count = inputs.size() / model_type::input_size;
     std::uint64_t global = batch;
     std::size_t first_sample = offset;  // where the shard begins in the step's global batch
@@ -316,7 +318,10 @@ class Parallel<Net, Host, Policies...> {
       std::vector<std::uint64_t>& counts = counts_[r];
       std::fill(counts.begin(), counts.end(), std::uint64_t(0));
       counts[global_index(r)] = count;
-      channel.comm().all_reduce_sum(counts.data(), counts.size());
+      {
+        const trace::Scope span("sample counts", trace::Kind::collective);
+        channel.comm().all_reduce_sum(counts.data(), counts.size());
+      }
       global = 0;
       for (std::size_t i = 0; i < counts.size(); ++i) global += counts[i];
       first_sample = 0;
@@ -338,9 +343,15 @@ class Parallel<Net, Host, Policies...> {
         [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); });
     reducer.finish(channel, m.grads().data(), zero_);
     update(r, channel, opt);
-    if constexpr (policy::broadcast_buffers) channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);
+    if constexpr (policy::broadcast_buffers) {
+      const trace::Scope span("broadcast state", trace::Kind::collective);
+      channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);
+    }
     double weighted_loss = double(l) * double(count);
-    channel.comm().all_reduce_sum(&weighted_loss, 1);
+    {
+      const trace::Scope span("loss sum", trace::Kind::collective);
+      channel.comm().all_reduce_sum(&weighted_loss, 1);
+    }
     return float(weighted_loss / double(global));
   }
 
@@ -366,6 +377,7 @@ class Parallel<Net, Host, Policies...> {
       }
       if (channel.rank() == 0) m.apply_step(opt, factor);
       else m.count_step(factor != 0.0);
+      const trace::Scope span("broadcast parameters", trace::Kind::collective);
       channel.comm().broadcast(m.params().data(), Net::param_storage, 0);
     } else {
       zero_update(r, channel, opt);
@@ -394,10 +406,13 @@ class Parallel<Net, Host, Policies...> {
         return;
       }
     }
+    trace::Scope update_span("optimizer", trace::Kind::optimizer);
     if (factor != 1.0) kernels::host::scale_gradient(m.space(), g, block.count, float(factor));
     opt.step(m.space(), m.params().data() + block.offset, g, zero_state_[r].data(), block.count,
              m.optimizer_steps() + 1, m.decay_runs(block.offset));
     m.count_step(true);
+    update_span.end();
+    const trace::Scope span("gather parameters", trace::Kind::collective);
     channel.all_gather_blocks(m.params().data(), zero_);
   }
 

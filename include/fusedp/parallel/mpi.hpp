@@ -44,6 +44,11 @@ inline void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
 }
 }  // namespace detail
 
+/// The default hook of MpiCommunicator::wait_all: nothing to tell.
+struct NoRequestHook {
+  constexpr void operator()(std::size_t) const noexcept {}
+};
+
 /// The collectives of Parallel<> over MPI, on a communicator that returns errors. Counts above INT_MAX
 /// are split into several calls. Each collective is a non-blocking call polled until it completes:
 /// a failure or a wait beyond timeout() throws DeviceError naming this rank, the call, and the rank
@@ -98,10 +103,19 @@ class MpiCommunicator {
       requests.push_back(r);
     });
   }
-  /// Waits for the collectives started with start_*, as every collective waits.
-  void wait_all(std::vector<MPI_Request>& requests) const {
-    wait(requests.data(), requests.size());
+  /// Waits for the collectives started with start_*, as every collective waits. `on_done(i)` is told
+  /// when it sees request i complete.
+  template <class Done = NoRequestHook>
+  void wait_all(std::vector<MPI_Request>& requests, Done&& on_done = {}) const {
+    wait(requests.data(), requests.size(), on_done);
     requests.clear();
+  }
+  /// Tests each started request once (which also moves Open MPI's non-blocking collectives on: they
+  /// progress only inside MPI calls); `on_done(i)` is told of each one it sees complete.
+  template <class Done>
+  void test_all(std::vector<MPI_Request>& requests, Done&& on_done) const {
+    const fusedp::detail::WorldErrorsReturn errors_return;
+    for (std::size_t i = 0; i < requests.size(); ++i) test(requests[i], i, on_done);
   }
   /// Sums bf16 values (stored as uint16) in place.
   void all_reduce_sum_bf16(std::uint16_t* data, std::size_t n) const {
@@ -328,19 +342,18 @@ class MpiCommunicator {
   // between tests, then sleeps 1 ms, and reads the side channel. Past the timeout, or on an error, it
   // finds out who is missing and fails.
   void wait(MPI_Request* requests, std::size_t n) const {
+    NoRequestHook none;
+    wait(requests, n, none);
+  }
+  template <class Done>
+  void wait(MPI_Request* requests, std::size_t n, Done& on_done) const {
     constexpr auto spin = std::chrono::milliseconds(10);
     constexpr auto yield = std::chrono::seconds(1);
     const fusedp::detail::WorldErrorsReturn errors_return;
     const auto start = clock::now();
     for (;;) {
       bool pending = false;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (requests[i] == MPI_REQUEST_NULL) continue;
-        int done = 0;
-        const int code = MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
-        if (code != MPI_SUCCESS) fail_error(code);
-        pending = pending || !done;
-      }
+      for (std::size_t i = 0; i < n; ++i) pending = !test(requests[i], i, on_done) || pending;
       if (!pending) return;
       const auto waited = clock::now() - start;
       if (waited < spin) continue;
@@ -349,6 +362,16 @@ class MpiCommunicator {
       if (waited < yield) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+  }
+  // Whether request r (number i) is complete; tells on_done(i) when this test completed it.
+  template <class Done>
+  bool test(MPI_Request& r, std::size_t i, Done& on_done) const {
+    if (r == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    const int code = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) fail_error(code);
+    if (done) on_done(i);
+    return done != 0;
   }
   [[noreturn]] void fail_timeout() const {
     std::string why = watch_->diagnose(grace());

@@ -51,9 +51,18 @@ class NcclChannel {
             }};
   }
 
+  /// NCCL's work is queued on a stream: the host clock does not time it (exec/trace.hpp).
+  static constexpr bool timed_on_host = false;
+
   void before_reduction() { order_after(ready_, model_stream_, stream_.get()); }
   void all_reduce_sum(float* g, std::size_t n) { comm_.all_reduce_sum(g, n, stream_.get()); }
-  void start_all_reduce_sum(float* g, std::size_t n) { all_reduce_sum(g, n); }  // queued: never waits
+  /// Queued on the channel's stream like every call: never waits. Returns false (nothing the host
+  /// clock could time is running).
+  bool start_all_reduce_sum(float* g, std::size_t n, std::size_t /*bucket*/) {
+    all_reduce_sum(g, n);
+    return false;
+  }
+  void progress() noexcept {}
   void finish_started() noexcept {}
   void all_reduce_sum_bf16(std::uint16_t* h, std::size_t n) { comm_.all_reduce_sum_bf16(h, n, stream_.get()); }
   void reduce_sum(float* g, std::size_t n, int root) { comm_.reduce_sum(g, n, root, stream_.get()); }

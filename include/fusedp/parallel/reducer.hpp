@@ -11,6 +11,7 @@
 // ReduceScatter (ZeRO-1) without Deterministic or Compress skips the buckets: one reduce-scatter of the
 // whole buffer after backward leaves each replica the sum of the block it updates.
 #include "fusedp/core/config.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
 #include "fusedp/parallel/gradient_channel.hpp"
 #include "fusedp/parallel/policy.hpp"
@@ -41,9 +42,11 @@ class BucketReducer {
   void begin() noexcept { std::fill(done_.begin(), done_.end(), char(0)); }
 
   /// Backward has finished (Cuda: queued) stage `stage`: with Overlap, the buckets it completes are reduced.
+  /// Every stage also moves the reductions already started on (GradientChannel::progress).
   template <GradientChannel C>
   void stage_done(C& channel, float* grads, std::size_t stage) {
     if constexpr (Policy::overlap && !whole_reduce_scatter) {
+      channel.progress();
       for (std::size_t b = 0; b < plan_.size(); ++b)
         if (plan_[b].ready_after == stage && !done_[b]) reduce(channel, grads, b, true);
     }
@@ -53,8 +56,10 @@ class BucketReducer {
   template <GradientChannel C>
   void finish(C& channel, float* grads, const ZeroLayout& zero) {
     if constexpr (whole_reduce_scatter) {
+      const std::int64_t begin = traced<C>() ? trace::now_ns() : 0;
       channel.before_reduction();
       channel.reduce_scatter_sum(grads, zero);
+      if (begin != 0) trace::blocking_reduction(begin, -1, (zero.world * zero.shard + zero.tail) * sizeof(float));
     } else {
       for (std::size_t b = 0; b < plan_.size(); ++b)
         if (!done_[b]) reduce(channel, grads, b, false);
@@ -67,6 +72,8 @@ class BucketReducer {
   void reduce(C& channel, float* grads, std::size_t b, bool may_start) {
     float* g = grads + plan_[b].begin;
     const std::size_t n = plan_[b].end - plan_[b].begin;
+    const std::int64_t begin = traced<C>() ? trace::now_ns() : 0;
+    bool started = false;
     channel.before_reduction();
     if constexpr (Policy::deterministic) {
       float* all = channel.gathered(n * std::size_t(channel.size()));
@@ -80,11 +87,18 @@ class BucketReducer {
     } else if constexpr (Policy::reduce_kind == detail::ReduceKind::reduce_broadcast) {
       channel.reduce_sum(g, n, 0);
     } else if (may_start) {
-      channel.start_all_reduce_sum(g, n);
+      started = channel.start_all_reduce_sum(g, n, b);
     } else {
       channel.all_reduce_sum(g, n);
     }
+    if (begin != 0 && !started) trace::blocking_reduction(begin, std::int64_t(b), n * sizeof(float));
     done_[b] = 1;
+  }
+
+  // Whether this reduction is traced: tracing is on and the host clock times the channel's work.
+  template <GradientChannel C>
+  static bool traced() noexcept {
+    return C::timed_on_host && trace::active() != nullptr;
   }
 
   std::vector<GradientBucket> plan_;

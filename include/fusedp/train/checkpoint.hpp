@@ -24,6 +24,7 @@
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/train/durable_file.hpp"
@@ -512,6 +513,7 @@ void load_weights(const std::string& path, Model& model) {
 /// (created if needed). See the top of this header for how a crash at any point is survived.
 template <class Model>
 void save_checkpoint(const std::string& dir, const Model& model, const TrainingState& state) {
+  const trace::Scope span("save checkpoint", trace::Kind::checkpoint);
   detail::save_checkpoint(dir, model, state, detail::SaveStop::never);
 }
 

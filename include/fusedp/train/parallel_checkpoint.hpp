@@ -9,6 +9,7 @@
 // every rank only for loading); every rank learns whether the save succeeded, so a failed write throws
 // on every rank, and the previous checkpoint stays intact. Loading reads and verifies the files on
 // every rank before any replica changes.
+#include "fusedp/exec/trace.hpp"
 #include "fusedp/parallel/parallel.hpp"
 #include "fusedp/train/checkpoint.hpp"
 
@@ -47,6 +48,7 @@ void save_checkpoint(const std::string& dir, Parallel<Net, Space, P...>& dp, con
 /// collective under MPI; rank 0 writes.
 template <class Net, class Space, class... P>
 void save_checkpoint(const std::string& dir, Parallel<Net, Space, P...>& dp, const TrainingState& state) {
+  const trace::Scope span("save checkpoint", trace::Kind::checkpoint);
   detail::save_checkpoint(dir, dp, state, detail::SaveStop::never);
 }
 
