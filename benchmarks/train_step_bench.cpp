@@ -3,7 +3,10 @@
 // warm-up, then the median of the timed steps. Prints ms/step, images/s and the achieved GFLOP/s of the
 // convolutions and GEMMs (the cost model's count).
 //
-//   train_step_bench --net lenet --batch 64 --threads 2 --steps 200
+//   train_step_bench --net lenet --batch 64 --threads 2 --steps 200 [--trace FILE]
+//
+// --trace records the steps' spans (exec/trace.hpp) and writes them to FILE: the same binary with and
+// without it measures what tracing costs a step.
 #include "../tests/support/fusedp_core.hpp"
 
 #include "../tests/support/seed_networks.hpp"
@@ -12,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,7 +27,10 @@ using CifarCnn = seed_networks::CifarCnn;
 using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 template <class Net>
-int bench(std::size_t batch, int threads, int steps, int warmup) {
+int bench(std::size_t batch, int threads, int steps, int warmup, const std::string& trace) {
+  fp::trace::Recorder recorder;
+  std::optional<fp::trace::Session> session;
+  if (!trace.empty()) session.emplace(recorder);
   fp::Host host{threads};
   fp::Model<Net, fp::Host> model{fp::seed(1), host};
   fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
@@ -42,8 +49,14 @@ int bench(std::size_t batch, int threads, int steps, int warmup) {
   const double median = ms[ms.size() / 2];
   // Model FLOPs of a train step (net/cost.hpp: the GEMMs of forward, input and weight gradients).
   const double gflops = fp::CostModel<Net>::train_flops * double(batch) / (median * 1e-3) / 1e9;
-  std::printf("fusedp  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s\n", batch, host.threads(),
-              median, double(batch) / (median * 1e-3), gflops);
+  std::printf("fusedp  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s%s\n", batch, host.threads(),
+              median, double(batch) / (median * 1e-3), gflops, trace.empty() ? "" : "  (traced)");
+  if (!trace.empty()) {
+    session.reset();
+    recorder.write(trace);
+    std::printf("trace: %s, %zu spans (%.1f per step)\n", trace.c_str(), recorder.size(),
+                double(recorder.size()) / double(warmup + steps));
+  }
   return 0;
 }
 
@@ -52,6 +65,7 @@ int main(int argc, char** argv) {
   std::string net = "lenet";
   std::size_t batch = 64;
   int threads = 2, steps = 100, warmup = 10;
+  std::string trace;
   app.add_option("--net", net, "lenet, cifar or resnet18")
       ->check(CLI::IsMember({"lenet", "cifar", "resnet18"}))
       ->capture_default_str();
@@ -59,6 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (0: one per core)")->check(CLI::Range(0, 1024))->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--trace", trace, "record the steps' spans and write them to this Chrome trace file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -68,9 +83,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup);
-    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup);
-    return bench<ResNet18>(batch, threads, steps, warmup);
+    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup, trace);
+    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup, trace);
+    return bench<ResNet18>(batch, threads, steps, warmup, trace);
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

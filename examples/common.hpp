@@ -85,6 +85,7 @@ struct TrainFlags {
   bool sync_bn = false;               // SyncBatchNorm
   std::string on_nonfinite = "stop";  // a NaN or infinite gradient: stop or skip
   float clip_grad_norm = 0;           // the largest global L2 norm of a step's gradient (0: no clipping)
+  std::string trace;                  // Chrome trace of the run (rank r of several: .rank<r> before the extension)
 };
 
 /// Samples per step in each process: --batch per micro-batch, --accumulate micro-batches.
@@ -176,6 +177,10 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
                  "the peak GFLOP/s of all the processors the run uses, the denominator of the utilization printed "
                  "per epoch (default: the CPU's FMA rate, measured at start, or the GPU's tensor-core rate)")
       ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--trace", f.trace,
+                 "write a timeline of the run to this file as a Chrome trace (open it in ui.perfetto.dev; under "
+                 "mpirun each rank writes FILE with .rank<r> before the extension; scripts/trace_report.py merges "
+                 "them and splits each step's time)");
 }
 
 /// The flags of the SGD examples: --momentum and --nesterov (their defaults are the example's).
@@ -302,6 +307,67 @@ decltype(auto) with_flag(const char* flag, F&& f) {
     throw fp::DataError(flag, e.what());
   }
 }
+
+/// The trace file of this process for --trace FILE: FILE itself in a run of one process, else FILE with
+/// .rank<r> before its extension (run.json -> run.rank0.json, run.rank1.json, ...).
+inline std::string rank_trace_path(const std::string& path, int rank, int world) {
+  if (world <= 1) return path;
+  const std::filesystem::path p(path);
+  const std::string ext = p.extension().string();
+  const std::string stem = ext.empty() ? path : path.substr(0, path.size() - ext.size());
+  return stem + ".rank" + std::to_string(rank) + ext;
+}
+
+/// --trace: while it lives, this process's spans are recorded (fusedp/exec/trace.hpp); write() saves
+/// them and rank 0 prints the overlap of gradient reduction with backward. A run that ends by an
+/// error or a signal still writes what it recorded.
+class TraceFile {
+ public:
+  TraceFile(const std::string& path, int rank, int world) : path_(rank_trace_path(path, rank, world)) {
+    if (path.empty()) return;
+    char host[256] = "";
+    (void)gethostname(host, sizeof host - 1);
+    // Fails now, with the file's name, rather than after the run.
+    with_flag("--trace", [&] {
+      std::FILE* f = std::fopen(path_.c_str(), "wb");
+      if (f == nullptr) throw fp::DataError(path_, std::string("cannot write the trace: ") + std::strerror(errno));
+      std::fclose(f);
+    });
+    recorder_ = std::make_unique<fp::trace::Recorder>(rank, world, host);
+    recorder_->name_lane(0, world > 1 ? "rank " + std::to_string(rank) : "main");
+    session_ = std::make_unique<fp::trace::Session>(*recorder_);
+  }
+  TraceFile(const TraceFile&) = delete;
+  TraceFile& operator=(const TraceFile&) = delete;
+  ~TraceFile() {
+    try {
+      write(false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "--trace: %s\n", e.what());
+    }
+  }
+
+  /// Stops recording, writes the file, and (`report`, rank 0) prints where it is and the overlap.
+  void write(bool report) {
+    if (!recorder_) return;
+    session_.reset();
+    const std::unique_ptr<fp::trace::Recorder> r = std::move(recorder_);
+    with_flag("--trace", [&] { r->write(path_); });
+    if (!report || r->rank() != 0) return;
+    const fp::trace::OverlapFigure f = r->overlap();
+    std::printf("trace: %s (%zu spans)", path_.c_str(), r->size());
+    if (f.reduce_seconds > 0)
+      std::printf("; gradient reduction %.1f ms, %.1f ms of it exposed: %.0f%% hidden behind backward\n",
+                  1e3 * f.reduce_seconds, 1e3 * f.exposed_seconds, 100 * f.overlap());
+    else
+      std::printf("; no gradient reduction (one replica)\n");
+  }
+
+ private:
+  std::string path_;
+  std::unique_ptr<fp::trace::Recorder> recorder_;
+  std::unique_ptr<fp::trace::Session> session_;
+};
 
 /// When --resume is given, the verified training state of that checkpoint. The model must then be
 /// constructed with its seed: an explicit --seed that differs is an error, not a silent change.
@@ -686,6 +752,7 @@ struct Evaluation {
 template <class Trainer, class Loss>
 Evaluation evaluate(Trainer& trainer, fd::DataLoader& loader, const Loss& loss) {
   auto& model = model_of(trainer);
+  const fp::trace::Scope span("evaluate", fp::trace::Kind::evaluate);
   fp::GlobalEvaluation sums;
   const bool classification = !loader.dataset().regression();
   loader.set_epoch(0);
@@ -793,6 +860,7 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
     }
   }
   if (root && !f.checkpoint.empty()) check_checkpoint_folder(f.checkpoint);
+  TraceFile trace{f.trace, launch.rank(), launch.world()};
   ft::MetricsWriter metrics;
   if (root && !f.metrics.empty())
     metrics = with_flag("--metrics", [&] {
@@ -959,6 +1027,7 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
                      {"seconds", seconds}});
     if (!f.checkpoint.empty()) save(epoch, 0, {}, 0.0, 0);
   }
+  trace.write(true);
   if (root && total_seconds > 0) {
     const auto epochs = static_cast<unsigned long long>(std::uint64_t(f.epochs) - first_epoch + 1);
     if (result.accuracy)
