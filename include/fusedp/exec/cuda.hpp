@@ -27,6 +27,7 @@ struct Bf16 {
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda_check.hpp"
 #include "fusedp/exec/cuda_event.hpp"
+#include "fusedp/exec/cuda_trace.hpp"
 
 #include <cuda_runtime.h>
 
@@ -265,6 +266,14 @@ struct is_cuda_space<CudaSpace<P>> : std::true_type {};
 /// Whether S is some CudaSpace<P>.
 template <class S>
 inline constexpr bool is_cuda_space_v = is_cuda_space<S>::value;
+
+/// The Cuda space's work is queued on its stream: CUDA events time it (exec/cuda_trace.hpp).
+template <class P>
+struct trace::SpaceSpans<CudaSpace<P>> {
+  static CudaScope open(const CudaSpace<P>& space, const char* name, Kind kind, std::int64_t index = -1) noexcept {
+    return CudaScope(space.stream(), name, kind, index);
+  }
+};
 
 }  // namespace fusedp
 #endif  // FUSEDP_HAS_CUDA

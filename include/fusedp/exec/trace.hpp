@@ -191,7 +191,10 @@ class Recorder {
     std::uint64_t async_id = 0;
     for (const Span& s : spans_) {
       std::string name = s.name;
-      if (s.index >= 0 && s.kind != Kind::step) name += " " + std::to_string(s.index);
+      if (s.index >= 0 && s.kind != Kind::step) {
+        name += ' ';
+        name += std::to_string(s.index);
+      }
       if (s.kind == Kind::reduce) {
         // An async pair: reductions in flight together overlap on their lane without nesting.
         ++async_id;
@@ -269,6 +272,22 @@ class Recorder {
 };
 
 namespace detail {
+/// Moves spans timed elsewhere (CUDA events, exec/cuda_trace.hpp) into their recorders, waiting for
+/// them (`wait`) or taking only the finished ones. Registered once by the header that times them.
+using FlushHook = void (*)(bool wait);
+inline std::vector<FlushHook>& flush_hooks() {
+  static std::vector<FlushHook> hooks;
+  return hooks;
+}
+inline bool add_flush_hook(FlushHook h) {
+  static std::mutex m;
+  const std::lock_guard<std::mutex> lock(m);
+  flush_hooks().push_back(h);
+  return true;
+}
+inline void flush_pending(bool wait) {
+  for (FlushHook h : flush_hooks()) h(wait);
+}
 inline std::atomic<Recorder*>& active_slot() noexcept {
   static std::atomic<Recorder*> slot{nullptr};
   return slot;
@@ -293,7 +312,11 @@ class Session {
   }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
-  ~Session() { detail::active_slot().store(nullptr); }
+  /// Ends the session: spans still timed elsewhere (queued GPU work) are waited for and recorded.
+  ~Session() {
+    detail::flush_pending(true);
+    detail::active_slot().store(nullptr);
+  }
 };
 
 /// While it lives, this thread records on `lane` (a replica's thread: its index).
@@ -351,12 +374,15 @@ inline void blocking_reduction(std::int64_t begin_ns, std::int64_t index, std::u
   r->add(Span{"reduction", Kind::wait, lane, begin_ns, end, index, bytes});
 }
 
-/// Spaces whose work is done when their calls return (Host), so that the host clock times it.
+/// How the work of execution space Space is timed: SpaceSpans<Space>::open(space, name, kind, index)
+/// returns the span of what follows until it ends. Specialized beside each space: Host's work is done
+/// when its calls return, so the host clock times it (exec/host.hpp: a Scope); Cuda's is queued on a
+/// stream, so CUDA events time it (exec/cuda.hpp: a CudaScope). Anything else is not timed.
 template <class Space>
-inline constexpr bool timed_on_host = false;
-
-/// The scope that times Space's work: Scope where the host clock times it, else NoScope.
-template <class Space>
-using SpaceScope = std::conditional_t<timed_on_host<Space>, Scope, NoScope>;
+struct SpaceSpans {
+  static NoScope open(const Space&, const char* name, Kind kind, std::int64_t index = -1) noexcept {
+    return NoScope(name, kind, index);
+  }
+};
 
 }  // namespace fusedp::trace

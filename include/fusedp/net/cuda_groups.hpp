@@ -107,6 +107,7 @@ struct CudaGroups {
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
+      const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::forward, S::first);
       S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k>(
           args_of<Gr::first>(x, batch, training), binding.template output_of<Gr::first + 1>(x, batch),
           argmax_of<Gr::first>(x, batch));
@@ -117,6 +118,8 @@ struct CudaGroups {
         }(std::make_index_sequence<Gr::last - Gr::first + 1>{});
         return;
       }
+      const auto span = trace::SpaceSpans<space_type>::open(space, "MLP", trace::Kind::forward,
+                                                            Net::template stage<Gr::first>::first);
       kernels::cuda::mlp_forward<mlp_spec<Gr>>(space, mlp_args<Gr>(x, batch, nullptr, nullptr));
     }
   }
@@ -170,9 +173,12 @@ struct CudaGroups {
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
       StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
-      S::layer::template backward_maxpool<typename S::in, typename S::epilogue, k>(
-          a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
-          argmax_of<Gr::first>(x, batch));
+      {
+        const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
+        S::layer::template backward_maxpool<typename S::in, typename S::epilogue, k>(
+            a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
+            argmax_of<Gr::first>(x, batch));
+      }
       current = 1 - current;
       on_stage_done(Gr::first + 1);
       on_stage_done(Gr::first);
@@ -193,7 +199,11 @@ struct CudaGroups {
         ((dw[L] = grads + Net::stage_plan[Gr::first + L].weight, db[L] = grads + Net::stage_plan[Gr::first + L].bias),
          ...);
       }(std::make_index_sequence<n>{});
-      kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch);
+      {
+        const auto span = trace::SpaceSpans<space_type>::open(space, "MLP", trace::Kind::backward,
+                                                              Net::template stage<Gr::first>::first);
+        kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch);
+      }
       current = 1 - current;
       [&]<std::size_t... L>(std::index_sequence<L...>) {
         (on_stage_done(Gr::last - L), ...);

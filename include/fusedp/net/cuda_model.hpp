@@ -185,17 +185,18 @@ class Model<Net, CudaSpace<P>, T> {
     }
   }
 
-  /// Applies a decision taken elsewhere (a data-parallel guard that combined every rank's statistics):
-  /// factor 0 skips the update (counted in skipped_steps()), else the gradient is scaled by `factor`
-  /// (when not 1) and the optimizer runs. Returns whether the update ran.
   /// Where the GEMM weights lie, for an optimizer's Decay::weights over the part of the flat buffer
   /// from `offset` (a ZeRO-1 block: Parallel updates it).
   [[nodiscard]] kernels::DecayRuns decay_runs(std::size_t offset = 0) const noexcept {
     return store_.decay_runs(offset);
   }
 
+  /// Applies a decision taken elsewhere (a data-parallel guard that combined every rank's statistics):
+  /// factor 0 skips the update (counted in skipped_steps()), else the gradient is scaled by `factor`
+  /// (when not 1) and the optimizer runs. Returns whether the update ran.
   template <class Opt>
   bool apply_step(const Opt& opt, double factor) {
+    const auto span = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
     return store_.apply_step(space_, opt, factor);
   }
 
@@ -402,6 +403,7 @@ class Model<Net, CudaSpace<P>, T> {
       loss.enqueue(space_, batch, output_size, static_cast<const T*>(nullptr), targets, dlogits,
                    kernels::cuda::LossOutput{});
     }, "fusedp::Model on Cuda: this loss has no Cuda implementation (an enqueue(CudaSpace, ...) member)");
+    const auto span = trace::SpaceSpans<space_type>::open(space_, "loss", trace::Kind::loss);
     loss.enqueue(space_, batch, output_size, binding_.template output_of<last>(x, batch), targets, dlogits,
                  loss_.output());
     last_loss_name_ = Loss::name;
@@ -425,6 +427,9 @@ class Model<Net, CudaSpace<P>, T> {
                 Opt& opt) {
     NoStageHook none;
     replayed_ = false;
+    // A replayed graph runs no host code: the step's own span, outside the graph, is what it records.
+    const auto span = trace::SpaceSpans<space_type>::open(space_, "step", trace::Kind::step,
+                                                          std::int64_t(store_.steps() + 1));
     if constexpr (requires { typename Opt::on_nonfinite; }) {
       // The update depends on the gradient's statistics, read on the host: launched directly.
       queue_gradients(x, targets, batch, loss, none);
@@ -442,6 +447,7 @@ class Model<Net, CudaSpace<P>, T> {
       const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
         queue_gradients(x, targets, batch, loss, none);
+        const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
         kernels::cuda::apply_optimizer<int(Opt::state_slots)>(space_.stream(), store_.params().data(),
                                                               store_.grads().data(), state.data(), Net::param_storage,
                                                               Op{}, slot, store_.decay_runs());

@@ -168,7 +168,7 @@ class StageBinding {
   void forward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, bool training, T* scratch) {
     using S = typename Net::template stage<I>;
     if constexpr (S::kind != LayerKind::reshape) {
-      const trace::SpaceScope<Space> span(S::layer::name, trace::Kind::forward, std::int64_t(S::first));
+      const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
       executor<S>::template forward<typename S::in, typename S::epilogue>(
           args_of<I>(space, store, x, batch, training, scratch));
     }
@@ -185,7 +185,7 @@ class StageBinding {
       a.dy = gradient_buffer(current, batch);
       a.dx = I > 0 ? gradient_buffer(1 - current, batch) : nullptr;
       {
-        const trace::SpaceScope<Space> span(S::layer::name, trace::Kind::backward, std::int64_t(S::first));
+        const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
         executor<S>::template backward<typename S::in, typename S::epilogue>(a);
       }
       current = 1 - current;
