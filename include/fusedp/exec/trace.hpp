@@ -23,10 +23,9 @@
 // wants of complete events ("ph": "X") on a thread. Reduce spans are written as async pairs ("b", "e")
 // on their comm lane, since buckets in flight together overlap without nesting.
 //
-// Which work is timed here: the Host space's, whose work is done when its call returns
-// (timed_on_host<Space>). The Cuda space's stages are asynchronous; their host-side calls are not
-// their duration, so they are not recorded as stage spans (see docs/TRACING.md for what a Cuda run's
-// trace holds).
+// How a space's work is timed is SpaceSpans<Space>: Host's by the host clock around the call (its work
+// is done when the call returns), Cuda's by CUDA events on its stream (exec/cuda_trace.hpp), whose
+// spans reach the recorder when the events complete and at the latest when the Session ends.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 
@@ -331,7 +330,7 @@ class Lane {
   std::uint32_t previous_;
 };
 
-/// A Scope for the work of Space: timed where the host clock times it (timed_on_host), else nothing.
+/// A span that records nothing (work no clock here can time).
 class NoScope {
  public:
   explicit NoScope(const char*, Kind, std::int64_t = -1, std::uint64_t = 0) noexcept {}
