@@ -255,6 +255,9 @@ if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]]; then
   timeout 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "^epoch.*ETA" | tail -4
   timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
   timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" 2>&1 | tail -2  # one GPU: a clear error
+  # A trace of one GPU epoch (event-timed spans: docs/TRACING.md), its step split and timeline PNG.
+  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 1 --trace "$OUT/trace_lenet_gpu.json" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -E "^trace|^done"
+  "$PY" "$ROOT/scripts/trace_report.py" "$OUT/trace_lenet_gpu.json" --png "$OUT/trace_lenet_gpu.png" 2>&1 | tail -5
   timeout 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
   timeout 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
   [[ -x "$PREBUILT/resnet18_cifar" ]] && timeout 60 "$PREBUILT/resnet18_cifar" --device cuda --synthetic 4096 --epochs 2 --batch 256 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
