@@ -26,11 +26,14 @@ Exit status: 0 on success, 1 on a missing or malformed file (the message names t
 """
 
 import argparse
+import bisect
 import json
 import statistics
 import sys
 
 COMPUTE = {"forward", "loss", "backward", "optimizer"}
+COMM_LANE = 1000  # replica r's reductions are on tid COMM_LANE + r (exec/trace.hpp)
+BETWEEN_STEPS = {"evaluate", "checkpoint"}  # not part of the next step's time
 WAIT = {"wait"}
 SYNC = {"collective"}
 
@@ -50,9 +53,13 @@ def read_trace(path):
         fail(f"{path}: not JSON ({e})")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         fail(f"{path}: not a Chrome trace (no traceEvents array)")
-    meta = doc.get("otherData", {}).get("fusedp")
+    other = doc.get("otherData")
+    meta = other.get("fusedp") if isinstance(other, dict) else None
     if not isinstance(meta, dict):
         fail(f"{path}: not written by fusedp (no otherData.fusedp)")
+    for key in ("rank", "world", "steady_origin_us", "system_origin_us"):
+        if not isinstance(meta.get(key), (int, float)):
+            fail(f"{path}: otherData.fusedp has no number '{key}'")
     return doc, meta
 
 
@@ -63,64 +70,107 @@ def merge(paths):
     ranks = [m.get("rank") for _, _, m in docs]
     if len(set(ranks)) != len(ranks):
         fail("two files hold the same rank: " + ", ".join(f"{p} (rank {m.get('rank')})" for p, _, m in docs))
+    world = max(m["world"] for _, _, m in docs)
+    if len(docs) < world:
+        print(f"trace_report.py: note: {len(docs)} of the run's {world} ranks' traces given", file=sys.stderr)
     events, metas = [], []
     for path, doc, meta in docs:
         # One machine: the steady clock is common. Several: move each file onto its system clock.
         shift = 0.0 if len(hosts) == 1 else meta["system_origin_us"] - meta["steady_origin_us"]
         for e in doc["traceEvents"]:
+            if not isinstance(e, dict):
+                fail(f"{path}: a trace event that is not an object")
+            e = dict(e)
             if "ts" in e:
-                e = dict(e)
                 e["ts"] = e["ts"] + shift
+            if "id" in e:  # each file numbers its async pairs from 1: unique over the merged ranks
+                e["id"] = f"{meta['rank']}.{e['id']}"
             events.append(e)
         metas.append(meta)
     return events, metas
 
 
 def spans_of(events):
-    """Complete spans per (pid, tid) as (begin, end, cat, name, args), and reduce pairs per pid."""
+    """Complete spans per (pid, tid) as (begin, end, cat, name, args), sorted, and each replica's
+    reductions per (pid, replica) as (begin, end)."""
     lanes, open_async, reduce_spans = {}, {}, {}
-    for e in events:
-        ph = e.get("ph")
-        if ph == "X":
-            b = e["ts"]
-            lanes.setdefault((e["pid"], e["tid"]), []).append((b, b + e["dur"], e.get("cat", ""), e["name"], e.get("args", {})))
-        elif ph == "b":
-            open_async[(e["pid"], e["id"])] = e
-        elif ph == "e":
-            start = open_async.pop((e["pid"], e["id"]), None)
-            if start is not None:
-                reduce_spans.setdefault(e["pid"], []).append((start["ts"], e["ts"]))
+    try:
+        for e in events:
+            ph = e.get("ph")
+            if ph == "X":
+                b = e["ts"]
+                lanes.setdefault((e["pid"], e["tid"]), []).append((b, b + e["dur"], e.get("cat", ""), e["name"], e.get("args", {})))
+            elif ph == "b":
+                open_async[(e["pid"], e["id"])] = e
+            elif ph == "e":
+                start = open_async.pop((e["pid"], e["id"]), None)
+                if start is not None:
+                    replica = start["tid"] - COMM_LANE if start["tid"] >= COMM_LANE else start["tid"]
+                    reduce_spans.setdefault((e["pid"], replica), []).append((start["ts"], e["ts"]))
+    except (KeyError, TypeError) as e:
+        fail(f"a trace event lacks a field or has one of the wrong type ({e})")
     for spans in lanes.values():
         spans.sort(key=lambda s: (s[0], -s[1]))
     return lanes, reduce_spans
 
 
-def inside(spans, begin, end):
-    return [s for s in spans if s[0] >= begin and s[1] <= end]
+def inside(spans, begins, begin, end):
+    """The spans of a sorted lane (begins: their begin times) that lie within [begin, end]."""
+    lo, hi = bisect.bisect_left(begins, begin), bisect.bisect_right(begins, end)
+    return [s for s in spans[lo:hi] if s[1] <= end]
+
+
+def union(intervals):
+    out = []
+    for b, e in sorted(intervals):
+        if out and b <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([b, e])
+    return out
+
+
+def common(a, b):
+    """The length of the intersection of two unions."""
+    n, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        n += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return n
 
 
 def step_splits(lanes):
     """{step number: [(total, compute, reduce, sync, data, other, pid, tid), ...]} over every replica lane."""
     out = {}
+    begins = {key: [s[0] for s in spans] for key, spans in lanes.items()}
     for (pid, tid), spans in lanes.items():
+        if tid >= COMM_LANE:
+            continue
         steps = [s for s in spans if s[2] == "step"]
-        evaluations = [s for s in spans if s[2] == "evaluate"]
+        # The loader is read by the process's own thread (lane 0), for every replica of the process.
+        main = lanes.get((pid, 0), [])
+        main_begins = begins.get((pid, 0), [])
         previous_end = None
         for begin, end, _, _, args in steps:
-            children = inside(spans, begin, end)
+            children = inside(spans, begins[(pid, tid)], begin, end)
             compute = sum(s[1] - s[0] for s in children if s[2] in COMPUTE)
             wait = sum(s[1] - s[0] for s in children if s[2] in WAIT)
             sync = sum(s[1] - s[0] for s in children if s[2] in SYNC)
             data = 0.0
             start = begin
             if previous_end is not None:
-                waits = [s for s in spans if s[2] == "data" and s[0] >= previous_end and s[1] <= begin
-                         and not any(v[0] <= s[0] and s[1] <= v[1] for v in evaluations)]
+                between = inside(main, main_begins, previous_end, begin)
+                breaks = [v for v in between if v[2] in BETWEEN_STEPS]
+                waits = [s for s in between if s[2] == "data"
+                         and not any(v[0] <= s[0] and s[1] <= v[1] for v in breaks)]
                 data = sum(s[1] - s[0] for s in waits)
-                if not any(v[0] >= previous_end and v[1] <= begin for v in evaluations):
-                    start = previous_end  # not across an evaluation or an epoch's end
-                else:
-                    start = begin - data
+                # From the previous step's end, unless an evaluation or a save lies between (an epoch's
+                # end without either is not seen: its time is in this step's "other").
+                start = begin - data if breaks else previous_end
             total = end - start
             other = max(0.0, total - compute - wait - sync - data)
             out.setdefault(args.get("step", len(out)), []).append((total, compute, wait, sync, data, other, pid, tid))
@@ -152,8 +202,15 @@ def report(events, metas, per_step):
         print(f"{'share':>8} {'':>9} " + " ".join(f"{100*p/total:8.1f}%" for p in parts))
     for meta in sorted(metas, key=lambda m: m["rank"]):
         pid = meta["rank"]
-        reduce_us = sum(e - b for b, e in reduce_spans.get(pid, []))
-        wait_us = sum(s[1] - s[0] for (p, _), spans in lanes.items() if p == pid for s in spans if s[2] == "wait")
+        # As the run prints it: per replica, the time its reductions were in flight (buckets in flight
+        # together count once) and the part of it the replica waited.
+        reduce_us = wait_us = 0.0
+        for (p, replica), spans in reduce_spans.items():
+            if p != pid:
+                continue
+            r = union(spans)
+            reduce_us += sum(e - b for b, e in r)
+            wait_us += common(r, union([(s[0], s[1]) for s in lanes.get((pid, replica), []) if s[2] == "wait"]))
         if reduce_us > 0:
             hidden = max(0.0, min(1.0, 1 - wait_us / reduce_us))
             print(f"rank {pid}: gradient reduction {reduce_us/1e3:.1f} ms, exposed {wait_us/1e3:.1f} ms: "
@@ -184,11 +241,11 @@ def draw(path, rows, lanes, reduce_spans, steps):
     colors = {"forward": "#4c72b0", "backward": "#dd8452", "loss": "#8172b3", "optimizer": "#55a868",
               "wait": "#c44e52", "collective": "#da8bc3", "data": "#937860", "reduce": "#64b5cd"}
     rows_y = []
-    for (pid, tid) in sorted(lanes):
+    for (pid, tid) in sorted(k for k in lanes if k[1] < COMM_LANE):
         rows_y.append((f"rank {pid} replica {tid}", [s for s in lanes[(pid, tid)] if s[1] >= begin and s[0] <= end]))
-        if tid == 0 and pid in reduce_spans:
-            rows_y.append((f"rank {pid} reductions",
-                           [(b, e, "reduce", "", {}) for b, e in reduce_spans[pid] if e >= begin and b <= end]))
+        if (pid, tid) in reduce_spans:
+            rows_y.append((f"rank {pid} replica {tid} reductions",
+                           [(b, e, "reduce", "", {}) for b, e in reduce_spans[(pid, tid)] if e >= begin and b <= end]))
     fig, ax = plt.subplots(figsize=(12, 0.9 * len(rows_y) + 1.2))
     for y, (label, spans) in enumerate(reversed(rows_y)):
         for s in spans:

@@ -36,7 +36,10 @@ steps=$(sed -n 's/^\([0-9]*\) steps, .*/\1/p' report.txt)
 [ -n "$steps" ] && [ "$steps" -gt 0 ] || fail "the report counts no steps (see $PWD/report.txt)"
 grep -q "^ *median " report.txt || fail "no median row in the report (see $PWD/report.txt)"
 [ "$(grep -c '^rank [0-9]: gradient reduction' report.txt)" -eq "$ranks" ] || fail "not one overlap line per rank (see $PWD/report.txt)"
-# Every step of the run is in the per-step rows (the run's own count: 'step N/N' of its last line).
+# The run's own count of steps ('step N/N' of its progress line) is the report's, one row each.
+run_steps=$(tr '\r' '\n' < out.txt | sed -n 's/.*step \([0-9]*\)\/\1 .*/\1/p' | tail -1)
+[ -n "$run_steps" ] || fail "no 'step N/N' in the run's output (see $PWD/out.txt)"
+[ "$steps" -eq "$run_steps" ] || fail "the report counts $steps steps, the run $run_steps"
 [ "$(grep -c '^ *[0-9][0-9]* .* rank [0-9] lane [0-9]' report.txt)" -eq "$steps" ] || fail "per-step rows differ from the step count"
 python3 - merged.json "$steps" $files <<'EOF' || fail "the traces are not what they should be"
 import json, sys

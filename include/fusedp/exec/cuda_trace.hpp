@@ -1,10 +1,13 @@
 #pragma once
 // Spans of work queued on a CUDA stream, for the timeline (exec/trace.hpp). A CudaScope records a CUDA
 // event on the stream where the work begins and one where it ends; once both have completed, the
-// span's times are the events' times on the host's steady clock (each device's clock is tied to the
-// host's once, by an event the host waits for: within the few microseconds that wait takes to
-// return). While the work is queued the scope is also an NVTX range of the same name, so Nsight
-// Systems shows the names on the CPU timeline and projects them onto the kernels queued inside.
+// span's times are the events' times on the host's steady clock. A device's clock is tied to the
+// host's by an anchor, an event the host waits for (within the few microseconds that wait takes to
+// return), taken again every 10 s: a span's length is measured between its own two events (0.5 us
+// resolution), its start from the anchor (cudaEventElapsedTime's float milliseconds stay within a
+// microsecond over 10 s), and the host and GPU clocks drift apart by no more than 10 s allow. While
+// the work is queued the scope is also an NVTX range of the same name, so Nsight Systems shows the
+// names on the CPU timeline and projects them onto the kernels queued inside.
 //
 // Work being recorded into a CUDA graph is not timed (an event recorded during stream capture becomes
 // a dependency of the graph, not a time); its NVTX range is still pushed. A replayed graph runs no
@@ -49,17 +52,21 @@ class CudaTimeline {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return none;
     resolve(false);
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (!anchor(device, stream)) return none;
-    cudaEvent_t b = take(device), e = take(device);
-    if (b == nullptr || e == nullptr || cudaEventRecord(b, stream) != cudaSuccess) {
-      give(device, b);
-      give(device, e);
+    try {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (!anchor(device, stream)) return none;
+      cudaEvent_t b = take(device), e = take(device);
+      if (b == nullptr || e == nullptr || cudaEventRecord(b, stream) != cudaSuccess) {
+        give(device, b);
+        give(device, e);
+        return none;
+      }
+      const std::size_t id = next_id_++;
+      pending_.push_back({id, s, recorder, device, anchors_[device], b, e, false});
+      return id;
+    } catch (...) {  // out of memory: this span is not timed
       return none;
     }
-    const std::size_t id = next_id_++;
-    pending_.push_back({id, s, recorder, device, b, e, false});
-    return id;
   }
 
   void end(std::size_t id, cudaStream_t stream) noexcept {
@@ -99,22 +106,28 @@ class CudaTimeline {
       give(p.device, p.end);
     }
     pending_.resize(kept);
+    if (pending_.empty()) {  // no span refers to an older anchor any more
+      for (cudaEvent_t e : retired_) cudaEventDestroy(e);
+      retired_.clear();
+    }
   }
 
  private:
+  struct Anchor {
+    cudaEvent_t event = nullptr;
+    std::int64_t host_ns = 0;
+  };
   struct Pending {
     std::size_t id;
     Span span;
     Recorder* recorder;
     int device;
+    Anchor anchor;  // the device's anchor when the span began
     cudaEvent_t begin;
     cudaEvent_t end;
     bool ended;
   };
-  struct Anchor {
-    cudaEvent_t event = nullptr;
-    std::int64_t host_ns = 0;
-  };
+  static constexpr std::int64_t anchor_interval_ns = 10'000'000'000;
 
   CudaTimeline() { (void)add_flush_hook([](bool wait) { instance().resolve(wait); }); }
 
@@ -125,16 +138,18 @@ class CudaTimeline {
     return nullptr;
   }
 
-  // Ties device's clock to the host's once: an event the host waits for, read when the wait returns.
-  bool anchor(int device, cudaStream_t stream) noexcept {
+  // Ties device's clock to the host's: an event the host waits for, read when the wait returns; again
+  // after anchor_interval_ns (the host waits for the stream's queued work then, once in 10 s).
+  bool anchor(int device, cudaStream_t stream) {
     Anchor& a = anchors_[device];
-    if (a.event != nullptr) return true;
+    if (a.event != nullptr && now_ns() - a.host_ns < anchor_interval_ns) return true;
     cudaEvent_t e = nullptr;
-    if (cudaEventCreate(&e) != cudaSuccess) return false;
+    if (cudaEventCreate(&e) != cudaSuccess) return a.event != nullptr;
     if (cudaEventRecord(e, stream) != cudaSuccess || cudaEventSynchronize(e) != cudaSuccess) {
       cudaEventDestroy(e);
-      return false;
+      return a.event != nullptr;
     }
+    if (a.event != nullptr) retired_.push_back(a.event);
     a = {e, now_ns()};
     return true;
   }
@@ -154,14 +169,13 @@ class CudaTimeline {
   }
 
   void record(const Pending& p) noexcept {
-    const Anchor& a = anchors_[p.device];
-    float begin_ms = 0, end_ms = 0;
-    if (cudaEventElapsedTime(&begin_ms, a.event, p.begin) != cudaSuccess ||
-        cudaEventElapsedTime(&end_ms, a.event, p.end) != cudaSuccess)
+    float begin_ms = 0, length_ms = 0;
+    if (cudaEventElapsedTime(&begin_ms, p.anchor.event, p.begin) != cudaSuccess ||
+        cudaEventElapsedTime(&length_ms, p.begin, p.end) != cudaSuccess)
       return;
     Span s = p.span;
-    s.begin_ns = a.host_ns + std::int64_t(double(begin_ms) * 1e6);
-    s.end_ns = a.host_ns + std::int64_t(double(end_ms) * 1e6);
+    s.begin_ns = p.anchor.host_ns + std::int64_t(double(begin_ms) * 1e6);
+    s.end_ns = s.begin_ns + std::int64_t(double(length_ms) * 1e6);
     try {
       p.recorder->add(s);
     } catch (...) {  // out of memory: the span is lost, the run goes on
@@ -172,6 +186,7 @@ class CudaTimeline {
   std::vector<Pending> pending_;
   std::map<int, std::vector<cudaEvent_t>> free_;
   std::map<int, Anchor> anchors_;
+  std::vector<cudaEvent_t> retired_;  // anchors replaced while spans begun under them were pending
   std::size_t next_id_ = 0;
 };
 

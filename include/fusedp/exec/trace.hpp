@@ -96,15 +96,48 @@ struct Span {
       .count();
 }
 
-/// Time in reduce and wait spans over a run, and the share of reduction time hidden behind backward.
+/// The time gradient reductions were in flight over a run and the part of it a replica waited: each
+/// replica's time with at least one of its reductions in flight (the union of its reduce spans, so
+/// buckets in flight together count once) and, of that time, the time it was blocked in a wait span.
 struct OverlapFigure {
-  double reduce_seconds = 0;   // sum of the reduce spans (comm lanes)
-  double exposed_seconds = 0;  // sum of the wait spans (replica lanes)
+  double reduce_seconds = 0;   // summed over the replicas of the process
+  double exposed_seconds = 0;  // the part of reduce_seconds spent waiting
+  /// The share of the reduction time hidden behind backward: 1 - exposed / reduce (0 without any).
   [[nodiscard]] double overlap() const noexcept {
     if (reduce_seconds <= 0) return 0.0;
     return std::clamp(1.0 - exposed_seconds / reduce_seconds, 0.0, 1.0);
   }
 };
+
+namespace detail {
+// The union of intervals [begin, end), sorted and merged.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> merged(std::vector<std::pair<std::int64_t, std::int64_t>> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (const auto& [b, e] : v) {
+    if (!out.empty() && b <= out.back().second) out.back().second = std::max(out.back().second, e);
+    else out.emplace_back(b, e);
+  }
+  return out;
+}
+inline std::int64_t length(const std::vector<std::pair<std::int64_t, std::int64_t>>& v) {
+  std::int64_t n = 0;
+  for (const auto& [b, e] : v) n += e - b;
+  return n;
+}
+// The length of the intersection of two merged unions.
+inline std::int64_t common(const std::vector<std::pair<std::int64_t, std::int64_t>>& a,
+                           const std::vector<std::pair<std::int64_t, std::int64_t>>& b) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    const std::int64_t lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
+    if (lo < hi) n += hi - lo;
+    if (a[i].second < b[j].second) ++i;
+    else ++j;
+  }
+  return n;
+}
+}  // namespace detail
 
 /// The spans of one process. Thread-safe: replicas in threads record into one Recorder.
 class Recorder {
@@ -143,14 +176,22 @@ class Recorder {
 
   /// The overlap of gradient reduction with backward over every span recorded so far.
   [[nodiscard]] OverlapFigure overlap() const {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    OverlapFigure f;
-    for (const Span& s : spans_) {
-      const double d = double(s.end_ns - s.begin_ns) * 1e-9;
-      if (s.kind == Kind::reduce) f.reduce_seconds += d;
-      else if (s.kind == Kind::wait) f.exposed_seconds += d;
+    using Intervals = std::vector<std::pair<std::int64_t, std::int64_t>>;
+    std::map<std::uint32_t, std::pair<Intervals, Intervals>> lanes;  // replica: its reductions, its waits
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      for (const Span& s : spans_) {
+        if (s.kind == Kind::reduce && s.lane >= comm_lane) lanes[s.lane - comm_lane].first.emplace_back(s.begin_ns, s.end_ns);
+        else if (s.kind == Kind::wait && s.lane < comm_lane) lanes[s.lane].second.emplace_back(s.begin_ns, s.end_ns);
+      }
     }
-    return f;
+    std::int64_t reduce = 0, exposed = 0;  // integer nanoseconds: the same sums whatever the order
+    for (auto& [lane, v] : lanes) {
+      const Intervals r = detail::merged(std::move(v.first));
+      reduce += detail::length(r);
+      exposed += detail::common(r, detail::merged(std::move(v.second)));
+    }
+    return {double(reduce) * 1e-9, double(exposed) * 1e-9};
   }
 
   /// The trace as Chrome trace JSON (complete events, "ph": "X", times in microseconds).
@@ -278,14 +319,22 @@ inline std::vector<FlushHook>& flush_hooks() {
   static std::vector<FlushHook> hooks;
   return hooks;
 }
-inline bool add_flush_hook(FlushHook h) {
+inline std::mutex& flush_mutex() {
   static std::mutex m;
-  const std::lock_guard<std::mutex> lock(m);
+  return m;
+}
+inline bool add_flush_hook(FlushHook h) {
+  const std::lock_guard<std::mutex> lock(flush_mutex());
   flush_hooks().push_back(h);
   return true;
 }
 inline void flush_pending(bool wait) {
-  for (FlushHook h : flush_hooks()) h(wait);
+  std::vector<FlushHook> hooks;
+  {
+    const std::lock_guard<std::mutex> lock(flush_mutex());
+    hooks = flush_hooks();
+  }
+  for (FlushHook h : hooks) h(wait);
 }
 inline std::atomic<Recorder*>& active_slot() noexcept {
   static std::atomic<Recorder*> slot{nullptr};
@@ -313,8 +362,11 @@ class Session {
   Session& operator=(const Session&) = delete;
   /// Ends the session: spans still timed elsewhere (queued GPU work) are waited for and recorded.
   ~Session() {
-    detail::flush_pending(true);
-    detail::active_slot().store(nullptr);
+    detail::active_slot().store(nullptr);  // first: no span begun from here on refers to the recorder
+    try {
+      detail::flush_pending(true);
+    } catch (...) {  // out of memory while moving spans: they are lost, the run goes on
+    }
   }
 };
 
@@ -350,10 +402,13 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
   ~Scope() { end(); }
   /// Ends the span now (once).
-  void end() {
+  void end() noexcept {
     if (recorder_ == nullptr) return;
     span_.end_ns = now_ns();
-    recorder_->add(span_);
+    try {
+      recorder_->add(span_);
+    } catch (...) {  // out of memory: the span is lost, the run goes on
+    }
     recorder_ = nullptr;
   }
 
@@ -369,8 +424,11 @@ inline void blocking_reduction(std::int64_t begin_ns, std::int64_t index, std::u
   if (r == nullptr) return;
   const std::int64_t end = now_ns();
   const std::uint32_t lane = current_lane();
-  r->add(Span{"bucket", Kind::reduce, comm_lane + lane, begin_ns, end, index, bytes});
-  r->add(Span{"reduction", Kind::wait, lane, begin_ns, end, index, bytes});
+  try {
+    r->add(Span{"bucket", Kind::reduce, comm_lane + lane, begin_ns, end, index, bytes});
+    r->add(Span{"reduction", Kind::wait, lane, begin_ns, end, index, bytes});
+  } catch (...) {  // out of memory: the spans are lost, the run goes on
+  }
 }
 
 /// How the work of execution space Space is timed: SpaceSpans<Space>::open(space, name, kind, index)

@@ -249,6 +249,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       Replica& rep = replicas_[r];
       const parallel::Shard& s = shards[r];
       rep.model.space().activate();
+      // Each replica's spans on its own lane: its step, timed on its device's stream.
+      const trace::Lane lane{std::uint32_t(r)};
+      const auto span = trace::SpaceSpans<space_type>::open(rep.model.space(), "step", trace::Kind::step,
+                                                            std::int64_t(rep.model.steps() + 1));
       // Average: this shard's gradient becomes its share of the mean over the global batch.
       const std::size_t normalizer = policy::sum ? s.count : std::size_t(global);
       float* grads = rep.model.grads().data();

@@ -104,10 +104,15 @@ class HostChannel {
   bool start_all_reduce_sum(float* g, std::size_t n, std::size_t bucket) {
     if constexpr (mpi) {
       const std::size_t before = requests_.size();
-      comm_.start_all_reduce_sum(g, n, requests_);
       const std::int64_t now = trace::active() != nullptr ? trace::now_ns() : 0;
+      {
+        // The call itself may do part of the reduction on this thread: exposed time.
+        const trace::Scope span("start reduction", trace::Kind::wait, std::int64_t(bucket));
+        comm_.start_all_reduce_sum(g, n, requests_);
+      }
+      // One request per chunk of at most INT_MAX / 2 values: the bucket's bytes on the first.
       for (std::size_t i = before; i < requests_.size(); ++i)
-        started_.push_back({now, std::int64_t(bucket), std::uint64_t(n * sizeof(float))});
+        started_.push_back({now, std::int64_t(bucket), i == before ? std::uint64_t(n * sizeof(float)) : 0});
       return true;
     } else {
       comm_.all_reduce_sum(g, n);
@@ -117,8 +122,12 @@ class HostChannel {
   /// Tests the started reductions once: Open MPI's non-blocking collectives move on only inside MPI
   /// calls, so backward calls this after each stage.
   void progress() {
-    if constexpr (mpi)
-      if (!requests_.empty()) comm_.test_all(requests_, [this](std::size_t i) { completed(i); });
+    if constexpr (mpi) {
+      if (requests_.empty()) return;
+      // Open MPI does the reduction's work inside these tests, on this thread: exposed time.
+      const trace::Scope span("progress reductions", trace::Kind::wait);
+      comm_.test_all(requests_, [this](std::size_t i) { completed(i); });
+    }
   }
   /// Waits for the started reductions (traced as a wait: the part of them backward did not hide).
   void finish_started() {
