@@ -193,17 +193,19 @@ class CudaTimeline {
 }  // namespace detail
 
 /// A span of the work queued on `stream` from construction to destruction (or end()), timed by CUDA
-/// events, and an NVTX range while it lives; nothing when tracing is off.
+/// events, and an NVTX range while it lives; nothing when tracing is off. On this thread's lane, or on
+/// `lane` (a communicator's: comm_lane + replica).
 class CudaScope {
  public:
-  CudaScope(cudaStream_t stream, const char* name, Kind kind, std::int64_t index = -1) noexcept
+  CudaScope(cudaStream_t stream, const char* name, Kind kind, std::int64_t index = -1, std::uint64_t bytes = 0,
+            std::uint32_t lane = std::uint32_t(-1)) noexcept
       : recorder_(active()), stream_(stream) {
     if (recorder_ == nullptr) return;
     char label[96];
     if (index >= 0) std::snprintf(label, sizeof label, "%s %lld", name, static_cast<long long>(index));
     else std::snprintf(label, sizeof label, "%s", name);
     nvtxRangePushA(label);
-    const Span s{name, kind, current_lane(), 0, 0, index, 0};
+    const Span s{name, kind, lane == std::uint32_t(-1) ? current_lane() : lane, 0, 0, index, bytes};
     id_ = detail::CudaTimeline::instance().begin(stream, s, recorder_);
   }
   CudaScope(const CudaScope&) = delete;

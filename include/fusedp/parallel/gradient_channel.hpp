@@ -35,6 +35,9 @@ namespace fusedp::parallel {
 ///                               true): finish_started() waits; progress() moves started ones on
 ///   timed_on_host               whether the host clock times the channel's work (exec/trace.hpp: a
 ///                               reduction is traced where it is)
+///   reduction_span(b, bytes)    a span of the reduction queued from now until it ends, where the
+///                               channel times its own work (NCCL: CUDA events); host channels'
+///                               reductions are timed by the reducer (trace::blocking_reduction)
 ///   all_reduce_sum_bf16(h, n)   sum of bfloat16 values in place
 ///   reduce_sum(g, n, root)      sum into root's g only
 ///   all_gather(g, all, n)       every replica's n values, in rank order, into all (size() x n)
@@ -53,6 +56,7 @@ concept GradientChannel = requires(C& c, float* g, const float* cg, std::uint16_
   c.progress();
   c.finish_started();
   { C::timed_on_host } -> std::convertible_to<bool>;
+  c.reduction_span(std::int64_t(0), std::uint64_t(0));
   c.all_reduce_sum_bf16(h, n);
   c.reduce_sum(g, n, 0);
   c.all_gather(cg, g, n);
@@ -97,6 +101,9 @@ class HostChannel {
   }
 
   static constexpr bool timed_on_host = true;
+  [[nodiscard]] trace::NoScope reduction_span(std::int64_t bucket, std::uint64_t) const noexcept {
+    return trace::NoScope("bucket", trace::Kind::reduce, bucket);
+  }
 
   void before_reduction() noexcept {}  // host work is done when it returns
   void all_reduce_sum(float* g, std::size_t n) { comm_.all_reduce_sum(g, n); }

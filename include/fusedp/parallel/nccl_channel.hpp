@@ -90,8 +90,19 @@ class NcclChannel {
     kernels::cuda::unpack_bf16(stream_.get(), h, g, n);
   }
 
-  /// Orders the work queued later on the model's stream after everything queued on the channel.
-  void finish_into_model_stream() { order_after(done_, stream_.get(), model_stream_); }
+  /// The span of a reduction queued on the channel's stream from now until it ends: GPU time, on the
+  /// replica's comm lane (exec/trace.hpp).
+  [[nodiscard]] trace::CudaScope reduction_span(std::int64_t bucket, std::uint64_t bytes) noexcept {
+    return trace::CudaScope(stream_.get(), "bucket", trace::Kind::reduce, bucket, bytes,
+                            trace::comm_lane + trace::current_lane());
+  }
+
+  /// Orders the work queued later on the model's stream after everything queued on the channel. Traced
+  /// as a wait on the model's stream: the time it stands still for the reductions (exposed).
+  void finish_into_model_stream() {
+    const trace::CudaScope span(model_stream_, "reductions", trace::Kind::wait);
+    order_after(done_, stream_.get(), model_stream_);
+  }
   /// Orders later collectives after the work queued so far on the model's stream (an update).
   void after_model_stream() { order_after(ready_, model_stream_, stream_.get()); }
 

@@ -58,6 +58,8 @@ class BucketReducer {
     if constexpr (whole_reduce_scatter) {
       const std::int64_t begin = traced<C>() ? trace::now_ns() : 0;
       channel.before_reduction();
+      [[maybe_unused]] const auto span =
+          channel.reduction_span(-1, (zero.world * zero.shard + zero.tail) * sizeof(float));
       channel.reduce_scatter_sum(grads, zero);
       if (begin != 0) trace::blocking_reduction(begin, -1, (zero.world * zero.shard + zero.tail) * sizeof(float));
     } else {
@@ -75,6 +77,7 @@ class BucketReducer {
     const std::int64_t begin = traced<C>() ? trace::now_ns() : 0;
     bool started = false;
     channel.before_reduction();
+    [[maybe_unused]] const auto span = channel.reduction_span(std::int64_t(b), n * sizeof(float));
     if constexpr (Policy::deterministic) {
       float* all = channel.gathered(n * std::size_t(channel.size()));
       channel.all_gather(g, all, n);
