@@ -45,6 +45,14 @@ void train(Trainer& t, std::size_t size, int steps) {
   }
 }
 
+// Trains `plain` untraced and `traced` under a session of `r`, on the same batches.
+template <class Trainer>
+void train_both(Trainer& plain, Trainer& traced, tr::Recorder& r, std::size_t size, int steps) {
+  train(plain, size, steps);
+  const tr::Session on(r);
+  train(traced, size, steps);
+}
+
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
@@ -141,12 +149,8 @@ TEST_CASE("a traced write to a folder that does not exist names the file") {
 TEST_CASE("a Model's traced step: each stage forward and backward, loss and optimizer, inside the step") {
   fp::Model<Net, fp::Host> plain{fp::seed(5), fp::Host{1}};
   fp::Model<Net, fp::Host> traced{fp::seed(5), fp::Host{1}};
-  train(plain, 6, 3);
   tr::Recorder r;
-  {
-    const tr::Session on(r);
-    train(traced, 6, 3);
-  }
+  train_both(plain, traced, r, 6, 3);
   CHECK(same_bits(plain.params(), traced.params()));
   CHECK(same_bits(plain.optimizer_state(), traced.optimizer_state()));
   const std::vector<tr::Span> spans = r.spans();
@@ -181,12 +185,8 @@ TEST_CASE("two replicas traced: a lane each, every bucket's reduction, nothing h
   using P = fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<256>>;
   P plain{fp::replicas(2, 1), fp::seed(5)};
   P traced{fp::replicas(2, 1), fp::seed(5)};
-  train(plain, 8, 3);
   tr::Recorder r;
-  {
-    const tr::Session on(r);
-    train(traced, 8, 3);
-  }
+  train_both(plain, traced, r, 8, 3);
   CHECK(same_bits(plain.model(0).params(), traced.model(0).params()));
   CHECK(same_bits(plain.model(1).params(), traced.model(1).params()));
   const std::vector<tr::Span> spans = r.spans();
@@ -218,12 +218,8 @@ TEST_CASE("ZeRO-1 and a sharded run traced: the optimizer, the parameter gather 
   using P = fp::Parallel<Net, fp::Host, fp::scatter::Sharded, fp::reduce::ReduceScatter<>>;
   P plain{fp::replicas(2, 1), fp::seed(5)};
   P traced{fp::replicas(2, 1), fp::seed(5)};
-  train(plain, 8, 2);
   tr::Recorder r;
-  {
-    const tr::Session on(r);
-    train(traced, 8, 2);
-  }
+  train_both(plain, traced, r, 8, 2);
   CHECK(same_bits(plain.model(0).params(), traced.model(0).params()));
   const std::vector<tr::Span> spans = r.spans();
   for (std::uint32_t lane = 0; lane < 2; ++lane) {
