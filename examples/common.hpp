@@ -308,6 +308,12 @@ decltype(auto) with_flag(const char* flag, F&& f) {
   }
 }
 
+/// Where a checkpoint stands, for messages: "after epoch 3" or "in epoch 4, after step 17".
+inline std::string checkpoint_point(const ft::TrainingState& s) {
+  if (s.batches_done == 0) return "after epoch " + std::to_string(s.epochs_done);
+  return "in epoch " + std::to_string(s.epochs_done + 1) + ", after step " + std::to_string(s.batches_done);
+}
+
 /// The trace file of this process for --trace FILE: FILE itself in a run of one process, else FILE with
 /// .rank<r> before its extension (run.json -> run.rank0.json, run.rank1.json, ...).
 inline std::string rank_trace_path(const std::string& path, int rank, int world) {
@@ -900,6 +906,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   // A checkpoint of the run after `epochs_done` epochs and `batches_done` steps of the next, which
   // reached `at` in its order, with that epoch's loss so far (a collective for a Parallel: every rank
   // calls it; rank 0 writes).
+  // The last checkpoint this run saved in --checkpoint (empty before the first).
+  std::string saved_in_folder;
   const auto save = [&](std::uint64_t epochs_done, std::uint64_t batches_done, fd::EpochPosition at,
                         double loss_sum, std::size_t seen) {
     ft::TrainingState s;
@@ -916,7 +924,18 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
       s.extra["epoch_global_loss_sum"] = hex;
       s.extra["epoch_global_samples"] = std::to_string(seen);
     }
-    with_flag("--checkpoint", [&] { ft::save_checkpoint(f.checkpoint, trainer, s); });
+    try {
+      ft::save_checkpoint(f.checkpoint, trainer, s);
+    } catch (const fp::Error& e) {
+      // A failed save leaves the folder's previous checkpoint as it was (train/durable_file.hpp):
+      // say which one that is, so a full disk loses nothing but the epochs since.
+      throw fp::DataError("--checkpoint", f.checkpoint + ": cannot save the checkpoint " + checkpoint_point(s) +
+                                              ": " + e.what() + "; the folder still holds " +
+                                              (saved_in_folder.empty() ? "what it held before this run"
+                                                                       : "the checkpoint " + saved_in_folder) +
+                                              ", which --resume " + f.checkpoint + " continues from");
+    }
+    saved_in_folder = checkpoint_point(s);
   };
   for (std::uint64_t epoch = first_epoch; epoch <= std::uint64_t(f.epochs); ++epoch) {
     const bool resuming = epoch == first_epoch && first_position.samples > 0;

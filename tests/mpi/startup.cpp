@@ -6,7 +6,9 @@
 
 #include "mpi_check.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -63,6 +65,32 @@ int main(int argc, char** argv) {
   mpi_test::check(std::abs(g.loss() - e.loss) <= 1e-6 * e.loss, rank, "distributed evaluation loss differs");
   mpi_test::check(g.correct == fp::count_correct(e.outputs, std::span<const std::int32_t>(y)), rank,
                   "distributed evaluation accuracy differs");
+
+  // The host names the start-up check carries, and how a message names ranks with them (the
+  // multihost tests see them in a real message).
+  using fp::detail::rank_list;
+  const auto same = [&](const std::string& got, const std::string& want) {
+    mpi_test::check(got == want, rank, "rank_list gave '" + got + "', expected '" + want + "'");
+  };
+  same(rank_list({1}), "rank 1");
+  same(rank_list({0, 1, 2}), "ranks 0, 1 and 2");
+  same(rank_list({1}, {"a", "b"}), "rank 1 (on b)");
+  same(rank_list({2, 3}, {"a", "a", "b", "b"}), "ranks 2 and 3 (on b)");
+  same(rank_list({1, 3}, {"a", "b", "a", "c"}), "ranks 1 (on b) and 3 (on c)");
+  const std::string long_name(300, 'h');
+  for (const std::string& name : {std::string("node-7"), long_name, std::string()}) {
+    fp::parallel::detail::RunIdentity id{1, 2, 3, 2, 4, 1, 0, name};
+    const std::vector<std::string> hosts =
+        fp::parallel::detail::check_same_run(id, 2, [](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
+          std::copy(mine, mine + n, all);
+          std::copy(mine, mine + n, all + n);
+        });
+    const std::string want = name.substr(0, 255);
+    mpi_test::check(hosts.size() == 2 && hosts[0] == want && hosts[1] == want, rank,
+                    "check_same_run did not return the host name '" + want.substr(0, 20) + "...' of each rank");
+  }
+  mpi_test::check(fp::detail::processor_name() != "", rank, "MPI_Get_processor_name gave no name");
+
   if (rank == 0 && mpi_test::failures == 0) std::printf("start-up mismatches reported on every rank; evaluation exact\n");
   return mpi_test::failures == 0 ? 0 : 1;
 }

@@ -93,12 +93,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       : options_(parallel::detail::checked_options(options)), pool_(1), processes_(world, options.timeout) {
     world_ = std::size_t(world.size());
     parallel::MpiCommunicator& comm = *processes_.mpi();
-    parallel::detail::check_same_run(
+    world.collective_watch().set_hosts(parallel::detail::check_same_run(
         {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
-         world_, options.agree_on, std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes)},
+         world_, options.agree_on, std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes),
+         fusedp::detail::processor_name()},
         world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather_or_abort(mine, all, n, options_.timeout, "Parallel start-up check");
-        });
+        }));
     const int device = agree_on_devices(world, comm);
     replicas_.emplace_back(seed, device, parallel::NcclCommunicator::from_mpi(world, device, options.timeout));
     init();

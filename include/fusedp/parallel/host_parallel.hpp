@@ -92,13 +92,12 @@ class Parallel<Net, Host, Policies...> {
                   "fusedp::Parallel: one replica per MPI rank reduces through MPI (category comm: Auto or Mpi)");
     parallel::MpiCommunicator& comm = *processes_.mpi();
     // First: the only collective that cannot hang on a missing rank.
-    parallel::detail::check_same_run({Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()),
-                                      options.agree_on, std::uint64_t(options.accumulate),
-                                      std::uint64_t(options.bucket_bytes)},
-                                     std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all,
-                                                                    std::size_t n) {
-                                       comm.all_gather(mine, all, n, "Parallel start-up check");
-                                     });
+    world.collective_watch().set_hosts(parallel::detail::check_same_run(
+        {Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()), options.agree_on,
+         std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes), fusedp::detail::processor_name()},
+        std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
+          comm.all_gather(mine, all, n, "Parallel start-up check");
+        }));
     const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = options.threads > 0 ? options.threads : std::max(1, hw / std::max(1, local_ranks(world, comm)));
     models_.emplace_back(seed, Host{threads});

@@ -117,11 +117,28 @@ inline const char* mpi_call_name(std::uint64_t call) noexcept {
 }
 
 /// "rank 1", "ranks 1 and 3", "ranks 1, 3 and 4".
-inline std::string rank_list(const std::vector<int>& ranks) {
+/// "rank 1", "ranks 1 and 2", "ranks 1, 2 and 3"; with `hosts` (every rank's host, empty when all
+/// run on one), each with its machine: "rank 1 (on b)", "ranks 2 and 3 (on b)", "ranks 1 (on a) and 3 (on b)".
+inline std::string rank_list(const std::vector<int>& ranks, const std::vector<std::string>& hosts = {}) {
+  const auto host = [&](int r) {
+    return std::size_t(r) < hosts.size() ? " (on " + hosts[std::size_t(r)] + ")" : std::string();
+  };
+  bool one_host = true;
+  for (int r : ranks) one_host = one_host && host(r) == host(ranks.front());
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < ranks.size(); ++i)
-    s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+    s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]) +
+         (one_host ? "" : host(ranks[i]));
+  if (one_host && !ranks.empty()) s += host(ranks.front());
   return s;
+}
+
+/// The name of the machine this process runs on, as MPI gives it (MPI_Get_processor_name).
+inline std::string processor_name() {
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = {};
+  int length = 0;
+  if (MPI_Get_processor_name(name, &length) != MPI_SUCCESS) return {};
+  return std::string(name, std::size_t(std::max(0, std::min(length, int(MPI_MAX_PROCESSOR_NAME)))));
 }
 
 /// While it lives, errors of MPI_Test are returned rather than fatal. Open MPI 4 reports an error of a
@@ -181,6 +198,12 @@ class CollectiveWatch {
   [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
   [[nodiscard]] const char* call_name() const noexcept { return mpi_call_name(call_); }
   [[nodiscard]] std::chrono::milliseconds grace() const noexcept { return grace_; }
+  /// Every rank's host name (learnt in a Parallel's start-up check), so that messages name the
+  /// machine of a rank that stopped responding; kept only when the ranks run on several machines.
+  void set_hosts(std::vector<std::string> hosts) {
+    const bool several = std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts.front(); });
+    if (several && hosts.size() == std::size_t(size_)) hosts_ = std::move(hosts);
+  }
 
   /// A collective starts. After a failure the world cannot be trusted: every later one throws.
   void begin(MpiCall call, const char* what = nullptr) {
@@ -227,7 +250,7 @@ class CollectiveWatch {
     std::string what = "rank " + std::to_string(status.MPI_SOURCE) + " gave up on collective #" + std::to_string(n[0]) +
                        " (" + mpi_call_name(n[1]) + ")";
     if (!named.empty())
-      what += ": " + rank_list(named) + (n[2] > std::uint64_t(max_named) ? " and more" : "") + " stopped responding";
+      what += ": " + rank_list(named, hosts_) + (n[2] > std::uint64_t(max_named) ? " and more" : "") + " stopped responding";
     else
       what += " (see its message)";
     if (n[0] != sequence_) what += "; this rank waits in " + describe() + " (" + call_name() + ")";
@@ -292,7 +315,7 @@ class CollectiveWatch {
     }
     std::string s;
     if (!missing_.empty())
-      s = rank_list(missing_) + " stopped responding (no answer within " + std::to_string(grace.count()) +
+      s = rank_list(missing_, hosts_) + " stopped responding (no answer within " + std::to_string(grace.count()) +
           " ms to a question over the side channel: dead, stopped, or no longer calling collectives)";
     if (!elsewhere.empty()) s += s.empty() ? elsewhere.substr(2) : elsewhere;
     return s;
@@ -353,6 +376,7 @@ class CollectiveWatch {
   std::string failure_;
   std::chrono::milliseconds grace_{200};
   std::vector<int> missing_;
+  std::vector<std::string> hosts_;  // empty: one machine
   bool others_answered_ = true;  // until a diagnosis says otherwise
   std::deque<Message> outgoing_;
   std::vector<Message> answers_;  // kept: a cancelled receive must never write into freed memory
