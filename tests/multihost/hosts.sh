@@ -45,23 +45,23 @@ mh_require() {
   ip netns del "${mh_prefix}probe"
 }
 
+# Ends every process of namespace $1 and removes it.
+mh_remove_ns() {
+  pids=$(ip netns pids "$1" 2> /dev/null)
+  [ -z "$pids" ] || kill -KILL $pids 2> /dev/null
+  ip netns del "$1" 2> /dev/null
+  rm -rf "/etc/netns/$1"
+}
+
 mh_down() {
   trap - EXIT INT TERM HUP
   for m in $mh_mounts; do
     umount -l "$m" 2> /dev/null
   done
-  k=1
-  while [ "$k" -le "$mh_hosts" ]; do
-    ns="${mh_prefix}h$k"
-    pids=$(ip netns pids "$ns" 2> /dev/null)
-    [ -z "$pids" ] || kill -KILL $pids 2> /dev/null
-    k=$((k + 1))
-  done
   [ -z "$mh_link_pid" ] || { kill -TERM "$mh_link_pid" 2> /dev/null; wait "$mh_link_pid" 2> /dev/null; }
   k=1
   while [ "$k" -le "$mh_hosts" ]; do
-    ip netns del "${mh_prefix}h$k" 2> /dev/null
-    rm -rf "/etc/netns/${mh_prefix}h$k"
+    mh_remove_ns "${mh_prefix}h$k"
     k=$((k + 1))
   done
   [ -z "$mh_state" ] || rm -f "$mh_state" "$mh_state.ready"
@@ -73,11 +73,7 @@ mh_clean_stale() {
   for ns in $(ip netns list | awk '{ print $1 }' | grep -x 'fdp[0-9]*h[0-9]*'); do
     owner=${ns#fdp}
     owner=${owner%h*}
-    kill -0 "$owner" 2> /dev/null && continue
-    pids=$(ip netns pids "$ns" 2> /dev/null)
-    [ -z "$pids" ] || kill -KILL $pids 2> /dev/null
-    ip netns del "$ns" 2> /dev/null
-    rm -rf "/etc/netns/$ns"
+    kill -0 "$owner" 2> /dev/null || mh_remove_ns "$ns"
   done
 }
 

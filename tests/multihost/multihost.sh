@@ -116,6 +116,15 @@ names_other_host() {
   ! rank_output "$r" | grep -q "^rank $r exited with 0$" || fail "rank $r exited 0"
 }
 
+# Ranks 0 .. $1 - 1 each name the other host's ranks (names_other_host).
+ranks_below_name_other_host() {
+  r=0
+  while [ "$r" -lt "$1" ]; do
+    names_other_host "$r"
+    r=$((r + 1))
+  done
+}
+
 case $scenario in
   same | lossy)
     reference 2
@@ -146,11 +155,7 @@ case $scenario in
     watch_ends "$cut" $((timeout_s + 60))
     echo "$scenario: ranks ended ${gone1} s (host1) and ${gone2} s (host2) after the cut, the job ${job} s (mpirun status $status); timeout $timeout_s s"
     [ "$status" -ne 0 ] || fail "mpirun exited 0"
-    r=0
-    while [ "$r" -lt "$ranks" ]; do
-      names_other_host "$r"
-      r=$((r + 1))
-    done
+    ranks_below_name_other_host "$ranks"
     within "$gone1" $((timeout_s + 15)) || fail "host1's ranks ended $gone1 s after the cut (more than timeout + 15 s)"
     within "$gone2" $((timeout_s + 15)) || fail "host2's ranks ended $gone2 s after the cut (more than timeout + 15 s)"
     within "$job" $((timeout_s + 30)) || fail "the job ended $job s after the cut (more than timeout + 30 s)"
@@ -174,11 +179,7 @@ case $scenario in
       # is stopped (TCP still acknowledges: the kernel runs), so the job waits for it.
       sleep $((timeout_s + 5))
       kill -0 "$pid" 2> /dev/null || fail "the job ended while host2 was stopped (see $work/run.out)"
-      r=0
-      while [ "$r" -lt "$per_host" ]; do
-        names_other_host "$r"
-        r=$((r + 1))
-      done
+      ranks_below_name_other_host "$per_host"
       # shellcheck disable=SC2086
       kill -CONT $victims
       continued=$(now)
@@ -187,11 +188,7 @@ case $scenario in
     else
       watch_ends "$stopped" $((timeout_s + 30))
       echo "stop: ranks ended ${gone1} s (host1) and ${gone2} s (host2) after the stop, the job ${job} s (mpirun status $status); timeout $timeout_s s"
-      r=0
-      while [ "$r" -lt "$per_host" ]; do
-        names_other_host "$r"
-        r=$((r + 1))
-      done
+      ranks_below_name_other_host "$per_host"
       within "$job" $((timeout_s + 15)) || fail "the job ended $job s after the stop (more than timeout + 15 s)"
     fi
     [ "$status" -ne 0 ] || fail "mpirun exited 0"
