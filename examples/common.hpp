@@ -136,7 +136,7 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the weights, the shuffle and the augmentation")->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads of this process (0: one per core, shared by its replicas)")
+  app.add_option("--threads", f.threads, "CPU threads of this process (0: one per CPU it may use: its affinity mask and CPU quota, shared with the other ranks on its machine and among its replicas)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app.add_option("--replicas", f.replicas,
@@ -626,8 +626,7 @@ inline std::uint64_t flags_hash(int argc, char** argv) {
 template <class Net, class Body>
 void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree_on, Body&& body) {
   (void)agree_on;  // used only under mpirun
-  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = f.threads > 0 ? f.threads : hw;
+  const int threads = f.threads > 0 ? f.threads : fp::cpu_budget().usable();
   const int gpu = device_number(f.device);
 #if defined(FUSEDP_EXAMPLE_GPU_PART)
   if (gpu < 0)
@@ -704,7 +703,7 @@ double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
       mine += fp::cuda_peak_flops(m.space());
 #endif
     } else {
-      threads += m.space().threads();
+      threads += m.space().cpu_threads();
     }
   });
   if (threads > 0) mine = fp::measure_host_peak_flops(threads);

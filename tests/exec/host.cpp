@@ -62,17 +62,22 @@ TEST_CASE("parallel_for splits the same way every time") {
 
 TEST_CASE("run_on_all calls each thread once, the caller's thread as thread 0") {
   for (int threads = 1; threads <= 4; ++threads) {
-    const Host host{threads};
-    auto seen = std::vector<std::atomic<int>>(std::size_t(threads));
-    auto ids = std::vector<std::thread::id>(std::size_t(threads));
-    host.run_on_all([&](int t) {
-      seen[std::size_t(t)].fetch_add(1);
-      ids[std::size_t(t)] = std::this_thread::get_id();
-    });
-    for (auto& s : seen) CHECK(s.load() == 1);
-    CHECK(ids[0] == std::this_thread::get_id());
-    for (int a = 0; a < threads; ++a)
-      for (int b = a + 1; b < threads; ++b) CHECK(ids[std::size_t(a)] != ids[std::size_t(b)]);
+    for (const Host& host : {Host{threads}, Host::dedicated(threads)}) {
+      CAPTURE(threads);
+      CAPTURE(host.cpu_threads());
+      auto seen = std::vector<std::atomic<int>>(std::size_t(threads));
+      auto ids = std::vector<std::thread::id>(std::size_t(threads));
+      host.run_on_all([&](int t) {
+        seen[std::size_t(t)].fetch_add(1);
+        ids[std::size_t(t)] = std::this_thread::get_id();
+      });
+      for (auto& s : seen) CHECK(s.load() == 1);
+      CHECK(ids[0] == std::this_thread::get_id());
+      // Each thread its own when there are CPUs enough, or when dedicated.
+      if (host.cpu_threads() == threads)
+        for (int a = 0; a < threads; ++a)
+          for (int b = a + 1; b < threads; ++b) CHECK(ids[std::size_t(a)] != ids[std::size_t(b)]);
+    }
   }
 }
 
@@ -127,11 +132,12 @@ TEST_CASE("an exception with a single thread propagates directly") {
                   std::out_of_range);
 }
 
-TEST_CASE("thread counts: negative throws, 0 means one per hardware thread, copies share the pool") {
+TEST_CASE("thread counts: negative throws, 0 means one per usable CPU, copies share the pool") {
   CHECK_THROWS_AS(Host{-1}, fusedp::InvalidArgument);
   CHECK_THROWS_WITH_AS(Host{-3}, doctest::Contains("-3"), fusedp::InvalidArgument);
   const Host automatic{0};
-  CHECK(automatic.threads() == int(std::max(1u, std::thread::hardware_concurrency())));
+  CHECK(automatic.threads() == fusedp::cpu_budget().usable());
+  CHECK(automatic.cpu_threads() == automatic.threads());
   const Host a{3};
   const Host b = a;  // NOLINT(performance-unnecessary-copy-initialization): copying is what is tested
   CHECK(b.threads() == 3);

@@ -76,7 +76,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// One replica on each of `d`'s devices, in this process, started from the same parameters (drawn
   /// from `seed`, then broadcast from the first device over NCCL).
   explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
-      : options_(parallel::detail::checked_options(options)), pool_(check_devices(d.ids)) {
+      : options_(parallel::detail::checked_options(options)), pool_(Host::dedicated(check_devices(d.ids))) {
     world_ = d.ids.size();
     std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
     replicas_.reserve(world_);
@@ -454,7 +454,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   }
 
   ParallelOptions options_;
-  Host pool_;  // one thread per local replica
+  Host pool_;  // one thread of its own per local replica (dedicated: replicas wait for each other)
   parallel::ProcessGroup processes_;
   std::vector<std::uint64_t> process_counts_;  // Sharded: every process's count in the step
   std::vector<Replica> replicas_;

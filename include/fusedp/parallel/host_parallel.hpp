@@ -64,13 +64,12 @@ class Parallel<Net, Host, Policies...> {
 
   /// `r.count` replicas in this process, started from the same parameters (drawn from `seed`).
   explicit Parallel(Replicas r, Seed seed = {}, ParallelOptions options = {})
-      : options_(parallel::detail::checked_options(options)), pool_(check_replicas(r)), group_(std::make_unique<parallel::InProcessGroup>(r.count)) {
+      : options_(parallel::detail::checked_options(options)), pool_(Host::dedicated(check_replicas(r))), group_(std::make_unique<parallel::InProcessGroup>(r.count)) {
     static_assert(std::is_same_v<typename policy::comm_policy, comm::Auto> ||
                       std::is_same_v<typename policy::comm_policy, comm::InProcess>,
                   "fusedp::Parallel: replicas in one process reduce in shared memory (category comm: Auto or "
                   "InProcess); construct from an MpiWorld for comm::Mpi");
-    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    const int per = r.threads_per_replica > 0 ? r.threads_per_replica : std::max(1, hw / r.count);
+    const int per = r.threads_per_replica > 0 ? r.threads_per_replica : std::max(1, cpu_budget().usable() / r.count);
     models_.reserve(std::size_t(r.count));
     for (int i = 0; i < r.count; ++i) models_.emplace_back(seed, Host{per});
     for (std::size_t i = 1; i < models_.size(); ++i) models_[i].load_params(models_[0].params());
@@ -98,8 +97,7 @@ class Parallel<Net, Host, Policies...> {
         std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather(mine, all, n, "Parallel start-up check");
         }));
-    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    const int threads = options.threads > 0 ? options.threads : std::max(1, hw / std::max(1, local_ranks(world, comm)));
+    const int threads = options.threads > 0 ? options.threads : cpu_budget().per_process(local_ranks(world, comm));
     models_.emplace_back(seed, Host{threads});
     comm.broadcast(models_[0].params().data(), Net::param_storage, 0);
     channels_.template emplace<MpiChannel>(comm);
@@ -416,7 +414,7 @@ class Parallel<Net, Host, Policies...> {
   }
 
   ParallelOptions options_;
-  Host pool_;  // one thread per local replica
+  Host pool_;  // one thread of its own per local replica (dedicated: replicas wait for each other)
   std::unique_ptr<parallel::InProcessGroup> group_;  // the replicas of this process (none under MPI)
   parallel::ProcessGroup processes_;
   std::vector<model_type> models_;

@@ -12,7 +12,7 @@
 namespace fusedp {
 
 /// Replicas in this process: `count` models, each with `threads_per_replica` Host threads (0: the
-/// hardware threads divided among the replicas, at least one each).
+/// CPUs this process may use, cpu_budget(), divided among the replicas, at least one each).
 struct Replicas {
   int count = 1;
   int threads_per_replica = 0;
@@ -32,8 +32,8 @@ Devices devices(Ids... ids) {
 }
 
 struct ParallelOptions {
-  /// MPI: Host threads of this rank's replica (0: the hardware threads divided among the ranks of
-  /// this machine).
+  /// MPI: Host threads of this rank's replica (0: the CPUs this process may use divided
+  /// among the ranks that share them: CpuBudget::per_process).
   int threads = 0;
   /// MPI: how long each collective (the start-up check included) waits for every rank before it
   /// throws DeviceError naming the rank that stopped responding (FUSEDP_COLLECTIVE_TIMEOUT, in
