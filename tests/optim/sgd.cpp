@@ -15,6 +15,8 @@
 #include <fusedp/optim/sgd.hpp>
 
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -190,4 +192,29 @@ TEST_CASE("Model::train_step applies SGD with momentum exactly as the rule over 
   // Padding in the flat buffer stays zero: it has zero gradient and zero weight.
   for (std::size_t i = Net::param_layout[0].size; i < Net::param_layout[1].offset; ++i)
     CHECK(trained.params()[i] == 0.0);
+}
+
+TEST_CASE("the Host's range loop (flags fixed per range, vectorized) gives the per-element update's bits") {
+  // Every combination of the four branches, on lengths around a vector's width and fresh random data.
+  for (int combo = 0; combo < 16; ++combo)
+    for (std::size_t n : {1u, 15u, 16u, 17u, 1000u}) {
+      fusedp::kernels::SgdStep<float> op{0.05f, (combo & 1) ? 0.9f : 0.0f, (combo & 8) ? 0.0f : 0.25f,
+                                         (combo & 2) ? 1e-3f : 0.0f, (combo & 4) != 0 && (combo & 1) && (combo & 8),
+                                         (combo & 8) != 0};
+      CAPTURE(combo);
+      CAPTURE(n);
+      std::vector<float> p(n), g(n), b(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        p[i] = 2 * float(fusedp::rng::uniform(11, std::uint64_t(combo), i)) - 1;
+        g[i] = 2 * float(fusedp::rng::uniform(12, std::uint64_t(combo), i)) - 1;
+        b[i] = 2 * float(fusedp::rng::uniform(13, std::uint64_t(combo), i)) - 1;
+      }
+      std::vector<float> p_ref = p, b_ref = b;
+      for (std::size_t i = 0; i < n; ++i) op(p_ref[i], g[i], b_ref[i]);
+      fusedp::kernels::host::sgd_range(op, p.data(), g.data(), b.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        CHECK(std::bit_cast<std::uint32_t>(p[i]) == std::bit_cast<std::uint32_t>(p_ref[i]));
+        CHECK(std::bit_cast<std::uint32_t>(b[i]) == std::bit_cast<std::uint32_t>(b_ref[i]));
+      }
+    }
 }

@@ -17,6 +17,18 @@ struct SgdStep {
   bool first;  // PyTorch starts the momentum buffer as the first gradient itself
   bool decay_all = true;  // false: weight decay only where DecayRuns says (Decay::weights)
 
+  /// The update with its branches decided at compile time (Host loops over ranges with them, so the
+  /// loop has no branch and vectorizes); the same expressions as operator(), so the same bits.
+  template <bool Decay, bool Momentum, bool First, bool Nesterov>
+  FUSEDP_HD void apply(T& p, T g, T& buf) const {
+    if constexpr (Decay) g += weight_decay * p;
+    if constexpr (Momentum) {
+      buf = First ? g : momentum * buf + (T(1) - dampening) * g;
+      g = Nesterov ? g + momentum * buf : buf;
+    }
+    p -= lr * g;
+  }
+
   FUSEDP_HD void operator()(T& p, T g, T& buf) const {
     if (weight_decay != T(0)) g += weight_decay * p;
     if (momentum != T(0)) {
@@ -24,6 +36,30 @@ struct SgdStep {
       g = nesterov ? g + momentum * buf : buf;
     }
     p -= lr * g;
+  }
+
+  /// Calls f.template operator()<Decay, Momentum, First, Nesterov>() with this update's flags.
+  template <class F>
+  void with_flags(F&& f) const {
+    const bool decay = weight_decay != T(0), mom = momentum != T(0);
+    auto nest = [&]<bool D, bool M>() {
+      if constexpr (!M) {
+        f.template operator()<D, false, false, false>();
+      } else if (first) {
+        if (nesterov) f.template operator()<D, true, true, true>();
+        else f.template operator()<D, true, true, false>();
+      } else {
+        if (nesterov) f.template operator()<D, true, false, true>();
+        else f.template operator()<D, true, false, false>();
+      }
+    };
+    if (decay) {
+      if (mom) nest.template operator()<true, true>();
+      else nest.template operator()<true, false>();
+    } else {
+      if (mom) nest.template operator()<false, true>();
+      else nest.template operator()<false, false>();
+    }
   }
 };
 
@@ -103,18 +139,17 @@ void for_decay_pieces(const DecayRuns& r, std::size_t i0, std::size_t i1, F&& f)
   }
 }
 
-/// Applies `op` to elements [i0, i1), with or without its weight decay as `runs` say. `each(o, i)`
-/// applies update o to element i.
+/// Applies `op` to elements [i0, i1), with or without its weight decay as `runs` say. `each(o, j0, j1)`
+/// applies update o to the elements [j0, j1).
 template <class Op, class Each>
 void apply_with_decay(const Op& op, const DecayRuns& runs, std::size_t i0, std::size_t i1, Each&& each) {
   if (op.decay_all || op.weight_decay == decltype(op.weight_decay)(0)) {
-    for (std::size_t i = i0; i < i1; ++i) each(op, i);
+    if (i0 < i1) each(op, i0, i1);
     return;
   }
   const Op plain = without_decay(op);
   for_decay_pieces(runs, i0, i1, [&](std::size_t j0, std::size_t j1, bool decays) {
-    const Op& o = decays ? op : plain;
-    for (std::size_t i = j0; i < j1; ++i) each(o, i);
+    if (j0 < j1) each(decays ? op : plain, j0, j1);
   });
 }
 

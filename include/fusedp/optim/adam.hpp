@@ -65,8 +65,8 @@ struct AdamFamily {
     T* m = state;
     T* v = state + n;
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::AdamStep<T>& o, std::size_t i) {
-        o(params[i], grads[i], m[i], v[i]);
+      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::AdamStep<T>& o, std::size_t j0, std::size_t j1) {
+        for (std::size_t i = j0; i < j1; ++i) o(params[i], grads[i], m[i], v[i]);
       });
     });
   }

@@ -5,6 +5,7 @@
 // (the rest with weight_decay 0).
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/host/optimizer.hpp"
 #include "fusedp/kernels/optimizer.hpp"
 #include "fusedp/optim/decay.hpp"
 
@@ -57,8 +58,8 @@ struct Sgd {
     check_runs(runs);
     const kernels::SgdStep<T> op = update<T>(t);
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::SgdStep<T>& o, std::size_t i) {
-        o(params[i], grads[i], state[i]);
+      kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::SgdStep<T>& o, std::size_t j0, std::size_t j1) {
+        kernels::host::sgd_range(o, params + j0, grads + j0, state + j0, j1 - j0);
       });
     });
   }
