@@ -1,9 +1,13 @@
 // gemm_bench: GFLOP/s of the Host GEMM (kernels/host/gemm.hpp) on the products a train step of the seed
 // networks runs, with their operand layouts (N: row-major, T: transposed), on one thread or split over
 // threads. Each case reports the best of many repetitions, so a busy machine lowers fewer numbers.
+// Products of k-contiguous operands (A row-major, B transposed) are also timed in gemm_nt
+// (kernels/host/gemm_nt.hpp, on one thread: a convolution's weight gradient is one thread's per sample),
+// and the last column says which of the two use_nt picks.
 //
 //   gemm_bench [threads=1] [seconds per case=0.3]
 #include <fusedp/kernels/host/gemm.hpp>
+#include <fusedp/kernels/host/gemm_nt.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +43,11 @@ constexpr Case cases[] = {
     {"lenet fc1 fwd     x*W^T", 64, 120, 400, false, true},
     {"lenet fc1 dW      dz^T*x", 120, 400, 64, true, false},
     {"lenet fc1 dx      dz*W", 64, 400, 120, false, false},
+    // ResNet-18 (CIFAR form): the weight gradients of each stage's 3x3 convs, per sample.
+    {"resnet l1 conv dW dz*col^T", 64, 576, 1024, false, true},
+    {"resnet l2 conv dW dz*col^T", 128, 1152, 256, false, true},
+    {"resnet l3 conv dW dz*col^T", 256, 2304, 64, false, true},
+    {"resnet l4 conv dW dz*col^T", 512, 4608, 16, false, true},
 };
 
 }  // namespace
@@ -47,26 +56,38 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 0.3;
   const fusedp::Host host{threads};
-  std::printf("%-28s %6s %6s %6s %5s %9s %9s\n", "product", "m", "n", "k", "tile", "us", "GFLOP/s");
+  std::printf("%-28s %6s %6s %6s %5s %9s %9s %9s %9s %5s\n", "product", "m", "n", "k", "tile", "us", "GFLOP/s",
+              "nt us", "nt GF/s", "picks");
+  if (threads != 1) std::printf("(gemm_nt on one thread)\n");
   for (const Case& c : cases) {
     std::vector<float> a(c.m * c.k), b(c.k * c.n), out(c.m * c.n);
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) * 0.1f - 0.3f;
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) * 0.1f - 0.2f;
     const kh::MatrixRef<float> ar = c.ta ? kh::MatrixRef<float>{a.data(), 1, c.m} : kh::row_major(a.data(), c.k);
     const kh::MatrixRef<float> br = c.tb ? kh::MatrixRef<float>{b.data(), 1, c.k} : kh::row_major(b.data(), c.n);
-    auto once = [&] { kh::gemm(host, c.m, c.n, c.k, ar, br, out.data(), c.n, false); };
-    once();
-    double best = 1e30, total = 0;
-    while (total < seconds) {
-      const auto t0 = std::chrono::steady_clock::now();
+    auto best_of = [&](auto&& once) {
       once();
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::min(best, dt);
-      total += dt;
-    }
+      double best = 1e30, total = 0;
+      while (total < seconds) {
+        const auto t0 = std::chrono::steady_clock::now();
+        once();
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::min(best, dt);
+        total += dt;
+      }
+      return best;
+    };
+    const double flop = 2.0 * double(c.m * c.n * c.k);
+    const double best = best_of([&] { kh::gemm(host, c.m, c.n, c.k, ar, br, out.data(), c.n, false); });
     const auto s = kh::choose_tile<float>(c.m, c.n);
-    std::printf("%-28s %6zu %6zu %6zu %2zux%zu %9.1f %9.1f\n", c.name, c.m, c.n, c.k, kh::detail::shapes[s].mr,
-                kh::detail::shapes[s].nv, best * 1e6, 2.0 * double(c.m * c.n * c.k) / best / 1e9);
+    std::printf("%-28s %6zu %6zu %6zu %2zux%zu %9.1f %9.1f", c.name, c.m, c.n, c.k, kh::detail::shapes[s].mr,
+                kh::detail::shapes[s].nv, best * 1e6, flop / best / 1e9);
+    if (!c.ta && c.tb) {
+      const double nt =
+          best_of([&] { kh::gemm_nt(c.m, c.n, c.k, a.data(), c.k, b.data(), c.k, out.data(), c.n, false); });
+      std::printf(" %9.1f %9.1f %5s", nt * 1e6, flop / nt / 1e9, kh::use_nt(c.m, c.n, c.k) ? "nt" : "gemm");
+    }
+    std::printf("\n");
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
+#include "fusedp/kernels/host/gemm_nt.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -471,7 +472,9 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     }
     if (!g.direct()) im2col(g, xn, col, pixels, padded);
     const T* cols = g.direct() ? xn : col;
-    gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
+    // dz and col both run along the pixels: in place by dot products where a side is narrow.
+    if (use_nt(outs, patch, pixels)) gemm_nt(outs, patch, pixels, dzn, pixels, cols, pixels, dw_t, patch, true);
+    else gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
   // The input gradient's tile shape; W^T (K x O) is W read column-major, packed once.
