@@ -5,14 +5,19 @@
 // (kernels/host/gemm_nt.hpp, on one thread: a convolution's weight gradient is one thread's per sample),
 // and the last column says which of the two use_nt picks.
 //
-//   gemm_bench [threads=1] [seconds per case=0.3]
+// With --bf16 (third argument) each product is also timed at precision bf16 (gemm_bf16.hpp, AVX-512
+// BF16), in the columns after the fp32 ones.
+//
+//   gemm_bench [threads=1] [seconds per case=0.3] [--bf16]
 #include <fusedp/kernels/host/gemm.hpp>
+#include <fusedp/kernels/host/gemm_bf16.hpp>
 #include <fusedp/kernels/host/gemm_nt.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace kh = fusedp::kernels::host;
@@ -56,6 +61,8 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 0.3;
   const fusedp::Host host{threads};
+  const bool bf16 = argc > 3 && std::string(argv[3]) == "--bf16";
+  const fusedp::Host bf16_host = bf16 ? host.with_precision(fusedp::HostPrecision::bf16) : host;
   std::printf("%-28s %6s %6s %6s %5s %9s %9s %9s %9s %5s\n", "product", "m", "n", "k", "tile", "us", "GFLOP/s",
               "nt us", "nt GF/s", "picks");
   if (threads != 1) std::printf("(gemm_nt on one thread)\n");
@@ -82,6 +89,11 @@ int main(int argc, char** argv) {
     const auto s = kh::choose_tile<float>(c.m, c.n);
     std::printf("%-28s %6zu %6zu %6zu %2zux%zu %9.1f %9.1f", c.name, c.m, c.n, c.k, kh::detail::shapes[s].mr,
                 kh::detail::shapes[s].nv, best * 1e6, flop / best / 1e9);
+    if (bf16) {
+      const double t = best_of(
+          [&] { kh::gemm_at_precision(bf16_host, c.m, c.n, c.k, ar, br, out.data(), c.n, false); });
+      std::printf("  bf16 %9.1f us %7.1f GF/s", t * 1e6, flop / t / 1e9);
+    }
     if (!c.ta && c.tb) {
       const double nt =
           best_of([&] { kh::gemm_nt(c.m, c.n, c.k, a.data(), c.k, b.data(), c.k, out.data(), c.n, false); });

@@ -27,11 +27,11 @@ using CifarCnn = seed_networks::CifarCnn;
 using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 template <class Net>
-int bench(std::size_t batch, int threads, int steps, int warmup, const std::string& trace) {
+int bench(std::size_t batch, int threads, int steps, int warmup, const std::string& trace, fp::HostPrecision precision) {
   fp::trace::Recorder recorder;
   std::optional<fp::trace::Session> session;
   if (!trace.empty()) session.emplace(recorder);
-  fp::Host host{threads};
+  fp::Host host{threads, precision};
   fp::Model<Net, fp::Host> model{fp::seed(1), host};
   fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
   std::vector<float> x(batch * Net::input_shape::size);
@@ -49,8 +49,8 @@ int bench(std::size_t batch, int threads, int steps, int warmup, const std::stri
   const double median = ms[ms.size() / 2];
   // Model FLOPs of a train step (net/cost.hpp: the GEMMs of forward, input and weight gradients).
   const double gflops = fp::CostModel<Net>::train_flops * double(batch) / (median * 1e-3) / 1e9;
-  std::printf("fusedp  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s%s\n", batch, host.threads(),
-              median, double(batch) / (median * 1e-3), gflops, trace.empty() ? "" : "  (traced)");
+  std::printf("fusedp  %s  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s%s\n",
+              fp::to_string(precision), batch, host.threads(), median, double(batch) / (median * 1e-3), gflops, trace.empty() ? "" : "  (traced)");
   if (!trace.empty()) {
     session.reset();
     recorder.write(trace);
@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_option("--trace", trace, "record the steps' spans and write them to this Chrome trace file");
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "the GEMMs' arithmetic: fp32, bf16 (AVX-512 BF16) or bf16-emulated")
+      ->check(CLI::IsMember({"fp32", "bf16", "bf16-emulated"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -83,9 +87,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup, trace);
-    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup, trace);
-    return bench<ResNet18>(batch, threads, steps, warmup, trace);
+    const fp::HostPrecision p = precision == "bf16"            ? fp::HostPrecision::bf16
+                                : precision == "bf16-emulated" ? fp::HostPrecision::bf16_emulated
+                                                               : fp::HostPrecision::fp32;
+    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup, trace, p);
+    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup, trace, p);
+    return bench<ResNet18>(batch, threads, steps, warmup, trace, p);
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

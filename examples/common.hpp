@@ -80,6 +80,7 @@ struct TrainFlags {
   std::string reduce = "allreduce";   // allreduce, reduce-broadcast or zero1
   bool deterministic = false;         // AllReduce + Deterministic
   std::string compress = "none";      // none or bf16
+  std::string precision = "fp32";     // the CPU's GEMMs: fp32 or bf16
   bool overlap = true;                // reduce buckets while backward continues
   double bucket_mb = 4;               // gradient bucket capacity
   bool sync_bn = false;               // SyncBatchNorm
@@ -145,6 +146,11 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   app.add_option("--device", f.device, "where to train: cpu, or cuda[:N] (GPU N, default 0; a build with CUDA)")
+      ->capture_default_str();
+  app.add_option("--precision", f.precision,
+                 "--device cpu: the arithmetic of the conv and linear GEMMs: fp32, or bf16 (operands rounded to "
+                 "bfloat16, fp32 sums and weights; needs a CPU with AVX-512 BF16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--metrics", f.metrics, "write one JSON object per epoch to this file (scripts/plot_metrics.py plots it)");
   app.add_option("--checkpoint", f.checkpoint,
@@ -577,7 +583,8 @@ inline constexpr bool on_gpu = !std::is_same_v<typename std::remove_reference_t<
 /// Where the run trains, for the examples' first line: "GPU cuda:0" or "CPU, 4 threads per process".
 inline std::string where(const TrainFlags& f, int threads) {
   std::string w = f.device != "cpu" ? "GPU " + (f.device == "cuda" ? std::string("cuda:0") : f.device)
-                                    : "CPU, " + std::to_string(threads) + " threads per process";
+                                    : "CPU, " + std::to_string(threads) + " threads per process" +
+                                          (f.precision == "bf16" ? ", bf16 GEMMs" : "");
   if (wants_parallel(f) || fp::launched_by_mpirun()) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "; gradients: %s%s%s%s%s, %g MiB buckets", f.reduce.c_str(),
@@ -628,10 +635,14 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
   (void)agree_on;  // used only under mpirun
   const int threads = f.threads > 0 ? f.threads : fp::cpu_budget().usable();
   const int gpu = device_number(f.device);
+  const fp::HostPrecision precision = f.precision == "bf16" ? fp::HostPrecision::bf16 : fp::HostPrecision::fp32;
 #if defined(FUSEDP_EXAMPLE_GPU_PART)
   if (gpu < 0)
     throw fp::InvalidArgument("--device cpu: this is the CUDA build of the example; run the program without the "
                               "_cuda suffix for the CPU");
+  if (precision != fp::HostPrecision::fp32)
+    throw fp::InvalidArgument("--precision " + f.precision + ": the CUDA build of the example trains in TF32 on the "
+                              "GPU; --precision chooses the CPU's arithmetic (run the program without the _cuda suffix)");
   if (launch.mpi() || wants_parallel(f)) {
 #if FUSEDP_HAS_NCCL
     if (launch.mpi()) {
@@ -672,18 +683,20 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
     if (f.replicas > 1) throw fp::InvalidArgument("--replicas: under mpirun each rank is one replica; leave --replicas out");
     with_parallel_type<Net, fp::Host>(f, [&]<class P>() {
       P dp{launch.mpi_world(), fp::seed(f.seed),
-           {.threads = f.threads, .agree_on = agree_on, .accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+           {.threads = f.threads, .agree_on = agree_on, .accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f),
+            .host_precision = precision}};
       body(dp, dp.model(0).space().threads());
     });
 #endif
   } else if (wants_parallel(f)) {
     const int per = std::max(1, threads / f.replicas);
     with_parallel_type<Net, fp::Host>(f, [&]<class P>() {
-      P dp{fp::replicas(f.replicas, per), fp::seed(f.seed), {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)}};
+      P dp{fp::replicas(f.replicas, per), fp::seed(f.seed),
+           {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f), .host_precision = precision}};
       body(dp, per * f.replicas);
     });
   } else {
-    fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads}};
+    fp::Model<Net, fp::Host> model{fp::seed(f.seed), fp::Host{threads, precision}};
     body(model, threads);
   }
 #endif

@@ -1,27 +1,9 @@
 #pragma once
 // The Cuda execution space: one device, a stream, and the precision its GEMMs run in. Under a host
-// compiler this header declares only the precision tags (so Host code can name a policy); everything
+// compiler this header declares only the precision tags (exec/precision.hpp); everything
 // else is compiled by nvcc alone (FUSEDP_HAS_CUDA), so Host-only programs never need the CUDA toolkit.
 #include "fusedp/core/config.hpp"
-
-namespace fusedp::precision {
-
-/// float storage; GEMMs on tensor cores with operands rounded to TF32 (10-bit mantissa, round to
-/// nearest) and fp32 accumulation. The default, as PyTorch's allow_tf32 for convolutions.
-struct Tf32 {
-  static constexpr const char* name = "tf32";
-};
-/// float storage; GEMMs with exact fp32 fused multiply-adds (no tensor cores).
-struct Fp32 {
-  static constexpr const char* name = "fp32";
-};
-/// fp32 master weights, gradients and activations in memory; GEMM operands rounded to bfloat16 on their
-/// way into shared memory, fp32 accumulation. (Storing activations in bf16 is a later step.)
-struct Bf16 {
-  static constexpr const char* name = "bf16";
-};
-
-}  // namespace fusedp::precision
+#include "fusedp/exec/precision.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"

@@ -4,6 +4,8 @@
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cpu_budget.hpp"
+#include "fusedp/exec/cpu_features.hpp"
+#include "fusedp/exec/precision.hpp"
 #include "fusedp/exec/trace.hpp"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -236,6 +239,20 @@ inline std::atomic<int>& host_fit_notes() noexcept {
 
 }  // namespace detail
 
+/// The arithmetic of a Host's GEMMs (its precision policy, chosen at construction).
+enum class HostPrecision : unsigned char {
+  fp32,  ///< fp32 operands and fused multiply-adds (precision::Fp32, the default)
+  bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): VDPBF16PS
+  /// The bf16 arithmetic computed with fp32 instructions, bit for bit what VDPBF16PS computes on
+  /// normal numbers, several times slower: for testing bf16 results on CPUs without AVX-512 BF16.
+  bf16_emulated,
+};
+
+/// The name of a precision in messages and on command lines: "fp32", "bf16", "bf16 (emulated)".
+[[nodiscard]] constexpr const char* to_string(HostPrecision p) noexcept {
+  return p == HostPrecision::fp32 ? "fp32" : p == HostPrecision::bf16 ? "bf16" : "bf16 (emulated)";
+}
+
 /// The CPU: runs every layer with a pool of threads. Copies share the pool.
 struct Host {
   template <class T>
@@ -247,6 +264,26 @@ struct Host {
   ///        cpu_budget()). More than that is allowed and says so once on stderr: the split (and so every
   ///        result) stays that of `threads` threads, run by one thread per CPU.
   explicit Host(int threads = 0) : Host(threads, false) {}
+
+  /// A Host whose conv and linear GEMMs run at precision `P` (precision::Fp32 or precision::Bf16).
+  /// Bf16 needs AVX-512 BF16 (VDPBF16PS); on a CPU without it this throws InvalidArgument saying so.
+  template <class P>
+  Host(int threads, P) : Host(threads, false) {
+    static_assert(std::is_same_v<P, precision::Fp32> || std::is_same_v<P, precision::Bf16>,
+                  "fusedp::Host: the Host's precisions are precision::Fp32 and precision::Bf16 (Tf32 is Cuda's)");
+    if constexpr (std::is_same_v<P, precision::Bf16>) precision_ = checked(HostPrecision::bf16);
+  }
+  /// A Host at precision `p`; bf16 is checked as above.
+  Host(int threads, HostPrecision p) : Host(threads, false) { precision_ = checked(p); }
+
+  /// The precision of this Host's GEMMs.
+  [[nodiscard]] HostPrecision precision() const noexcept { return precision_; }
+  /// The same pool of threads at precision `p` (checked as the constructor checks it).
+  [[nodiscard]] Host with_precision(HostPrecision p) const {
+    Host h = *this;
+    h.precision_ = checked(p);
+    return h;
+  }
 
   /// A Host with one thread of its own per part even beyond the CPUs, for run_on_all bodies that wait
   /// for each other (replicas in one process meet in collectives). Beyond the CPUs they do not spin.
@@ -293,7 +330,16 @@ struct Host {
     pool_ = std::make_shared<detail::ThreadPool>(threads, runners, runners <= cpus);
   }
 
+  static HostPrecision checked(HostPrecision p) {
+    if (p == HostPrecision::bf16 && !cpu_features().avx512_bf16)
+      throw InvalidArgument(std::string("Host: precision bf16 needs a CPU with AVX-512 BF16 (VDPBF16PS), and this one ") +
+                            (cpu_features().avx512f ? "has AVX-512 without it" : "has no AVX-512") +
+                            "; use precision fp32 (or HostPrecision::bf16_emulated to check bf16 results slowly)");
+    return p;
+  }
+
   std::shared_ptr<detail::ThreadPool> pool_;
+  HostPrecision precision_ = HostPrecision::fp32;
 };
 
 /// The Host space's work is done when its calls return: the host clock times it.

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace fusedp {
@@ -49,7 +50,11 @@ class Model {
   static constexpr std::size_t output_size = Net::output_shape::size;
 
   /// Parameters drawn from `seed` with PyTorch's default initialization.
-  explicit Model(Seed seed = {}, Space space = Space{}) : space_(std::move(space)), store_(space_, seed.value) {}
+  explicit Model(Seed seed = {}, Space space = Space{}) : space_(std::move(space)), store_(space_, seed.value) {
+    if constexpr (std::is_same_v<Space, Host> && !std::is_same_v<T, float>)
+      require(space_.precision() == HostPrecision::fp32, "Model<..., Host, T>: precision ", to_string(space_.precision()),
+              " rounds float operands; a Model of another scalar type (double for gradient checks) needs an fp32 Host");
+  }
   explicit Model(Space space, Seed seed = {}) : Model(seed, std::move(space)) {}
 
   /// Draws every weight and bias again from the seed (see ParameterStore::reset_parameters).

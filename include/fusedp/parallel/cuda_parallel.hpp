@@ -76,7 +76,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// One replica on each of `d`'s devices, in this process, started from the same parameters (drawn
   /// from `seed`, then broadcast from the first device over NCCL).
   explicit Parallel(const Devices& d, Seed seed = {}, ParallelOptions options = {})
-      : options_(parallel::detail::checked_options(options)), pool_(Host::dedicated(check_devices(d.ids))) {
+      : options_(checked_cuda_options(options)), pool_(Host::dedicated(check_devices(d.ids))) {
     world_ = d.ids.size();
     std::vector<parallel::NcclCommunicator> comms = parallel::NcclCommunicator::init_all(d.ids, options.timeout);
     replicas_.reserve(world_);
@@ -90,7 +90,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// the same network, policies, world size and options.agree_on, and that each has its device; then
   /// NCCL is bootstrapped over MPI and rank 0's parameters are broadcast.
   explicit Parallel(const MpiWorld& world, Seed seed = {}, ParallelOptions options = {})
-      : options_(parallel::detail::checked_options(options)), pool_(1), processes_(world, options.timeout) {
+      : options_(checked_cuda_options(options)), pool_(1), processes_(world, options.timeout) {
     world_ = std::size_t(world.size());
     parallel::MpiCommunicator& comm = *processes_.mpi();
     world.collective_watch().set_hosts(parallel::detail::check_same_run(
@@ -451,6 +451,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     rep.channel.after_model_stream();
     rep.channel.all_gather_blocks(rep.model.params().data(), zero_);
     rep.channel.finish_into_model_stream();
+  }
+
+  static ParallelOptions checked_cuda_options(const ParallelOptions& o) {
+    require(o.host_precision == HostPrecision::fp32, "Parallel on Cuda: ParallelOptions::host_precision (",
+            to_string(o.host_precision),
+            ") is for Host replicas; a Cuda replica's precision is its space's type (CudaSpace<precision::Bf16>)");
+    return parallel::detail::checked_options(o);
   }
 
   ParallelOptions options_;

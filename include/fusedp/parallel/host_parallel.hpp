@@ -71,7 +71,7 @@ class Parallel<Net, Host, Policies...> {
                   "InProcess); construct from an MpiWorld for comm::Mpi");
     const int per = r.threads_per_replica > 0 ? r.threads_per_replica : std::max(1, cpu_budget().usable() / r.count);
     models_.reserve(std::size_t(r.count));
-    for (int i = 0; i < r.count; ++i) models_.emplace_back(seed, Host{per});
+    for (int i = 0; i < r.count; ++i) models_.emplace_back(seed, Host{per, options.host_precision});
     for (std::size_t i = 1; i < models_.size(); ++i) models_[i].load_params(models_[0].params());
     InProcessChannels channels;
     channels.reserve(models_.size());
@@ -92,13 +92,14 @@ class Parallel<Net, Host, Policies...> {
     parallel::MpiCommunicator& comm = *processes_.mpi();
     // First: the only collective that cannot hang on a missing rank.
     world.collective_watch().set_hosts(parallel::detail::check_same_run(
-        {Net::fingerprint, Net::param_count, policy::hash, std::uint64_t(world.size()), options.agree_on,
+        {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(options.host_precision) << 48),  // and the precision
+         std::uint64_t(world.size()), options.agree_on,
          std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes), fusedp::detail::processor_name()},
         std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather(mine, all, n, "Parallel start-up check");
         }));
     const int threads = options.threads > 0 ? options.threads : cpu_budget().per_process(local_ranks(world, comm));
-    models_.emplace_back(seed, Host{threads});
+    models_.emplace_back(seed, Host{threads, options.host_precision});
     comm.broadcast(models_[0].params().data(), Net::param_storage, 0);
     channels_.template emplace<MpiChannel>(comm);
     init(std::size_t(world.size()));

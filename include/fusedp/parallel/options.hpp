@@ -1,6 +1,7 @@
 #pragma once
 // What a Parallel<> is made from (Replicas, Devices, ParallelOptions) and what its evaluation returns.
 #include "fusedp/core/config.hpp"
+#include "fusedp/exec/host.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -54,6 +55,10 @@ struct ParallelOptions {
   /// The capacity of a gradient bucket in bytes, instead of the Bucket<bytes> policy's (0: the
   /// policy's). Every rank must give the same value (checked at start-up).
   std::size_t bucket_bytes = 0;
+  /// Host: the precision of every replica's GEMMs (HostPrecision::bf16 needs AVX-512 BF16; checked at
+  /// construction, and under MPI every rank must give the same value). Cuda: the space type's
+  /// precision decides; anything but fp32 here is an error.
+  HostPrecision host_precision = HostPrecision::fp32;
 };
 
 /// Loss and accuracy summed over every rank's evaluation samples.

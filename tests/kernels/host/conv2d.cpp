@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace kh = fusedp::kernels::host;
@@ -37,8 +38,12 @@ struct Mismatches {
   }
 };
 
+// precision bf16: the reference rounds what the kernels' GEMMs round (W, x and dz, the dz as the kernel
+// computed it); the direct path's forward and weight gradient (no GEMM) stay fp32, its input gradient
+// is a GEMM.
 template <class Epi, class T>
-void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool first_layer) {
+void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool first_layer,
+                fusedp::HostPrecision precision = fusedp::HostPrecision::fp32) {
   CAPTURE(g.in_channels);
   CAPTURE(g.in_h);
   CAPTURE(g.in_w);
@@ -48,7 +53,12 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   CAPTURE(g.out_channels);
   CAPTURE(batch);
   CAPTURE(threads);
-  const fusedp::Host host{threads};
+  CAPTURE(std::string(fusedp::to_string(precision)));
+  const fusedp::Host host{threads, precision};
+  const bool bf16 = precision != fusedp::HostPrecision::fp32;
+  const bool rounds = bf16 && !kh::detail::use_direct<T>(g);  // forward and weight gradient
+  auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
+  auto r_dx = [&](T v) { return bf16 ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   const std::size_t O = std::size_t(g.out_channels), K = g.patch(), P = g.out_pixels();
   std::vector<T> w(O * K), b(O), x(batch * g.in_size()), y(batch * g.out_size()), z(batch * g.out_size());
   std::vector<T> dy(batch * g.out_size()), dx(batch * g.in_size()), dw(O * K), db(O);
@@ -85,8 +95,8 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
               for (int kx = 0; kx < g.kernel; ++kx) {
                 const int iy = oy * g.stride - g.pad + ky, ix = ox * g.stride - g.pad + kx;
                 if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
-                const double t = double(w[(o * std::size_t(g.in_channels) + c) * g.kernel * g.kernel + ky * g.kernel + kx]) *
-                                 double(x[n * g.in_size() + (std::size_t(c) * g.in_h + iy) * g.in_w + ix]);
+                const double t = r(w[(o * std::size_t(g.in_channels) + c) * g.kernel * g.kernel + ky * g.kernel + kx]) *
+                                 r(x[n * g.in_size() + (std::size_t(c) * g.in_h + iy) * g.in_w + ix]);
                 acc += t;
                 mag += std::abs(t);
               }
@@ -101,9 +111,11 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
     for (std::size_t o = 0; o < O; ++o)
       for (int oy = 0; oy < g.out_h; ++oy)
         for (int ox = 0; ox < g.out_w; ++ox) {
-          const double d = dz[n * g.out_size() + o * P + std::size_t(oy) * g.out_w + ox];
-          ddb[o] += d;
-          mag_db[o] += std::abs(d);
+          const std::size_t at = n * g.out_size() + o * P + std::size_t(oy) * g.out_w + ox;
+          const double d = rounds ? r(dy[at]) : dz[at];
+          const double d_dx = bf16 ? r_dx(dy[at]) : dz[at];
+          ddb[o] += dz[at];
+          mag_db[o] += std::abs(dz[at]);
           for (int c = 0; c < g.in_channels; ++c)
             for (int ky = 0; ky < g.kernel; ++ky)
               for (int kx = 0; kx < g.kernel; ++kx) {
@@ -111,10 +123,10 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
                 if (iy < 0 || iy >= g.in_h || ix < 0 || ix >= g.in_w) continue;
                 const std::size_t wi = (o * std::size_t(g.in_channels) + c) * g.kernel * g.kernel + ky * g.kernel + kx;
                 const std::size_t xi = n * g.in_size() + (std::size_t(c) * g.in_h + iy) * g.in_w + ix;
-                ddw[wi] += d * double(x[xi]);
-                mag_dw[wi] += std::abs(d * double(x[xi]));
-                ddx[xi] += d * double(w[wi]);
-                mag_dx[xi] += std::abs(d * double(w[wi]));
+                ddw[wi] += d * r(x[xi]);
+                mag_dw[wi] += std::abs(d * r(x[xi]));
+                ddx[xi] += d_dx * r_dx(w[wi]);
+                mag_dx[xi] += std::abs(d_dx * r_dx(w[wi]));
               }
         }
   for (std::size_t i = 0; i < O * K; ++i) grad.check(double(dw[i]), ddw[i], mag_dw[i]);
@@ -155,6 +167,19 @@ TEST_CASE_TEMPLATE("conv2d forward and backward match a double reference", T, fl
     }
 }
 
+TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the direct path fp32") {
+  std::vector<fusedp::HostPrecision> precisions{fusedp::HostPrecision::bf16_emulated};
+  if (fusedp::cpu_features().avx512_bf16) precisions.push_back(fusedp::HostPrecision::bf16);
+  for (const auto precision : precisions)
+    for (const auto& g : geometries)
+      for (int threads = 1; threads <= 2; ++threads) {
+        check_conv<k::Epilogue<>, float>(g, 3, threads, false, precision);
+        check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, precision);
+      }
+}
+
 TEST_CASE("conv2d at the CIFAR-10 CNN's second layer (float, 2 threads)") {
   check_conv<k::Epilogue<k::Tanh>, float>(geometry(64, 16, 16, 3, 1, 1, 128), 3, 2, false);
+  check_conv<k::Epilogue<k::Tanh>, float>(geometry(64, 16, 16, 3, 1, 1, 128), 2, 2, false,
+                                          fusedp::HostPrecision::bf16_emulated);
 }

@@ -5,12 +5,15 @@
 //             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
 // with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
-// im2col matrix is materialized and packed again.
+// im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
+// (gemm_bf16.hpp): im2col writes the row-major matrix, which is packed into pairs; the direct path
+// (few output channels, no GEMM) stays fp32.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
+#include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
 
 #include <algorithm>
@@ -426,6 +429,30 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
       return;
     }
   }
+  if constexpr (std::is_same_v<T, float>) {
+    if (host.precision() != HostPrecision::fp32) {
+      bf16::with_tile(bf16::choose_tile(outs, pixels), [&]<class S>() {
+        // The pairs live in the float scratch: weights where fp32's packed weights go, each thread's
+        // im2col matrix in its col region and its pair panels in the next (both fit: a pair holds two
+        // elements).
+        auto* packed_w = reinterpret_cast<bf16::Pair*>(scratch);
+        bf16::pack_a<S>(row_major(w, patch), 0, outs, 0, patch, packed_w);
+        host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
+          T* col = scratch + std::size_t(thread) * stride + layout.packed_weights();
+          auto* panels = reinterpret_cast<bf16::Pair*>(col + layout.col());
+          T* padded = scratch + std::size_t(thread + 1) * stride - layout.padded();
+          for (std::size_t n = n0; n < n1; ++n) {
+            T* yn = y + n * g.out_size();
+            im2col(g, x + n * g.in_size(), col, pixels, padded);
+            bf16::pack_b<S>(row_major<T>(col, pixels), 0, patch, 0, pixels, panels);
+            bf16::gemm_packed<S>(host.precision(), outs, pixels, patch, packed_w, panels, yn, pixels, false,
+                                 epilogue(yn, z ? z + n * g.out_size() : nullptr));
+          }
+        });
+      });
+      return;
+    }
+  }
   with_tile(choose_tile<T>(outs, pixels), [&]<class S>() {
     T* packed_w = scratch;  // thread 0's, read by all
     pack_a<S>(row_major(w, patch), 0, outs, 0, patch, packed_w);
@@ -472,17 +499,22 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     }
     if (!g.direct()) im2col(g, xn, col, pixels, padded);
     const T* cols = g.direct() ? xn : col;
+    if constexpr (std::is_same_v<T, float>) {
+      if (host.precision() != HostPrecision::fp32) {
+        bf16::gemm(host.precision(), outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels},
+                   dw_t, patch, true);
+        return;
+      }
+    }
     // dz and col both run along the pixels: in place by dot products where a side is narrow.
     if (use_nt(outs, patch, pixels)) gemm_nt(outs, patch, pixels, dzn, pixels, cols, pixels, dw_t, patch, true);
     else gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
-  // The input gradient's tile shape; W^T (K x O) is W read column-major, packed once.
-  with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
-    T* packed_wt = scratch;
-    if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
-    // One index per thread (its samples, its scratch); parallel_for lets the caller take over the
-    // index of a late worker.
+  // Each thread's samples with its own scratch; input_gradient(dz, dz_panels, target) computes
+  // dcol (K x P) = W^T (K x O) dz (O x P) into target. One index per thread: parallel_for lets the
+  // caller take over the index of a late worker.
+  auto per_thread = [&](const auto& input_gradient) {
     host.parallel_for(std::size_t(threads), [&](std::size_t, std::size_t, int thread) {
       T* own = scratch + std::size_t(thread) * stride;
       T* col = own + col_at;
@@ -506,16 +538,39 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
         const T* xn = x + n * g.in_size();
         weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
         if (dx) {
-          // dcol (K x P) = W^T (K x O) dz (O x P)
           T* dxn = dx + n * g.in_size();
           T* target = g.direct() ? dxn : dcol;
-          pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
-          gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
+          input_gradient(dzn, dz_panels, target);
           if (!g.direct()) col2im(g, dcol, dxn, padded);
         }
       }
     });
-  });
+  };
+  // W^T (K x O) is W read column-major, packed once (thread 0's scratch, read by all).
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (host.precision() != HostPrecision::fp32) {
+      bf16::with_tile(bf16::choose_tile(patch, pixels), [&]<class S>() {
+        auto* packed_wt = reinterpret_cast<bf16::Pair*>(scratch);
+        if (dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+        per_thread([&](const T* dzn, T* dz_panels, T* target) {
+          auto* panels = reinterpret_cast<bf16::Pair*>(dz_panels);
+          bf16::pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, panels);
+          bf16::gemm_packed<S>(host.precision(), patch, pixels, outs, packed_wt, panels, target, pixels, false);
+        });
+      });
+      done = true;
+    }
+  }
+  if (!done)
+    with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
+      T* packed_wt = scratch;
+      if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+      per_thread([&](const T* dzn, T* dz_panels, T* target) {
+        pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
+        gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
+      });
+    });
   if (direct) {
     // dW[o][k] = sum over threads of dW^T[k][o], in thread order.
     for (std::size_t o = 0; o < outs; ++o)

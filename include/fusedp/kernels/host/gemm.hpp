@@ -193,15 +193,14 @@ template <class T, std::size_t MR, std::size_t NV>
 // Below this depth the tiles of C are walked along rows (see macro_kernel).
 inline constexpr std::size_t shallow_k = 96;
 
-template <class S, class T, class Epi>
-void macro_kernel(std::size_t m, std::size_t n, std::size_t kc, const T* a, std::size_t a_panel, const T* b,
-                  std::size_t b_panel, T* c, std::size_t ldc, bool load_c, bool last, std::size_t i_base,
-                  std::size_t j_base, const Epi& epi) {
-  constexpr std::size_t MR = S::mr, NR = S::template nr<T>;
+template <std::size_t MR, std::size_t NR, class P, class T, class Epi, class Micro>
+void macro_tiles(std::size_t m, std::size_t n, std::size_t kc, const P* a, std::size_t a_panel, const P* b,
+                 std::size_t b_panel, T* c, std::size_t ldc, bool load_c, bool last, std::size_t i_base,
+                 std::size_t j_base, const Epi& epi, const Micro& micro) {
   auto tile = [&](std::size_t ir, std::size_t jr) {
     const std::size_t rows = std::min(MR, m - ir), cols = std::min(NR, n - jr);
     T* cp = c + ir * ldc + jr;
-    micro_kernel<T, MR, S::nv>(kc, a + ir / MR * a_panel, b + jr / NR * b_panel, cp, ldc, rows, cols, load_c);
+    micro(kc, a + ir / MR * a_panel, b + jr / NR * b_panel, cp, ldc, rows, cols, load_c);
     if constexpr (!std::is_same_v<Epi, NoEpilogue>) {
       if (last)
         for (std::size_t i = 0; i < rows; ++i) epi(i_base + ir + i, j_base + jr, cp + i * ldc, cols);
@@ -217,6 +216,43 @@ void macro_kernel(std::size_t m, std::size_t n, std::size_t kc, const T* a, std:
     // in every row (CIFAR fc1's dW, 1024 x 8192: rows 32 KiB apart).
     for (std::size_t ir = 0; ir < m; ir += MR)
       for (std::size_t jr = 0; jr < n; jr += NR) tile(ir, jr);
+  }
+}
+
+// macro_tiles over packed float panels with the tile shape S's micro-kernel.
+template <class S, class T, class Epi>
+void macro_kernel(std::size_t m, std::size_t n, std::size_t kc, const T* a, std::size_t a_panel, const T* b,
+                  std::size_t b_panel, T* c, std::size_t ldc, bool load_c, bool last, std::size_t i_base,
+                  std::size_t j_base, const Epi& epi) {
+  macro_tiles<S::mr, S::template nr<T>>(m, n, kc, a, a_panel, b, b_panel, c, ldc, load_c, last, i_base, j_base, epi,
+                                        [](auto... args) { micro_kernel<T, S::mr, S::nv>(args...); });
+}
+
+// Splits an m x n x k product over the threads of `host` by blocks of NR columns or MR rows, whichever
+// gives the shorter slowest thread: its share of the multiply-adds (counted as `lanes` per operation
+// on packed elements) plus what it packs. A split by columns packs all of A in every thread and
+// 1/threads of B; by rows, the reverse. run(m', n', a', b', c', epi') computes one thread's block.
+template <std::size_t MR, std::size_t NR, class T, class Epi, class Run>
+void split_over_threads(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,
+                        T* c, std::size_t ldc, std::size_t lanes, const Epi& epi, const Run& run) {
+  const auto threads = std::size_t(host.threads());
+  const std::size_t col_blocks = (n + NR - 1) / NR, row_blocks = (m + MR - 1) / MR;
+  const auto share = [&](std::size_t blocks) { return double((blocks + threads - 1) / threads) / double(blocks); };
+  const double fma = double(m) * double(n) * double(k) / double(2 * lanes);
+  const double by_cols = share(col_blocks) * (fma + double(k) * double(n)) + double(m) * double(k);
+  const double by_rows = share(row_blocks) * (fma + double(m) * double(k)) + double(k) * double(n);
+  if (by_cols <= by_rows) {
+    host.parallel_for(col_blocks, [&](std::size_t q0, std::size_t q1, int) {
+      const std::size_t j0 = q0 * NR, j1 = std::min(n, q1 * NR);
+      const MatrixRef<T> bs{b.data + j0 * b.col_stride, b.row_stride, b.col_stride};
+      run(m, j1 - j0, a, bs, c + j0, [&](std::size_t i, std::size_t j, T* p, std::size_t cnt) { epi(i, j0 + j, p, cnt); });
+    });
+  } else {
+    host.parallel_for(row_blocks, [&](std::size_t p0, std::size_t p1, int) {
+      const std::size_t i0 = p0 * MR, i1 = std::min(m, p1 * MR);
+      const MatrixRef<T> as{a.data + i0 * a.row_stride, a.row_stride, a.col_stride};
+      run(i1 - i0, n, as, b, c + i0 * ldc, [&](std::size_t i, std::size_t j, T* p, std::size_t cnt) { epi(i0 + i, j, p, cnt); });
+    });
   }
 }
 
@@ -447,30 +483,11 @@ void gemm(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixR
     return;
   }
   with_tile(choose_tile<T>(m, n), [&]<class S>() {
-    constexpr std::size_t MR = S::mr, NR = S::template nr<T>;
-    const std::size_t col_blocks = (n + NR - 1) / NR, row_blocks = (m + MR - 1) / MR;
-    // Split the dimension that gives the shorter slowest thread: its share of the multiply-adds
-    // (about 2 lanes of FMA per packed element, counted in packed elements) plus what it packs. A
-    // split by columns packs all of A in every thread and 1/threads of B; by rows, the reverse.
-    const auto share = [&](std::size_t blocks) { return double((blocks + threads - 1) / threads) / double(blocks); };
-    const double fma = double(m) * double(n) * double(k) / double(2 * simd::lanes<T>);
-    const double by_cols = share(col_blocks) * (fma + double(k) * double(n)) + double(m) * double(k);
-    const double by_rows = share(row_blocks) * (fma + double(m) * double(k)) + double(k) * double(n);
-    if (by_cols <= by_rows) {
-      host.parallel_for(col_blocks, [&](std::size_t q0, std::size_t q1, int) {
-        const std::size_t j0 = q0 * NR, j1 = std::min(n, q1 * NR);
-        const MatrixRef<T> bs{b.data + j0 * b.col_stride, b.row_stride, b.col_stride};
-        gemm_with<S>(m, j1 - j0, k, a, bs, c + j0, ldc, accumulate,
-                     [&](std::size_t i, std::size_t j, T* p, std::size_t cnt) { epi(i, j0 + j, p, cnt); });
-      });
-    } else {
-      host.parallel_for(row_blocks, [&](std::size_t p0, std::size_t p1, int) {
-        const std::size_t i0 = p0 * MR, i1 = std::min(m, p1 * MR);
-        const MatrixRef<T> as{a.data + i0 * a.row_stride, a.row_stride, a.col_stride};
-        gemm_with<S>(i1 - i0, n, k, as, b, c + i0 * ldc, ldc, accumulate,
-                     [&](std::size_t i, std::size_t j, T* p, std::size_t cnt) { epi(i0 + i, j, p, cnt); });
-      });
-    }
+    detail::split_over_threads<S::mr, S::template nr<T>>(
+        host, m, n, k, a, b, c, ldc, simd::lanes<T>, epi,
+        [&](std::size_t mt, std::size_t nt, MatrixRef<T> at, MatrixRef<T> bt, T* ct, const auto& et) {
+          gemm_with<S>(mt, nt, k, at, bt, ct, ldc, accumulate, et);
+        });
   });
 }
 

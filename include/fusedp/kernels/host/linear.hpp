@@ -1,9 +1,9 @@
 #pragma once
 // Linear on the Host: y = Epi(x W^T + b) over the batch with W (out, in) as PyTorch, GEMMs split over
-// threads, bias and activation in the GEMM epilogue.
+// threads at the Host's precision, bias and activation in the GEMM epilogue.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/host.hpp"
-#include "fusedp/kernels/host/gemm.hpp"
+#include "fusedp/kernels/host/gemm_bf16.hpp"
 
 #include <cstddef>
 
@@ -13,7 +13,7 @@ namespace fusedp::kernels::host {
 template <class Epi, class T>
 void linear_forward(const Host& host, std::size_t batch, std::size_t in, std::size_t out, const T* w, const T* b,
                     const T* x, T* y, T* z) {
-  gemm(host, batch, out, in, row_major(x, in), MatrixRef<T>{w, 1, in}, y, out, false,
+  gemm_at_precision(host, batch, out, in, row_major(x, in), MatrixRef<T>{w, 1, in}, y, out, false,
        [&](std::size_t i, std::size_t j0, T* p, std::size_t cnt) {
          if constexpr (Epi::saves_input) {
            T* zp = z + i * out + j0;
@@ -49,9 +49,9 @@ void linear_backward(const Host& host, std::size_t batch, std::size_t in, std::s
   if (batch * out < (std::size_t(1) << 16)) dz_and_db(0, out, 0);
   else host.parallel_for(out, dz_and_db);
   // dW (out, in) = dz^T (out, batch) x (batch, in)
-  gemm(host, out, in, batch, MatrixRef<T>{dy, 1, out}, row_major(x, in), dw, in, false);
+  gemm_at_precision(host, out, in, batch, MatrixRef<T>{dy, 1, out}, row_major(x, in), dw, in, false);
   // dx (batch, in) = dz (batch, out) W (out, in)
-  if (dx) gemm(host, batch, in, out, row_major<T>(dy, out), row_major(w, in), dx, in, false);
+  if (dx) gemm_at_precision(host, batch, in, out, row_major<T>(dy, out), row_major(w, in), dx, in, false);
 }
 
 }  // namespace fusedp::kernels::host

@@ -1,0 +1,54 @@
+#pragma once
+// What the CPU's instruction set offers the Host kernels, read at run time (CPUID and the operating
+// system's enabled register state), so one binary picks the instructions of the machine it runs on.
+#include "fusedp/core/config.hpp"
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
+#include <cpuid.h>
+#define FUSEDP_X86_CPUID 1
+#else
+#define FUSEDP_X86_CPUID 0
+#endif
+
+namespace fusedp {
+
+/// The instruction-set features the Host kernels choose by.
+struct CpuFeatures {
+  bool avx512f = false;      ///< AVX-512 Foundation, with the zmm state enabled by the OS
+  bool avx512_bf16 = false;  ///< VDPBF16PS: 16 lanes of bf16 pair dot products into fp32
+  bool amx_bf16 = false;     ///< AMX tiles with TDPBF16PS, tile state enabled by the OS (XCR0 bits 17, 18)
+};
+
+namespace detail {
+#if FUSEDP_X86_CPUID
+inline unsigned long long read_xcr0() noexcept {
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+#endif
+}  // namespace detail
+
+/// This CPU's features (all false where they cannot be read: not x86-64, or not GCC/Clang).
+[[nodiscard]] inline CpuFeatures cpu_features() noexcept {
+  CpuFeatures f;
+#if FUSEDP_X86_CPUID
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid(1, a, b, c, d);
+  const bool osxsave = (c >> 27) & 1u;
+  if (!osxsave) return f;
+  const unsigned long long xcr0 = detail::read_xcr0();
+  const bool zmm_state = (xcr0 & 0xe6u) == 0xe6u;              // SSE, AVX, opmask, zmm halves
+  const bool tile_state = (xcr0 & (3ull << 17)) == (3ull << 17);  // TILECFG, TILEDATA
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx512f = zmm_state && ((b >> 16) & 1u);
+  const bool amx_tile = (d >> 24) & 1u, amx_bf16 = (d >> 22) & 1u;
+  f.amx_bf16 = tile_state && amx_tile && amx_bf16;
+  __cpuid_count(7, 1, a, b, c, d);
+  f.avx512_bf16 = f.avx512f && ((a >> 5) & 1u);
+#endif
+  return f;
+}
+
+}  // namespace fusedp

@@ -1,0 +1,26 @@
+#pragma once
+// Precision policies: the arithmetic of a space's GEMMs. The same names on both spaces: Cuda takes one
+// as a type (CudaSpace<precision::Tf32>), Host as a constructor argument (Host{threads,
+// precision::Bf16{}}), because every Host kernel serves both with one compiled instance and which
+// instructions run is known only once the CPU is.
+#include "fusedp/core/config.hpp"
+
+namespace fusedp::precision {
+
+/// float storage; GEMMs on tensor cores with operands rounded to TF32 (10-bit mantissa, round to
+/// nearest) and fp32 accumulation. The default, as PyTorch's allow_tf32 for convolutions.
+struct Tf32 {
+  static constexpr const char* name = "tf32";
+};
+/// float storage; GEMMs with exact fp32 fused multiply-adds (no tensor cores). The Host's default.
+struct Fp32 {
+  static constexpr const char* name = "fp32";
+};
+/// fp32 master weights, gradients and activations in memory; GEMM operands rounded to bfloat16 on their
+/// way into shared memory (Cuda) or into the packed panels (Host), fp32 accumulation. (Storing
+/// activations in bf16 is a later step.)
+struct Bf16 {
+  static constexpr const char* name = "bf16";
+};
+
+}  // namespace fusedp::precision

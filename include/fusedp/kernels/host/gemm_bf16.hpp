@@ -1,0 +1,359 @@
+#pragma once
+// The Host GEMM at precision bf16: C (fp32) = A B with the operands rounded to bfloat16 (round to nearest
+// even, kernels/bf16.hpp) as they are packed, and fp32 sums. The levels and the blocking are gemm.hpp's;
+// what changes is the packed element and the register tile's instruction:
+//
+//   packed element  a pair of bf16 of adjacent k in 32 bits, the even k in the low half (the "VNNI"
+//                   layout VDPBF16PS reads, and AMX's TDPBF16PS too), so a panel is half as deep
+//   micro-kernel    VDPBF16PS: each of 16 fp32 lanes += a_odd * b_odd, then += a_even * b_even, the
+//                   products exact, on AVX-512 BF16 (chosen at run time, the function compiled for it
+//                   whatever the build's target); or the same arithmetic in fp32 instructions
+//                   (HostPrecision::bf16_emulated, for checking bf16 results on any CPU)
+//
+// Speed, measured on this project's Xeon (Sapphire Rapids, KVM guest without AMX): VDPBF16PS retires
+// one zmm instruction per cycle where FMA retires two, so its 64 FLOP a cycle equal fp32's
+// (benchmarks/gemm_bench --bf16); bf16 saves half the bytes of the packed panels, not arithmetic.
+// AMX (TDPBF16PS on tiles) is where bf16 pays on such CPUs; it reads the same pair layout.
+#include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/bf16.hpp"
+#include "fusedp/kernels/host/gemm.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#define FUSEDP_HOST_AVX512_BF16 1
+#else
+#define FUSEDP_HOST_AVX512_BF16 0
+#endif
+
+namespace fusedp::kernels::host {
+
+namespace bf16 {
+
+/// Two bf16 values of adjacent k in one 32-bit word: the even k in the low half.
+using Pair = std::uint32_t;
+/// The kernels' vector: 16 fp32 lanes (AVX-512), whatever the build targets.
+inline constexpr std::size_t lanes = 16;
+
+FUSEDP_ALWAYS_INLINE Pair pair(float even, float odd) {
+  return Pair(to_bf16(even)) | (Pair(to_bf16(odd)) << 16);
+}
+FUSEDP_ALWAYS_INLINE float low(Pair p) { return from_bf16(std::uint16_t(p & 0xffffu)); }
+FUSEDP_ALWAYS_INLINE float high(Pair p) { return from_bf16(std::uint16_t(p >> 16)); }
+
+/// A register tile: MR rows by NV vectors of 16 columns.
+template <std::size_t MR, std::size_t NV>
+struct Tile {
+  static constexpr std::size_t mr = MR;
+  static constexpr std::size_t nv = NV;
+  static constexpr std::size_t nr = NV * lanes;
+};
+
+// The AVX-512 shapes of gemm.hpp (32 zmm registers: MR x NV accumulators, NV B vectors, a broadcast).
+inline constexpr std::array<host::detail::ShapeInfo, 4> shapes{{{12, 2, 1.0}, {8, 3, 1.0}, {6, 4, 0.98}, {16, 1, 0.82}}};
+template <std::size_t S>
+using tile_at = Tile<shapes[S].mr, shapes[S].nv>;
+
+/// The tile shape for an m x n product, by the padding it wastes (as choose_tile).
+constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
+  std::size_t best = 0;
+  double best_cost = 0;
+  for (std::size_t s = 0; s < shapes.size(); ++s) {
+    const double cost = double(host::detail::round_up(m, shapes[s].mr)) *
+                       double(host::detail::round_up(n, shapes[s].nv * lanes)) /
+                        shapes[s].speed;
+    if (s == 0 || cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+template <class F>
+FUSEDP_ALWAYS_INLINE decltype(auto) with_tile(std::size_t index, F&& f) {
+  switch (index) {
+    case 0: return f.template operator()<tile_at<0>>();
+    case 1: return f.template operator()<tile_at<1>>();
+    case 2: return f.template operator()<tile_at<2>>();
+    default: return f.template operator()<tile_at<3>>();
+  }
+}
+
+constexpr std::size_t pairs(std::size_t k) { return (k + 1) / 2; }
+
+/// Pairs of an m x k A packed for shape S.
+template <class S>
+constexpr std::size_t packed_a_size(std::size_t m, std::size_t k) {
+  return host::detail::round_up(m, S::mr) * pairs(k);
+}
+/// Pairs of a k x n B packed for shape S.
+template <class S>
+constexpr std::size_t packed_b_size(std::size_t k, std::size_t n) {
+  return host::detail::round_up(n, S::nr) * pairs(k);
+}
+
+/// Packs rows [i0, i0+m) x cols [k0, k0+kc) of A into panels of S::mr rows of k pairs, zero-padded:
+/// panel p at dst + p * pairs(kc) * mr, pair q of row i at [q * mr + i].
+template <class S>
+FUSEDP_NO_LIBCALL_LOOPS void pack_a(MatrixRef<float> a, std::size_t i0, std::size_t m, std::size_t k0, std::size_t kc,
+                                    Pair* FUSEDP_RESTRICT dst) {
+  constexpr std::size_t MR = S::mr;
+  const std::size_t kq = pairs(kc), whole = kc / 2;
+  const std::size_t rs = a.row_stride, cs = a.col_stride;
+  for (std::size_t p = 0; p < m; p += MR, dst += kq * MR) {
+    const std::size_t rows = std::min(MR, m - p);
+    const float* src = a.data + (i0 + p) * rs + k0 * cs;
+    if (rs == 1) {  // column-major: the rows of one k are contiguous
+      for (std::size_t q = 0; q < kq; ++q) {
+        const float* even = src + 2 * q * cs;
+        const float* odd = 2 * q + 1 < kc ? even + cs : nullptr;
+        for (std::size_t i = 0; i < rows; ++i) dst[q * MR + i] = pair(even[i], odd ? odd[i] : 0.0f);
+        for (std::size_t i = rows; i < MR; ++i) dst[q * MR + i] = 0;
+      }
+    } else {
+      for (std::size_t i = 0; i < MR; ++i) {
+        const float* row = src + i * rs;
+        if (i >= rows) {
+          for (std::size_t q = 0; q < kq; ++q) dst[q * MR + i] = 0;
+          continue;
+        }
+        for (std::size_t q = 0; q < whole; ++q) dst[q * MR + i] = pair(row[2 * q * cs], row[(2 * q + 1) * cs]);
+        if (kc % 2) dst[whole * MR + i] = pair(row[(kc - 1) * cs], 0.0f);
+      }
+    }
+  }
+}
+
+/// Packs rows [k0, k0+kc) x cols [j0, j0+n) of B into panels of S::nr columns of k pairs, zero-padded:
+/// panel t at dst + t * pairs(kc) * nr, pair q of column j at [q * nr + j].
+template <class S>
+FUSEDP_NO_LIBCALL_LOOPS void pack_b(MatrixRef<float> b, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t n,
+                                    Pair* FUSEDP_RESTRICT dst) {
+  constexpr std::size_t NR = S::nr;
+  const std::size_t kq = pairs(kc);
+  const std::size_t rs = b.row_stride, cs = b.col_stride;
+  for (std::size_t t = 0; t < n; t += NR, dst += kq * NR) {
+    const std::size_t cols = std::min(NR, n - t);
+    for (std::size_t q = 0; q < kq; ++q) {
+      const float* even = b.data + (k0 + 2 * q) * rs + (j0 + t) * cs;
+      Pair* d = dst + q * NR;
+      if (2 * q + 1 < kc) {
+        const float* odd = even + rs;
+        if (cs == 1) {
+          for (std::size_t j = 0; j < cols; ++j) d[j] = pair(even[j], odd[j]);
+        } else {
+          for (std::size_t j = 0; j < cols; ++j) d[j] = pair(even[j * cs], odd[j * cs]);
+        }
+      } else {
+        for (std::size_t j = 0; j < cols; ++j) d[j] = pair(even[j * cs], 0.0f);
+      }
+      for (std::size_t j = cols; j < NR; ++j) d[j] = 0;
+    }
+  }
+}
+
+namespace detail {
+
+// Writes an MR x NR tile held in `tile` (row stride NR) to C, added to C when load_c.
+template <std::size_t MR, std::size_t NR>
+FUSEDP_ALWAYS_INLINE void store_tile(const float* tile, float* c, std::size_t ldc, std::size_t rows, std::size_t cols,
+                                     bool load_c) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    float* p = c + i * ldc;
+    const float* t = tile + i * NR;
+    if (load_c) {
+      for (std::size_t j = 0; j < cols; ++j) p[j] += t[j];
+    } else {
+      for (std::size_t j = 0; j < cols; ++j) p[j] = t[j];
+    }
+  }
+}
+
+// The register tile in fp32 instructions: each lane adds the odd pair's product, then the even one's,
+// as VDPBF16PS does. The products of two bf16 are exact in fp32, so a contracted multiply-add rounds
+// the same way.
+template <std::size_t MR, std::size_t NV>
+[[gnu::noinline]] void micro_kernel_emulated(std::size_t kq, const Pair* FUSEDP_RESTRICT a,
+                                             const Pair* FUSEDP_RESTRICT b, float* FUSEDP_RESTRICT c,
+                                             std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
+  constexpr std::size_t NR = NV * lanes;
+  float acc[MR * NR] = {};
+  for (std::size_t q = 0; q < kq; ++q, a += MR, b += NR)
+    for (std::size_t i = 0; i < MR; ++i) {
+      const float ae = low(a[i]), ao = high(a[i]);
+      for (std::size_t j = 0; j < NR; ++j) {
+        float s = acc[i * NR + j] + ao * high(b[j]);
+        acc[i * NR + j] = s + ae * low(b[j]);
+      }
+    }
+  store_tile<MR, NR>(acc, c, ldc, rows, cols, load_c);
+}
+
+#if FUSEDP_HOST_AVX512_BF16
+// The register tile on AVX-512 BF16: per pair of k, NV vector loads of B, MR broadcasts of A's pair and
+// MR x NV VDPBF16PS.
+template <std::size_t MR, std::size_t NV>
+[[gnu::noinline, gnu::target("avx512f,avx512bw,avx512vl,avx512bf16")]] void micro_kernel_avx512(
+    std::size_t kq, const Pair* FUSEDP_RESTRICT a, const Pair* FUSEDP_RESTRICT b, float* FUSEDP_RESTRICT c,
+    std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
+  constexpr std::size_t NR = NV * lanes;
+  __m512 acc[MR][NV];
+  FUSEDP_UNROLL(16)
+  for (std::size_t i = 0; i < MR; ++i)
+    FUSEDP_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (std::size_t q = 0; q < kq; ++q, a += MR, b += NR) {
+    __m512bh bv[NV];
+    FUSEDP_UNROLL(4)
+    for (std::size_t v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + v * lanes);
+    FUSEDP_UNROLL(16)
+    for (std::size_t i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[i]));
+      FUSEDP_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+  }
+  if (rows == MR && cols == NR) {
+    FUSEDP_UNROLL(16)
+    for (std::size_t i = 0; i < MR; ++i)
+      FUSEDP_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) {
+        float* p = c + i * ldc + v * lanes;
+        _mm512_storeu_ps(p, load_c ? _mm512_add_ps(_mm512_loadu_ps(p), acc[i][v]) : acc[i][v]);
+      }
+  } else {
+    alignas(64) float tile[MR * NR];
+    FUSEDP_UNROLL(16)
+    for (std::size_t i = 0; i < MR; ++i)
+      FUSEDP_UNROLL(4)
+      for (std::size_t v = 0; v < NV; ++v) _mm512_store_ps(tile + i * NR + v * lanes, acc[i][v]);
+    store_tile<MR, NR>(tile, c, ldc, rows, cols, load_c);
+  }
+}
+#endif
+
+// The micro-kernel of shape S for `precision` (bf16 or bf16_emulated).
+template <class S>
+auto micro_for(HostPrecision precision) {
+  return [precision](std::size_t kq, const Pair* a, const Pair* b, float* c, std::size_t ldc, std::size_t rows,
+                     std::size_t cols, bool load_c) {
+#if FUSEDP_HOST_AVX512_BF16
+    if (precision == HostPrecision::bf16) {
+      micro_kernel_avx512<S::mr, S::nv>(kq, a, b, c, ldc, rows, cols, load_c);
+      return;
+    }
+#endif
+    if (precision != HostPrecision::bf16_emulated)
+      throw InvalidArgument("Host: bf16 GEMMs run on AVX-512 BF16, which this translation unit was compiled "
+                            "without (nvcc's host pass, or not x86-64 GCC/Clang)");
+    micro_kernel_emulated<S::mr, S::nv>(kq, a, b, c, ldc, rows, cols, load_c);
+  };
+}
+
+// Depth (in k, even) of an L1 block: a B panel of NR pair columns in 24 KiB, as gemm.hpp's k_block.
+template <class S>
+constexpr std::size_t k_block(std::size_t k) {
+  const std::size_t most = 2 * std::max<std::size_t>(16, host::detail::l1_panel_bytes / (S::nr * sizeof(Pair)));
+  const std::size_t blocks = (k + most - 1) / most;
+  return std::min(k, host::detail::round_up((k + blocks - 1) / blocks, 2 * lanes));
+}
+
+}  // namespace detail
+
+/// The packing memory of one thread (pairs), reused by every later call.
+inline GemmScratch<Pair>& thread_scratch() {
+  thread_local GemmScratch<Pair> s;
+  return s;
+}
+
+/// C[m x n] (row stride ldc) = A[m x k] B[k x n] in bf16 with tile shape S (see gemm_with).
+template <class S, class Epi = NoEpilogue>
+void gemm_with(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, MatrixRef<float> a,
+               MatrixRef<float> b, float* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  constexpr std::size_t MR = S::mr, NR = S::nr;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    host::gemm_packed<host::detail::shape_at<0>>(m, n, 0, static_cast<const float*>(nullptr),
+                                                 static_cast<const float*>(nullptr), c, ldc, accumulate, epi);
+    return;
+  }
+  const auto micro = detail::micro_for<S>(precision);
+  const std::size_t kb = detail::k_block<S>(k);  // even: a block never splits a pair
+  const std::size_t kp = std::min(k, host::detail::pack_blocks * kb);
+  const std::size_t mb = std::max(MR, host::detail::l2_a_bytes / (pairs(kp) * sizeof(Pair)) / MR * MR);
+  const std::size_t nb = std::max(NR, host::detail::l2_b_bytes / (pairs(kp) * sizeof(Pair)) / NR * NR);
+  auto& s = thread_scratch();
+  s.a.reserve_discard(packed_a_size<S>(std::min(mb, m), kp));
+  s.b.reserve_discard(packed_b_size<S>(kp, std::min(nb, n)));
+  for (std::size_t j0 = 0; j0 < n; j0 += nb) {
+    const std::size_t nc = std::min(nb, n - j0);
+    for (std::size_t k0 = 0; k0 < k; k0 += kp) {
+      const std::size_t kpc = std::min(kp, k - k0), kpq = pairs(kpc);
+      pack_b<S>(b, k0, kpc, j0, nc, s.b.data());
+      for (std::size_t i0 = 0; i0 < m; i0 += mb) {
+        const std::size_t mc = std::min(mb, m - i0);
+        pack_a<S>(a, i0, mc, k0, kpc, s.a.data());
+        for (std::size_t ks = 0; ks < kpc; ks += kb) {
+          const std::size_t kc = std::min(kb, kpc - ks);
+          host::detail::macro_tiles<MR, NR>(mc, nc, pairs(kc), s.a.data() + ks / 2 * MR, kpq * MR,
+                                            s.b.data() + ks / 2 * NR, kpq * NR, c + i0 * ldc + j0, ldc,
+                                            accumulate || k0 + ks > 0, k0 + ks + kc == k, i0, j0, epi, micro);
+        }
+      }
+    }
+  }
+}
+
+/// C[m x n] (row stride ldc) = A B from operands packed whole for shape S (pack_a over all m rows and k,
+/// pack_b over all k and n columns), as gemm_packed.
+template <class S, class Epi = NoEpilogue>
+void gemm_packed(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, const Pair* packed_a,
+                 const Pair* packed_b, float* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  if (m == 0 || n == 0) return;
+  const std::size_t kq = pairs(k);
+  host::detail::macro_tiles<S::mr, S::nr>(m, n, kq, packed_a, kq * S::mr, packed_b, kq * S::nr, c, ldc, accumulate,
+                                          true, 0, 0, epi, detail::micro_for<S>(precision));
+}
+
+/// One thread's bf16 GEMM on the shape choose_tile picks.
+template <class Epi = NoEpilogue>
+void gemm(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, MatrixRef<float> a,
+          MatrixRef<float> b, float* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  with_tile(choose_tile(m, n), [&]<class S>() { gemm_with<S>(precision, m, n, k, a, b, c, ldc, accumulate, epi); });
+}
+
+}  // namespace bf16
+
+/// The GEMM at the Host's precision: host::gemm (fp32) or bf16's, split over the Host's threads alike.
+template <class T, class Epi = NoEpilogue>
+void gemm_at_precision(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,
+                       T* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (host.precision() != HostPrecision::fp32) {
+      if (host.threads() == 1 || m * n * k < (std::size_t(1) << 17)) {
+        bf16::gemm(host.precision(), m, n, k, a, b, c, ldc, accumulate, epi);
+        return;
+      }
+      bf16::with_tile(bf16::choose_tile(m, n), [&]<class S>() {
+        detail::split_over_threads<S::mr, S::nr>(
+            host, m, n, k, a, b, c, ldc, 2 * bf16::lanes, epi,
+            [&](std::size_t mt, std::size_t nt, MatrixRef<float> at, MatrixRef<float> bt, float* ct, const auto& et) {
+              bf16::gemm_with<S>(host.precision(), mt, nt, k, at, bt, ct, ldc, accumulate, et);
+            });
+      });
+      return;
+    }
+  }
+  gemm(host, m, n, k, a, b, c, ldc, accumulate, epi);
+}
+
+}  // namespace fusedp::kernels::host

@@ -1,0 +1,177 @@
+// tests include/fusedp/kernels/host/gemm_bf16.hpp: the Host GEMM at precision bf16. The pair layout of
+// the packed panels; the emulated kernel against the double product of the bf16-rounded operands (every
+// tile shape, operand layouts, edges of tiles, pairs and k-blocks, accumulate, epilogue); the AVX-512
+// BF16 kernel bit for bit equal to the emulated one where the CPU has it; the split over threads; the
+// Host's precision checks.
+#include <fusedp/kernels/host/gemm_bf16.hpp>
+
+#include <doctest/doctest.h>
+
+#include "test_values.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace kh = fusedp::kernels::host;
+namespace bf = fusedp::kernels::host::bf16;
+using fusedp::HostPrecision;
+using kernel_test::value;
+
+namespace {
+
+struct Operand {
+  std::vector<float> data;
+  kh::MatrixRef<float> ref;
+  Operand(std::size_t which, std::size_t rows, std::size_t cols, bool transposed) {
+    const std::size_t ld = (transposed ? rows : cols) + 3;
+    data.resize(ld * (transposed ? cols : rows));
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(value(which, i));
+    ref = transposed ? kh::MatrixRef<float>{data.data(), 1, ld} : kh::MatrixRef<float>{data.data(), ld, 1};
+  }
+  [[nodiscard]] float at(std::size_t i, std::size_t j) const { return ref.data[i * ref.row_stride + j * ref.col_stride]; }
+};
+
+double rounded(float x) { return double(fusedp::kernels::round_bf16(x)); }
+
+// C = A B through bf16::gemm_with<S> at `precision`, checked against the double product of the rounded
+// operands; returns C for bit comparisons.
+template <class S>
+std::vector<float> check(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, bool ta, bool tb,
+                         bool accumulate) {
+  CAPTURE(S::mr);
+  CAPTURE(S::nv);
+  CAPTURE(m);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(ta);
+  CAPTURE(tb);
+  const Operand a(1, m, k, ta), b(2, k, n, tb);
+  const std::size_t ldc = n + 1;
+  std::vector<float> c(m * ldc);
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = float(value(3, i));
+  const std::vector<float> before = c;
+  std::vector<int> seen(m * n, 0);
+  bf::gemm_with<S>(precision, m, n, k, a.ref, b.ref, c.data(), ldc, accumulate,
+                   [&](std::size_t i, std::size_t j0, float* p, std::size_t count) {
+                     CHECK(p == c.data() + i * ldc + j0);
+                     for (std::size_t j = 0; j < count; ++j) ++seen[i * n + j0 + j];
+                   });
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double want = accumulate ? double(before[i * ldc + j]) : 0.0, scale = std::abs(want);
+      for (std::size_t p = 0; p < k; ++p) {
+        const double t = rounded(a.at(i, p)) * rounded(b.at(p, j));
+        want += t;
+        scale += std::abs(t);
+      }
+      CHECK(seen[i * n + j] == 1);
+      CHECK(std::abs(double(c[i * ldc + j]) - want) <= 6e-8 * double(k + 4) * (scale + 1e-30));
+      // Not the fp32 product: the rounding is seen (the fp32 operands differ from their bf16 values).
+    }
+  return c;
+}
+
+template <class S>
+void check_shape(HostPrecision precision) {
+  for (std::size_t m : {std::size_t(1), S::mr - 1, S::mr + 1, 2 * S::mr + 3})
+    for (std::size_t n : {std::size_t(1), S::nr - 1, S::nr + 5})
+      for (std::size_t k : {1u, 2u, 7u, 64u, 301u}) check<S>(precision, m, n, k, false, false, false);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) check<S>(precision, 37, 70, 1111, ta, tb, true);  // several k-blocks
+}
+
+}  // namespace
+
+TEST_CASE("bf16 pairs: the even k in the low half, rounded to nearest even, odd k padded with zero") {
+  CHECK(bf::pair(1.0f, -2.0f) == 0xc0003f80u);
+  CHECK(bf::low(bf::pair(1.00390625f, 0.0f)) == 1.0f);         // halfway: to even
+  CHECK(bf::low(bf::pair(1.01171875f, 0.0f)) == 1.015625f);   // halfway: to even, upwards
+  using S = bf::tile_at<0>;
+  const Operand a(1, 3, 5, false);
+  std::vector<bf::Pair> pa(bf::packed_a_size<S>(3, 5), 0xdeadbeefu);
+  bf::pack_a<S>(a.ref, 0, 3, 0, 5, pa.data());
+  for (std::size_t q = 0; q < 3; ++q)
+    for (std::size_t i = 0; i < S::mr; ++i) {
+      const bf::Pair p = pa[q * S::mr + i];
+      if (i >= 3) {
+        CHECK(p == 0u);
+        continue;
+      }
+      CHECK(double(bf::low(p)) == rounded(a.at(i, 2 * q)));
+      CHECK(double(bf::high(p)) == (2 * q + 1 < 5 ? rounded(a.at(i, 2 * q + 1)) : 0.0));
+    }
+  const Operand b(2, 5, 3, true);
+  std::vector<bf::Pair> pb(bf::packed_b_size<S>(5, 3), 0xdeadbeefu);
+  bf::pack_b<S>(b.ref, 0, 5, 0, 3, pb.data());
+  for (std::size_t q = 0; q < 3; ++q)
+    for (std::size_t j = 0; j < S::nr; ++j) {
+      const bf::Pair p = pb[q * S::nr + j];
+      if (j >= 3) {
+        CHECK(p == 0u);
+        continue;
+      }
+      CHECK(double(bf::low(p)) == rounded(b.at(2 * q, j)));
+      CHECK(double(bf::high(p)) == (2 * q + 1 < 5 ? rounded(b.at(2 * q + 1, j)) : 0.0));
+    }
+}
+
+TEST_CASE("the emulated bf16 GEMM equals the double product of the rounded operands") {
+  check_shape<bf::tile_at<0>>(HostPrecision::bf16_emulated);
+  check_shape<bf::tile_at<1>>(HostPrecision::bf16_emulated);
+  check_shape<bf::tile_at<2>>(HostPrecision::bf16_emulated);
+  check_shape<bf::tile_at<3>>(HostPrecision::bf16_emulated);
+}
+
+TEST_CASE("AVX-512 BF16 gives the emulation's bits (where the CPU has it)") {
+  if (!fusedp::cpu_features().avx512_bf16) {
+    MESSAGE("this CPU has no AVX-512 BF16: the hardware kernel is not run here");
+    return;
+  }
+  auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CHECK(same_bits(check<bf::tile_at<0>>(HostPrecision::bf16, 37, 70, 1111, ta, tb, true),
+                      check<bf::tile_at<0>>(HostPrecision::bf16_emulated, 37, 70, 1111, ta, tb, true)));
+      CHECK(same_bits(check<bf::tile_at<2>>(HostPrecision::bf16, 13, 64, 96, ta, tb, false),
+                      check<bf::tile_at<2>>(HostPrecision::bf16_emulated, 13, 64, 96, ta, tb, false)));
+    }
+  check_shape<bf::tile_at<1>>(HostPrecision::bf16);
+  check_shape<bf::tile_at<3>>(HostPrecision::bf16);
+}
+
+TEST_CASE("gemm_at_precision: bf16 split over threads gives one thread's bits; fp32 stays gemm()") {
+  const std::size_t m = 70, n = 300, k = 257;
+  const Operand a(4, m, k, false), b(5, k, n, true);
+  std::vector<float> one(m * n), two(m * n), fp32(m * n), plain(m * n);
+  const fusedp::Host one_thread{1, HostPrecision::bf16_emulated}, two_threads{2, HostPrecision::bf16_emulated};
+  kh::gemm_at_precision(one_thread, m, n, k, a.ref, b.ref, one.data(), n, false);
+  kh::gemm_at_precision(two_threads, m, n, k, a.ref, b.ref, two.data(), n, false);
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  const fusedp::Host host{2};
+  CHECK(host.precision() == HostPrecision::fp32);
+  kh::gemm_at_precision(host, m, n, k, a.ref, b.ref, fp32.data(), n, false);
+  kh::gemm(host, m, n, k, a.ref, b.ref, plain.data(), n, false);
+  CHECK(std::memcmp(fp32.data(), plain.data(), fp32.size() * sizeof(float)) == 0);
+  // The bf16 result is not the fp32 one: the operands' rounding shows.
+  double most = 0;
+  for (std::size_t i = 0; i < one.size(); ++i) most = std::max(most, std::abs(double(one[i]) - double(fp32[i])));
+  CHECK(most > 1e-4);
+}
+
+TEST_CASE("Host precision: bf16 where the CPU has AVX-512 BF16, else a message that names what is missing") {
+  if (fusedp::cpu_features().avx512_bf16) {
+    const fusedp::Host host{1, fusedp::precision::Bf16{}};
+    CHECK(host.precision() == HostPrecision::bf16);
+    CHECK(host.with_precision(HostPrecision::fp32).precision() == HostPrecision::fp32);
+  } else {
+    CHECK_THROWS_WITH_AS(fusedp::Host(1, fusedp::precision::Bf16{}), doctest::Contains("AVX-512 BF16"),
+                         fusedp::InvalidArgument);
+  }
+  CHECK(fusedp::Host(1, fusedp::precision::Fp32{}).precision() == HostPrecision::fp32);
+  CHECK(std::string(fusedp::to_string(HostPrecision::bf16_emulated)) == "bf16 (emulated)");
+}
