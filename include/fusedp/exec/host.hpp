@@ -331,11 +331,13 @@ struct Host {
   }
 
   static HostPrecision checked(HostPrecision p) {
-    if (p == HostPrecision::bf16 && !cpu_features().avx512_bf16)
-      throw InvalidArgument(std::string("Host: precision bf16 needs a CPU with AVX-512 BF16 (VDPBF16PS), and this one ") +
-                            (cpu_features().avx512f ? "has AVX-512 without it" : "has no AVX-512") +
-                            "; use precision fp32 (or HostPrecision::bf16_emulated to check bf16 results slowly)");
-    return p;
+    if (p != HostPrecision::bf16 || cpu_features().avx512_bf16) return p;
+    const std::string why = !FUSEDP_X86_CPUID ? "this translation unit cannot use it (not x86-64 GCC or Clang, or "
+                                                "compiled by nvcc, whose Host kernels are scalar)"
+                            : cpu_features().avx512f ? "this CPU has AVX-512 without it"
+                                                     : "this CPU has no AVX-512";
+    throw InvalidArgument("Host: precision bf16 needs a CPU with AVX-512 BF16 (VDPBF16PS), and " + why +
+                          "; use precision fp32 (or HostPrecision::bf16_emulated to check bf16 results slowly)");
   }
 
   std::shared_ptr<detail::ThreadPool> pool_;
