@@ -19,20 +19,7 @@ namespace {
 
 using kernel_test::value;
 
-template <class T>
-struct Operand {
-  std::vector<T> data;
-  kh::MatrixRef<T> ref;
-  // rows x cols, stored row-major or (transposed) column-major, with a leading dimension larger than
-  // needed so that strides are not the matrix width.
-  Operand(std::size_t which, std::size_t rows, std::size_t cols, bool transposed) {
-    const std::size_t ld = (transposed ? rows : cols) + 3;
-    data.resize(ld * (transposed ? cols : rows));
-    for (std::size_t i = 0; i < data.size(); ++i) data[i] = T(value(which, i));
-    ref = transposed ? kh::MatrixRef<T>{data.data(), 1, ld} : kh::MatrixRef<T>{data.data(), ld, 1};
-  }
-  [[nodiscard]] double at(std::size_t i, std::size_t j) const { return double(ref.data[i * ref.row_stride + j * ref.col_stride]); }
-};
+using kernel_test::Operand;
 
 // Relative tolerance of a k-long float dot product of values in [-1, 1].
 template <class T>

@@ -22,19 +22,9 @@ using kernel_test::value;
 
 namespace {
 
-struct Operand {
-  std::vector<float> data;
-  kh::MatrixRef<float> ref;
-  Operand(std::size_t which, std::size_t rows, std::size_t cols, bool transposed) {
-    const std::size_t ld = (transposed ? rows : cols) + 3;
-    data.resize(ld * (transposed ? cols : rows));
-    for (std::size_t i = 0; i < data.size(); ++i) data[i] = float(value(which, i));
-    ref = transposed ? kh::MatrixRef<float>{data.data(), 1, ld} : kh::MatrixRef<float>{data.data(), ld, 1};
-  }
-  [[nodiscard]] float at(std::size_t i, std::size_t j) const { return ref.data[i * ref.row_stride + j * ref.col_stride]; }
-};
+using Operand = kernel_test::Operand<float>;
 
-double rounded(float x) { return double(fusedp::kernels::round_bf16(x)); }
+double rounded(double x) { return double(fusedp::kernels::round_bf16(float(x))); }
 
 // C = A B through bf16::gemm_with<S> at `precision`, checked against the double product of the rounded
 // operands; returns C for bit comparisons.
@@ -69,7 +59,6 @@ std::vector<float> check(HostPrecision precision, std::size_t m, std::size_t n, 
       }
       CHECK(seen[i * n + j] == 1);
       CHECK(std::abs(double(c[i * ldc + j]) - want) <= 6e-8 * double(k + 4) * (scale + 1e-30));
-      // Not the fp32 product: the rounding is seen (the fp32 operands differ from their bf16 values).
     }
   return c;
 }

@@ -92,16 +92,17 @@ static_assert([] {
   return true;
 }());
 
-/// Index of the tile shape for an m x n product: the least padded work, weighted by the shape's
-/// speed. A pure function of (m, n) and the target, so packing and multiplying agree on it.
-template <class T>
-constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
+namespace detail {
+// Index of the shape among `shapes` that wastes the least padded work on an m x n product, weighted by
+// the shape's speed, for vectors of `lanes` columns.
+template <std::size_t N>
+constexpr std::size_t least_padded(const std::array<ShapeInfo, N>& shapes, std::size_t lanes, std::size_t m,
+                                   std::size_t n) {
   std::size_t best = 0;
   double best_cost = 0;
-  for (std::size_t s = 0; s < detail::shapes.size(); ++s) {
-    const std::size_t nr = detail::shapes[s].nv * simd::lanes<T>;
+  for (std::size_t s = 0; s < N; ++s) {
     const double cost =
-        double(detail::round_up(m, detail::shapes[s].mr)) * double(detail::round_up(n, nr)) / detail::shapes[s].speed;
+        double(round_up(m, shapes[s].mr)) * double(round_up(n, shapes[s].nv * lanes)) / shapes[s].speed;
     if (s == 0 || cost < best_cost) {
       best = s;
       best_cost = cost;
@@ -110,15 +111,29 @@ constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
   return best;
 }
 
+// Calls f.template operator()<At<index>>() for a shape index 0..3 (At: a shape family's alias).
+template <template <std::size_t> class At, class F>
+FUSEDP_ALWAYS_INLINE decltype(auto) with_shape(std::size_t index, F&& f) {
+  switch (index) {
+    case 0: return f.template operator()<At<0>>();
+    case 1: return f.template operator()<At<1>>();
+    case 2: return f.template operator()<At<2>>();
+    default: return f.template operator()<At<3>>();
+  }
+}
+}  // namespace detail
+
+/// Index of the tile shape for an m x n product: the least padded work, weighted by the shape's
+/// speed. A pure function of (m, n) and the target, so packing and multiplying agree on it.
+template <class T>
+constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
+  return detail::least_padded(detail::shapes, simd::lanes<T>, m, n);
+}
+
 /// Calls f.template operator()<TileShape<...>>() for tile shape `index` (see choose_tile).
 template <class F>
 FUSEDP_ALWAYS_INLINE decltype(auto) with_tile(std::size_t index, F&& f) {
-  switch (index) {
-    case 0: return f.template operator()<detail::shape_at<0>>();
-    case 1: return f.template operator()<detail::shape_at<1>>();
-    case 2: return f.template operator()<detail::shape_at<2>>();
-    default: return f.template operator()<detail::shape_at<3>>();
-  }
+  return detail::with_shape<detail::shape_at>(index, std::forward<F>(f));
 }
 
 /// Elements of an m x k A packed for shape S (whole panels of MR rows, plus slack for whole-vector
@@ -134,6 +149,22 @@ constexpr std::size_t packed_b_size(std::size_t k, std::size_t n) {
 }
 
 namespace detail {
+
+// Writes the first rows x cols of a tile held in `tile` (row stride NR) to C, added to C when load_c:
+// an edge tile's way out of the registers.
+template <std::size_t NR, class T>
+FUSEDP_ALWAYS_INLINE void store_tile(const T* tile, T* c, std::size_t ldc, std::size_t rows, std::size_t cols,
+                                     bool load_c) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    T* p = c + i * ldc;
+    const T* t = tile + i * NR;
+    if (load_c) {
+      for (std::size_t j = 0; j < cols; ++j) p[j] += t[j];
+    } else {
+      for (std::size_t j = 0; j < cols; ++j) p[j] = t[j];
+    }
+  }
+}
 
 // C[rows x cols] (row stride ldc) = A panel (MR x kc, k-major) x B panel (kc x NR, k-major), added
 // to C when load_c. Full tiles go straight from registers to C; edge tiles through a local tile.
@@ -175,15 +206,7 @@ template <class T, std::size_t MR, std::size_t NV>
     for (std::size_t i = 0; i < MR; ++i)
       FUSEDP_UNROLL(8)
       for (std::size_t v = 0; v < NV; ++v) simd::store(tile + i * NR + v * L, acc[i][v]);
-    for (std::size_t i = 0; i < rows; ++i) {
-      T* p = c + i * ldc;
-      const T* t = tile + i * NR;
-      if (load_c) {
-        for (std::size_t j = 0; j < cols; ++j) p[j] += t[j];
-      } else {
-        for (std::size_t j = 0; j < cols; ++j) p[j] = t[j];
-      }
-    }
+    store_tile<NR>(tile, c, ldc, rows, cols, load_c);
   }
 }
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
 #include <immintrin.h>
@@ -67,28 +68,12 @@ using tile_at = Tile<shapes[S].mr, shapes[S].nv>;
 
 /// The tile shape for an m x n product, by the padding it wastes (as choose_tile).
 constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
-  std::size_t best = 0;
-  double best_cost = 0;
-  for (std::size_t s = 0; s < shapes.size(); ++s) {
-    const double cost = double(host::detail::round_up(m, shapes[s].mr)) *
-                       double(host::detail::round_up(n, shapes[s].nv * lanes)) /
-                        shapes[s].speed;
-    if (s == 0 || cost < best_cost) {
-      best = s;
-      best_cost = cost;
-    }
-  }
-  return best;
+  return host::detail::least_padded(shapes, lanes, m, n);
 }
 
 template <class F>
 FUSEDP_ALWAYS_INLINE decltype(auto) with_tile(std::size_t index, F&& f) {
-  switch (index) {
-    case 0: return f.template operator()<tile_at<0>>();
-    case 1: return f.template operator()<tile_at<1>>();
-    case 2: return f.template operator()<tile_at<2>>();
-    default: return f.template operator()<tile_at<3>>();
-  }
+  return host::detail::with_shape<tile_at>(index, std::forward<F>(f));
 }
 
 constexpr std::size_t pairs(std::size_t k) { return (k + 1) / 2; }
@@ -166,21 +151,6 @@ FUSEDP_NO_LIBCALL_LOOPS void pack_b(MatrixRef<float> b, std::size_t k0, std::siz
 
 namespace detail {
 
-// Writes an MR x NR tile held in `tile` (row stride NR) to C, added to C when load_c.
-template <std::size_t MR, std::size_t NR>
-FUSEDP_ALWAYS_INLINE void store_tile(const float* tile, float* c, std::size_t ldc, std::size_t rows, std::size_t cols,
-                                     bool load_c) {
-  for (std::size_t i = 0; i < rows; ++i) {
-    float* p = c + i * ldc;
-    const float* t = tile + i * NR;
-    if (load_c) {
-      for (std::size_t j = 0; j < cols; ++j) p[j] += t[j];
-    } else {
-      for (std::size_t j = 0; j < cols; ++j) p[j] = t[j];
-    }
-  }
-}
-
 // The register tile in fp32 instructions: each lane adds the odd pair's product, then the even one's,
 // as VDPBF16PS does. The products of two bf16 are exact in fp32, so a contracted multiply-add rounds
 // the same way.
@@ -198,7 +168,7 @@ template <std::size_t MR, std::size_t NV>
         acc[i * NR + j] = s + ae * low(b[j]);
       }
     }
-  store_tile<MR, NR>(acc, c, ldc, rows, cols, load_c);
+  host::detail::store_tile<NR>(acc, c, ldc, rows, cols, load_c);
 }
 
 #if FUSEDP_HOST_AVX512_BF16
@@ -239,7 +209,7 @@ template <std::size_t MR, std::size_t NV>
     for (std::size_t i = 0; i < MR; ++i)
       FUSEDP_UNROLL(4)
       for (std::size_t v = 0; v < NV; ++v) _mm512_store_ps(tile + i * NR + v * lanes, acc[i][v]);
-    store_tile<MR, NR>(tile, c, ldc, rows, cols, load_c);
+    host::detail::store_tile<NR>(tile, c, ldc, rows, cols, load_c);
   }
 }
 #endif
