@@ -11,17 +11,19 @@ if(PROJECT_IS_TOP_LEVEL AND NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYP
 endif()
 
 # fusedp_configure_target(<target>)
-#   Warnings for C++ sources (and the host side of CUDA sources), -march=native when FUSEDP_NATIVE
-#   is ON, and -O3 when the build type is empty (fusedp used as a subproject without one).
+#   Warnings for C++ sources (and the host side of CUDA sources), -march=native for C++ sources when
+#   FUSEDP_NATIVE is ON, and -O3 when the build type is empty (fusedp used as a subproject without one).
+#   CUDA sources keep the host compiler's default target: the Host kernels are scalar in an nvcc
+#   translation unit anyway (kernels/host/simd.hpp), and with AVX-512 in -march (x86-64-v4, native on
+#   an AVX-512 Xeon) nvcc 13.0's cudafe++ crashes with a segmentation fault on the examples' _cuda
+#   translation units (seen 2026-12-03: x86-64-v3 passes, x86-64-v4 and cooperlake crash).
 function(fusedp_configure_target target)
   target_compile_features(${target} PRIVATE cxx_std_20)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
   if(FUSEDP_NATIVE)
-    target_compile_options(${target} PRIVATE
-      $<$<COMPILE_LANGUAGE:CXX>:-march=native>
-      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-march=native>)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()
   if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
     target_compile_options(${target} PRIVATE -O3)
