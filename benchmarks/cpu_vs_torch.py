@@ -105,7 +105,7 @@ def reexec_with_current_torch(python):
         if not os.path.exists(python):
             print(f"cpu_vs_torch: creating {VENV} and installing torch from PyPI (first use only)", flush=True)
             subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-            subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "torch"],
+            subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "torch", "numpy"],
                            check=True)
     if not shutil.which(python) and not os.path.exists(python):
         sys.exit(f"cpu_vs_torch: --python {python}: no such interpreter")

@@ -2,7 +2,10 @@
 // networks (the stages of their fusion plan, forward and backward, and the SGD update) on its own,
 // with the shapes of the real step, and prints the median time of each and its share of their sum.
 //
-//   stage_bench --net cifar --batch 64 --threads 2 --reps 20
+//   stage_bench --net cifar|lenet|resnet18 --batch 64 --threads 2 --reps 20
+//
+// ResNet-18 (CIFAR form) is listed by its distinct shapes: each conv shape and BatchNorm size once,
+// with how often a step runs it (xN); the share and the sum count every run.
 #include "../tests/support/fusedp_core.hpp"
 
 #include <algorithm>
@@ -25,6 +28,7 @@ struct Stage {
   std::string name;
   double flops;
   std::function<void()> run;
+  int count = 1;  // runs per train step
 };
 
 std::vector<float> filled(std::size_t n, std::size_t seed) {
@@ -33,13 +37,14 @@ std::vector<float> filled(std::size_t n, std::size_t seed) {
   return v;
 }
 
-// Buffers of one conv + ReLU + 2x2 max-pool block and its stages.
+// Buffers of one conv + ReLU + 2x2 max-pool block and its stages, or (add_plain) of one conv without
+// bias or epilogue, as before a BatchNorm.
 struct ConvBlock {
   fp::kernels::ConvGeometry conv, pool;
   std::size_t batch;
   std::vector<float> w, b, x, y, pooled, dpooled, dy, dx, dw, db, scratch;
-  ConvBlock(int c, int h, int wd, int k, int pad, int o, std::size_t batch_, int threads)
-      : conv{c, h, wd, k, 1, pad, o, h + 2 * pad - k + 1, wd + 2 * pad - k + 1},
+  ConvBlock(int c, int h, int wd, int k, int pad, int o, std::size_t batch_, int threads, int stride = 1)
+      : conv{c, h, wd, k, stride, pad, o, (h + 2 * pad - k) / stride + 1, (wd + 2 * pad - k) / stride + 1},
         pool{o, conv.out_h, conv.out_w, 2, 2, 0, o, conv.out_h / 2, conv.out_w / 2},
         batch(batch_),
         w(filled(conv.out_channels * conv.patch(), 1)),
@@ -53,6 +58,19 @@ struct ConvBlock {
         dw(w.size()),
         db(b.size()),
         scratch(std::size_t(threads) * fp::kernels::host::ConvScratch{conv}.per_thread()) {}
+  void add_plain(std::vector<Stage>& fwd, std::vector<Stage>& bwd, const fp::Host& host, const std::string& name,
+                 bool first, int count) {
+    const double macs = double(batch) * double(conv.out_size()) * double(conv.patch());
+    std::fill(dy.begin(), dy.end(), 0.5f);
+    fwd.push_back({name + " fwd", 2 * macs, [this, &host] {
+                     kh::conv2d_forward<None>(host, conv, batch, w.data(), no_z, x.data(), y.data(), no_z,
+                                              scratch.data());
+                   }, count});
+    bwd.push_back({name + " bwd", (first ? 2 : 4) * macs, [this, &host, first] {
+                     kh::conv2d_backward<None>(host, conv, batch, w.data(), x.data(), y.data(), no_z, dy.data(),
+                                               first ? no_z : dx.data(), dw.data(), no_z, scratch.data());
+                   }, count});
+  }
   void add(std::vector<Stage>& fwd, std::vector<Stage>& bwd, const fp::Host& host, const std::string& name,
            bool first) {
     const double macs = double(batch) * double(conv.out_size()) * double(conv.patch());
@@ -99,6 +117,28 @@ struct LinearBlock {
   }
 };
 
+// One BatchNorm2d + ReLU over (batch, channels, plane) values, training mode.
+struct NormBlock {
+  kh::BatchNormGeometry g;
+  fp::kernels::BatchNormState s;
+  std::vector<float> gamma, beta, state, x, y, dy, dx, dgamma, dbeta;
+  NormBlock(std::size_t batch, std::size_t channels, std::size_t plane)
+      : g{batch, channels, plane}, s{channels, fp::align_elements(channels), fp::align_elements(1)},
+        gamma(filled(channels, 11)), beta(filled(channels, 12)), state(4 * s.aligned + s.scalar),
+        x(filled(batch * channels * plane, 13)), y(x.size()), dy(filled(x.size(), 14)), dx(x.size()),
+        dgamma(channels), dbeta(channels) {}
+  void add(std::vector<Stage>& fwd, std::vector<Stage>& bwd, const fp::Host& host, const std::string& name, int count) {
+    fwd.push_back({name + " fwd", 0, [this, &host] {
+                     kh::batch_norm_forward<Relu>(host, g, s, true, 0.1, 1e-5, gamma.data(), beta.data(), state.data(),
+                                                  x.data(), y.data(), no_z);
+                   }, count});
+    bwd.push_back({name + " bwd", 0, [this, &host] {
+                     kh::batch_norm_backward<Relu>(host, g, s, gamma.data(), state.data(), x.data(), y.data(), no_z,
+                                                   dy.data(), dx.data(), dgamma.data(), dbeta.data());
+                   }, count});
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,10 +152,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
   }
   const fp::Host host{threads};
-  std::vector<Stage> fwd, bwd;
+  std::vector<Stage> fwd, bwd, bwd_conv_resnet;
   std::vector<ConvBlock> convs;
   std::vector<LinearBlock> linears;
-  convs.reserve(2);
+  std::vector<NormBlock> norms;
+  convs.reserve(16);  // the stages point into these: no reallocation
+  norms.reserve(5);
   linears.reserve(3);
   std::size_t params = 0;
   if (net == "lenet") {
@@ -124,14 +166,36 @@ int main(int argc, char** argv) {
     linears.emplace_back(400, 120, true, batch);
     linears.emplace_back(120, 60, true, batch);
     linears.emplace_back(60, 10, false, batch);
+  } else if (net == "resnet18") {
+    // (channels, size, stride, runs per step): the stem, then per stage its first conv (stride 2 from
+    // layer2 on), the other 3x3 convs, and the 1x1 stride-2 projection.
+    struct Shape { int c, hw, k, stride, pad, o, count; const char* name; };
+    const Shape shapes[] = {{3, 32, 3, 1, 1, 64, 1, "stem 3x3"},       {64, 32, 3, 1, 1, 64, 4, "l1 3x3"},
+                            {64, 32, 3, 2, 1, 128, 1, "l2 3x3/2"},     {128, 16, 3, 1, 1, 128, 3, "l2 3x3"},
+                            {64, 32, 1, 2, 0, 128, 1, "l2 1x1/2"},     {128, 16, 3, 2, 1, 256, 1, "l3 3x3/2"},
+                            {256, 8, 3, 1, 1, 256, 3, "l3 3x3"},       {128, 16, 1, 2, 0, 256, 1, "l3 1x1/2"},
+                            {256, 8, 3, 2, 1, 512, 1, "l4 3x3/2"},     {512, 4, 3, 1, 1, 512, 3, "l4 3x3"},
+                            {256, 8, 1, 2, 0, 512, 1, "l4 1x1/2"}};
+    for (const Shape& q : shapes) {
+      convs.emplace_back(q.c, q.hw, q.hw, q.k, q.pad, q.o, batch, threads, q.stride);
+      convs.back().add_plain(fwd, bwd_conv_resnet, host, q.name, q.stride == 1 && q.c == 3, q.count);
+    }
+    params = 11'173'962;  // the whole network's, for the update
+    // BatchNorms after the stem and each conv (5 in layer1 with the stem's, 5 in each later stage with
+    // the projection's).
+    const std::size_t bn[][3] = {{64, 1024, 5}, {128, 256, 5}, {256, 64, 5}, {512, 16, 5}};
+    for (const auto& q : bn) {
+      norms.emplace_back(batch, q[0], q[1]);
+      norms.back().add(fwd, bwd_conv_resnet, host, "bn " + std::to_string(q[0]) + "x" + std::to_string(q[1]), int(q[2]));
+    }
   } else {
     convs.emplace_back(3, 32, 32, 3, 1, 64, batch, threads);
     convs.emplace_back(64, 16, 16, 3, 1, 128, batch, threads);
     linears.emplace_back(8192, 1024, true, batch);
     linears.emplace_back(1024, 10, false, batch);
   }
-  std::vector<Stage> bwd_conv, bwd_lin;
-  for (std::size_t i = 0; i < convs.size(); ++i) {
+  std::vector<Stage> bwd_conv = bwd_conv_resnet, bwd_lin;
+  for (std::size_t i = 0; net != "resnet18" && i < convs.size(); ++i) {
     std::vector<Stage> b;
     convs[i].add(fwd, b, host, "conv" + std::to_string(i + 1), i == 0);
     bwd_conv.insert(bwd_conv.begin(), b.begin(), b.end());
@@ -161,14 +225,15 @@ int main(int argc, char** argv) {
       t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(t.begin(), t.end());
-    med[s] = t[t.size() / 2];
+    med[s] = t[t.size() / 2] * all[s].count;
     total += med[s];
   }
   for (std::size_t s = 0; s < all.size(); ++s) {
-    std::printf("%-16s %9.3f ms %5.1f%%", all[s].name.c_str(), med[s], 100 * med[s] / total);
-    if (all[s].flops > 0) std::printf("  %7.1f GFLOP/s", all[s].flops / (med[s] * 1e-3) / 1e9);
+    const std::string name = all[s].count > 1 ? all[s].name + " x" + std::to_string(all[s].count) : all[s].name;
+    std::printf("%-20s %9.3f ms %5.1f%%", name.c_str(), med[s], 100 * med[s] / total);
+    if (all[s].flops > 0) std::printf("  %7.1f GFLOP/s", all[s].flops * all[s].count / (med[s] * 1e-3) / 1e9);
     std::printf("\n");
   }
-  std::printf("%-16s %9.3f ms\n", "sum", total);
+  std::printf("%-20s %9.3f ms\n", "sum", total);
   return 0;
 }
