@@ -6,6 +6,7 @@
 #include "../layers/gradient_check.hpp"
 
 #include <fusedp/models/resnet.hpp>
+#include <fusedp/optim/sgd.hpp>
 
 #include <cstring>
 #include <string_view>
@@ -73,6 +74,64 @@ TEST_CASE("torchvision's BasicBlock, projection then identity, as in ResNet's st
                              fp::models::BasicBlock<4, 2, true>, fp::ReLU, fp::models::BasicBlock<4, 1, false>,
                              fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
   gradcheck::check_threads<Net>(3, 43, fp::SoftmaxCrossEntropy{});
+}
+
+TEST_CASE("a block ending in BatchNorm adds in its normalizing pass: GELU after it reads the saved sum") {
+  using Net = fp::Sequential<fp::Input<2, 5, 5>, fp::Conv2d<3, 3, 1, 1>, fp::ReLU,
+                             fp::Residual<fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                                          fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::IdentityShortcut>,
+                             fp::GELU, fp::Flatten, fp::Linear<3>>;
+  static_assert(Net::stage<1>::layer::fused_add<fp::Shape<3, 5, 5>>);
+  static_assert(Net::stage<1>::epilogue::saves_input);
+  gradcheck::check_threads<Net>(3, 44, fp::SoftmaxCrossEntropy{});
+}
+
+namespace {
+// BatchNorm2d that does not take the add: its blocks run the separate add pass.
+struct SeparateAddNorm : fp::BatchNorm2d<> {
+  static constexpr bool adds_before_epilogue = false;
+};
+
+// Three training steps and an evaluation of Net and of Unfused (the same network, its blocks' adds in
+// separate passes) from the same seed: every value bit for bit.
+template <class Net, class Unfused>
+void check_fused_add_is_exact() {
+  static_assert(Net::param_count == Unfused::param_count);
+  fp::Model<Net, fp::Host> fused{fp::seed(8), fp::Host{2}};
+  fp::Model<Unfused, fp::Host> separate{fp::seed(8), fp::Host{2}};
+  const std::size_t batch = 5;
+  const std::vector<double> xd = gradcheck::uniform_values(batch * Net::input_shape::size, 10, 1, -1.5, 1.5);
+  const std::vector<float> x(xd.begin(), xd.end());
+  const std::vector<std::int32_t> y{0, 2, 1, 1, 0};
+  fp::Sgd opt{{.lr = 0.1f, .momentum = 0.9f}};
+  for (int step = 0; step < 3; ++step) {
+    const float a = fused.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, opt);
+    const float b = separate.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, opt);
+    CHECK(a == b);
+  }
+  CHECK(std::equal(fused.params().begin(), fused.params().end(), separate.params().begin()));
+  CHECK(std::equal(fused.buffers().begin(), fused.buffers().end(), separate.buffers().begin()));
+  const auto pa = fused.predict(x);
+  const auto pb = separate.predict(x);
+  CHECK(std::equal(pa.begin(), pa.end(), pb.begin()));
+}
+}  // namespace
+
+TEST_CASE("the add in BatchNorm's pass gives the bits of the separate add, identity and projection") {
+  using Fused = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                               fp::models::BasicBlock<4, 2, true>, fp::ReLU, fp::models::BasicBlock<4, 1, false>,
+                               fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
+  using Separate = fp::Sequential<
+      fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+      fp::Residual<fp::Conv2d<4, 3, 2, 1, fp::no_bias>, SeparateAddNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
+                   SeparateAddNorm, fp::Projection<fp::Conv2d<4, 1, 2, 0, fp::no_bias>, fp::BatchNorm2d<>>>,
+      fp::ReLU,
+      fp::Residual<fp::Conv2d<4, 3, 1, 1, fp::no_bias>, SeparateAddNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
+                   SeparateAddNorm, fp::IdentityShortcut>,
+      fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
+  static_assert(Fused::stage<3>::layer::fused_add<Fused::stage<3>::in>);
+  static_assert(!Separate::stage<3>::layer::fused_add<Separate::stage<3>::in>);
+  check_fused_add_is_exact<Fused, Separate>();
 }
 
 TEST_CASE("BatchNorm modes: a training step normalizes with the batch and updates the running statistics; "

@@ -35,6 +35,9 @@ struct BatchNorm {
   static_assert(Eps > 0.0, "BatchNorm: Eps must be positive");
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
+  // Forward takes StageArgs::add, added before the epilogue: a residual block whose body ends here
+  // runs its add (and the activation after it) in this layer's normalizing pass.
+  static constexpr bool adds_before_epilogue = true;
   static constexpr const char* name = OneD ? "BatchNorm1d" : "BatchNorm2d";
   static constexpr std::array<std::uint64_t, 3> attributes{std::bit_cast<std::uint64_t>(Momentum),
                                                            std::bit_cast<std::uint64_t>(Eps), Affine ? 1u : 0u};
@@ -85,7 +88,7 @@ struct BatchNorm {
     host_sums<In> sums;  // SyncBatchNorm's per-channel sums: on the stack, so no step allocates
     kernels::host::batch_norm_forward<Epi>(a.space, g, state_offsets<In>, a.training, double(Momentum),
                                            double(Eps), Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state,
-                                           a.x, a.y, a.z, a.sync, sums.data());
+                                           a.x, a.y, a.z, a.sync, sums.data(), a.add);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
@@ -107,7 +110,7 @@ struct BatchNorm {
     kernels::cuda::batch_norm_forward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training,
                                            double(Momentum), double(Eps), Affine ? a.w : nullptr,
                                            Affine ? a.b : nullptr, a.state, a.x, a.y, a.z, a.sync,
-                                           device_sums(a.scratch));
+                                           device_sums(a.scratch), a.add);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {

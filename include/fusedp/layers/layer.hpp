@@ -127,6 +127,8 @@ struct StageArgs {
   T* work = nullptr;   // backward only: the network's shared per-sample work memory (backward_elements)
   ReplicaSum sync{};   // training under Parallel<..., batch_norm::Sync>: sums over every replica's shard
   std::size_t first_sample = 0;  // the batch's first sample in the step's global batch (a shard's offset)
+  const T* add = nullptr;  // forward: values added before the epilogue (a residual block's shortcut), or null;
+                           // only for layers with adds_before_epilogue
 };
 
 namespace detail {

@@ -132,8 +132,8 @@ constexpr double inner_macs() {
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
-/// Runs the stages of an inner network forward over memory `m`, from input `x`.
-template <Network Net, class Space, class T>
+/// Runs the first Count stages of an inner network forward over memory `m`, from input `x`.
+template <Network Net, std::size_t Count = Net::stage_count, class Space, class T>
 void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x) {
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (stage_executor<typename Net::template stage<I>>::template forward<typename Net::template stage<I>::in,
@@ -141,13 +141,16 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
          stage_args<Net, I>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step, a.index, a.sync,
                             a.first_sample)),
      ...);
-  }(std::make_index_sequence<Net::stage_count>{});
+  }(std::make_index_sequence<Count>{});
 }
 
 /// Runs an inner network backward from `dy` (its output's gradient, may be overwritten) to `dx` (its
-/// input's, skipped when null), alternating between the buffers g0 and g1 in between.
-template <Network Net, class Space, class T>
-void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* dy, T* dx, T* g0, T* g1) {
+/// input's, skipped when null), alternating between the buffers g0 and g1 in between. With LastEpi, the
+/// last stage ran forward with that epilogue into last_y (last_z its values before it): backward
+/// applies its derivative there.
+template <Network Net, class LastEpi = void, class Space, class T>
+void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* dy, T* dx, T* g0, T* g1,
+                  T* last_y = nullptr, T* last_z = nullptr) {
   T* current = dy;
   [&]<std::size_t... R>(std::index_sequence<R...>) {
     (
@@ -159,7 +162,13 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
                                                      a.sync, a.first_sample);
           s.dy = current;
           s.dx = I == 0 ? dx : (current == g0 ? g1 : g0);
-          stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
+          if constexpr (!std::is_void_v<LastEpi> && I == Net::stage_count - 1) {
+            s.y = last_y;
+            s.z = last_z;
+            stage_executor<S>::template backward<typename S::in, LastEpi>(s);
+          } else {
+            stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
+          }
           current = s.dx;
         }(),
         ...);
@@ -300,11 +309,42 @@ struct Residual {
     return f.h;
   }();
 
+  /// Whether the body's last stage runs the add and the block's epilogue in its own pass: a layer
+  /// that takes StageArgs::add (BatchNorm: ResNet's blocks), with nothing after it inside the body.
+  template <class In>
+  static constexpr bool fused_add = [] {
+    using Last = typename body<In>::template stage<body<In>::stage_count - 1>;
+    if constexpr (Last::kind == LayerKind::anchor && requires { Last::layer::adds_before_epilogue; })
+      return Last::layer::adds_before_epilogue && Last::epilogue::empty;
+    else
+      return false;
+  }();
+
   // Forward and backward are written once for both spaces: the inner stages run on their layers'
   // executors for the space, the add and copies on the space's elementwise kernels.
   template <class In, class Epi, class T, class Space>
   static void forward(const StageArgs<Space, T>& a) {
     const Regions<In, T> r{a};
+    if constexpr (fused_add<In>) {
+      // The shortcut first, then the body, whose last stage adds it and applies the block's epilogue
+      // into the block's output: one pass fewer over the block's output than a separate add.
+      const T* shortcut_out = a.x;
+      if constexpr (!identity) {
+        detail::run_forward<projection<In>>(a, r.side, a.x);
+        shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace, a.x,
+                                                                                            a.batch);
+      }
+      constexpr std::size_t last = body<In>::stage_count - 1;
+      using Last = typename body<In>::template stage<last>;
+      detail::run_forward<body<In>, last>(a, r.main, a.x);
+      StageArgs<Space, T> s = detail::stage_args<body<In>, last>(a.space, r.main, a.x, a.batch, a.training, a.scratch,
+                                                                 a.seed, a.step, a.index, a.sync, a.first_sample);
+      s.y = a.y;
+      s.z = Epi::saves_input ? r.sum : nullptr;
+      s.add = shortcut_out;
+      detail::stage_executor<Last>::template forward<typename Last::in, Epi>(s);
+      return;
+    }
     detail::run_forward<body<In>>(a, r.main, a.x);
     const T* body_out = detail::stage_output<body<In>, body<In>::stage_count - 1>(r.main.workspace, a.x, a.batch);
     const T* shortcut_out = a.x;
@@ -320,6 +360,21 @@ struct Residual {
   static void backward(const StageArgs<Space, T>& a) {
     const Regions<In, T> r{a};
     const std::size_t n_out = a.batch * output<In>::size;
+    if constexpr (fused_add<In>) {
+      // The body's last stage applies the epilogue's derivative to a.dy in place (the sum's gradient,
+      // which the shortcut then takes). An identity's dx is the body's plus the sum's gradient.
+      T* z = Epi::saves_input ? r.sum : nullptr;
+      if constexpr (identity) {
+        detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
+        if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, true);
+      } else {
+        T* body_dx = a.dx ? r.g[0] : nullptr;
+        detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
+        detail::run_backward<projection<In>>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
+        if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true);
+      }
+      return;
+    }
     detail::residual_epilogue_backward<Epi>(a, n_out, r.sum);  // a.dy: now the sum's gradient
     T* body_dx = a.dx ? r.g[0] : nullptr;
     if constexpr (identity) {

@@ -22,7 +22,7 @@ namespace {
 
 using kernel_test::value;
 
-k::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
+constexpr k::ConvGeometry geometry(int c, int h, int w, int kernel, int stride, int pad, int o) {
   return {c, h, w, kernel, stride, pad, o, (h + 2 * pad - kernel) / stride + 1, (w + 2 * pad - kernel) / stride + 1};
 }
 
@@ -175,6 +175,16 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
       for (int threads = 1; threads <= 2; ++threads) {
         check_conv<k::Epilogue<>, float>(g, 3, threads, false, precision);
         check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, precision);
+      }
+}
+
+TEST_CASE_TEMPLATE("conv2d on small planes over larger batches split unevenly over threads", T, float, double) {
+  // 16 and 36 output pixels, as ResNet's last stages, and batches of 1, 21 and 37 samples.
+  for (const auto& g : {geometry(8, 4, 4, 3, 1, 1, 40), geometry(6, 12, 12, 3, 2, 1, 36)})
+    for (int threads = 1; threads <= 3; ++threads)
+      for (std::size_t batch : {std::size_t(1), std::size_t(21), std::size_t(37)}) {
+        check_conv<k::Epilogue<>, T>(g, batch, threads, false);
+        check_conv<k::Epilogue<k::Tanh>, T>(g, batch, threads, threads == 2);
       }
 }
 

@@ -75,7 +75,7 @@ template <class Epi>
 __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     double mean, double var, double count, double momentum,
                                                     double eps, const float* gamma, const float* beta, float* state,
-                                                    const float* x, float* y, float* z) {
+                                                    const float* x, float* y, float* z, const float* add) {
   const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
                                    beta ? beta[c] : 0.0f};
   if (threadIdx.x == 0) {
@@ -86,7 +86,7 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, i
   }
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    const float v = ch.normalize(x[i]);
+    const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
     if constexpr (Epi::saves_input) z[i] = v;
     y[i] = Epi::apply(v);
   }
@@ -95,13 +95,13 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, i
 template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                            const float* beta, float* state, const float* x, float* y, float* z) {
+                            const float* beta, float* state, const float* x, float* y, float* z, const float* add) {
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double count = double(channel_count(g));
   const double mean = channel_sum(g, c, x, shared) / count;
   const double var = channel_squares(g, c, x, mean, shared) / count;
-  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z);
+  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add);
 }
 
 // SyncBatchNorm's phases, one block per channel, the sums added over the replicas in between.
@@ -127,23 +127,24 @@ template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const float* x, float* y, float* z, const double* sums,
-                             const double* squares) {
+                             const double* squares, const float* add) {
   const int c = blockIdx.x;
   const double count = sums[g.channels];
   finish_channel<Epi>(g, c, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
-                      z);
+                      z, add);
 }
 
 template <class Epi>
 __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, double eps, const float* gamma,
-                                       const float* beta, const float* state, const float* x, float* y, float* z) {
+                                       const float* beta, const float* state, const float* x, float* y, float* z,
+                                       const float* add) {
   const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     const int c = int(i / g.plane % g.channels);
     const BatchNormChannel<float> ch{state[s.running_mean() + c],
                                      batch_norm_invstd<float>(double(state[s.running_var() + c]), eps),
                                      gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f};
-    const float v = ch.normalize(x[i]);
+    const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
     if constexpr (Epi::saves_input) z[i] = v;
     y[i] = Epi::apply(v);
   }
@@ -228,11 +229,12 @@ __global__ void __launch_bounds__(batch_norm_threads)
 template <class Epi>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
-                        const float* x, float* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr) {
+                        const float* x, float* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
+                        const float* add = nullptr) {
   const unsigned blocks = unsigned(g.channels);
   if (training && !sync) {
     detail::batch_norm_train_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, momentum, eps, gamma,
-                                                                                            beta, state, x, y, z);
+                                                                                            beta, state, x, y, z, add);
     FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_train_kernel");
   } else if (training) {
     double* squares = sums + g.channels + 1;
@@ -243,12 +245,12 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
     FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_squares_kernel");
     sync(squares, std::size_t(g.channels), stream);
     detail::batch_norm_finish_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
-        g, s, momentum, eps, gamma, beta, state, x, y, z, sums, squares);
+        g, s, momentum, eps, gamma, beta, state, x, y, z, sums, squares, add);
     FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_finish_kernel");
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
     detail::batch_norm_eval_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(
-        g, s, eps, gamma, beta, state, x, y, z);
+        g, s, eps, gamma, beta, state, x, y, z, add);
     FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_eval_kernel");
   }
 }

@@ -110,15 +110,24 @@ double channel_squares(const BatchNormGeometry& g, const T* x, std::size_t c, do
         sums[0] += d * d;
       })[0];
 }
+// y = Epi(normalize(x) [+ add]) over channel c; z the values before the epilogue when it saves them.
 template <class Epi, class T>
 void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch, std::size_t c, const T* x, T* y,
-                       T* z) {
+                       T* z, const T* add) {
   for (std::size_t n = 0; n < g.batch; ++n) {
     const std::size_t at = g.at(n, c);
-    for (std::size_t i = 0; i < g.plane; ++i) {
-      const T v = ch.normalize(x[at + i]);
-      if constexpr (Epi::saves_input) z[at + i] = v;
-      y[at + i] = Epi::apply(v);
+    if (add == nullptr) {
+      for (std::size_t i = 0; i < g.plane; ++i) {
+        const T v = ch.normalize(x[at + i]);
+        if constexpr (Epi::saves_input) z[at + i] = v;
+        y[at + i] = Epi::apply(v);
+      }
+    } else {
+      for (std::size_t i = 0; i < g.plane; ++i) {
+        const T v = ch.normalize(x[at + i]) + add[at + i];
+        if constexpr (Epi::saves_input) z[at + i] = v;
+        y[at + i] = Epi::apply(v);
+      }
     }
   }
 }
@@ -161,14 +170,16 @@ void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T
 }
 }  // namespace detail
 
-/// y = Epi(normalize(x)); z the values before the epilogue when it needs them (else null). Training:
-/// the batch's statistics, left in the state for backward, and the running statistics updated;
-/// evaluation: the running statistics. gamma and beta are null without affine parameters. With
-/// `sync`, the batch is every replica's shard together (`sums`: batch_norm_sync_doubles(channels)).
+/// y = Epi(normalize(x) + add) (add: null, or values of x's layout added before the epilogue, a
+/// residual block's shortcut); z the values before the epilogue when it needs them (else null).
+/// Training: the batch's statistics, left in the state for backward, and the running statistics
+/// updated; evaluation: the running statistics. gamma and beta are null without affine parameters.
+/// With `sync`, the batch is every replica's shard together (`sums`: batch_norm_sync_doubles(channels)).
+/// Backward is the same with or without `add`: the gradient of the sum is normalize(x)'s.
 template <class Epi, class T>
 void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const T* gamma, const T* beta, T* state, const T* x, T* y,
-                        T* z, const ReplicaSum& sync = {}, double* sums = nullptr) {
+                        T* z, const ReplicaSum& sync = {}, double* sums = nullptr, const T* add = nullptr) {
   auto channel = [&](std::size_t c) {
     return BatchNormChannel<T>{T(0), T(0), gamma ? gamma[c] : T(1), beta ? beta[c] : T(0)};
   };
@@ -180,7 +191,7 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
     state[s.batch_mean() + c] = ch.mean;
     state[s.batch_invstd() + c] = ch.invstd;
     batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, count, momentum);
-    detail::normalize_channel<Epi>(g, ch, c, x, y, z);
+    detail::normalize_channel<Epi>(g, ch, c, x, y, z, add);
   };
   if (training) state[s.batches_tracked()] += T(1);
   if (!training) {
@@ -189,7 +200,7 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
         BatchNormChannel<T> ch = channel(c);
         ch.mean = state[s.running_mean() + c];
         ch.invstd = batch_norm_invstd<T>(double(state[s.running_var() + c]), eps);
-        detail::normalize_channel<Epi>(g, ch, c, x, y, z);
+        detail::normalize_channel<Epi>(g, ch, c, x, y, z, add);
       }
     });
   } else if (!sync) {
