@@ -87,13 +87,15 @@ TEST_CASE("a block ending in BatchNorm adds in its normalizing pass: GELU after 
 }
 
 namespace {
-// BatchNorm2d that does not take the add: its blocks run the separate add pass.
-struct SeparateAddNorm : fp::BatchNorm2d<> {
+// BatchNorm2d that runs in passes of its own: its blocks add in a separate pass, and evaluation does
+// not fold it into the conv before it.
+struct SeparateNorm : fp::BatchNorm2d<> {
   static constexpr bool adds_before_epilogue = false;
+  static constexpr bool folds_into_previous = false;
 };
 
-// Three training steps and an evaluation of Net and of Unfused (the same network, its blocks' adds in
-// separate passes) from the same seed: every value bit for bit.
+// Three training steps and an evaluation of Net and of Unfused (the same network with SeparateNorm)
+// from the same seed: every value bit for bit.
 template <class Net, class Unfused>
 void check_fused_add_is_exact() {
   static_assert(Net::param_count == Unfused::param_count);
@@ -117,20 +119,23 @@ void check_fused_add_is_exact() {
 }
 }  // namespace
 
-TEST_CASE("the add in BatchNorm's pass gives the bits of the separate add, identity and projection") {
+TEST_CASE("the add in BatchNorm's pass and BatchNorm folded into the conv in evaluation give the bits of "
+          "separate passes, identity and projection") {
   using Fused = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
                                fp::models::BasicBlock<4, 2, true>, fp::ReLU, fp::models::BasicBlock<4, 1, false>,
                                fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
   using Separate = fp::Sequential<
-      fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
-      fp::Residual<fp::Conv2d<4, 3, 2, 1, fp::no_bias>, SeparateAddNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
-                   SeparateAddNorm, fp::Projection<fp::Conv2d<4, 1, 2, 0, fp::no_bias>, fp::BatchNorm2d<>>>,
+      fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, SeparateNorm, fp::ReLU,
+      fp::Residual<fp::Conv2d<4, 3, 2, 1, fp::no_bias>, SeparateNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
+                   SeparateNorm, fp::Projection<fp::Conv2d<4, 1, 2, 0, fp::no_bias>, SeparateNorm>>,
       fp::ReLU,
-      fp::Residual<fp::Conv2d<4, 3, 1, 1, fp::no_bias>, SeparateAddNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
-                   SeparateAddNorm, fp::IdentityShortcut>,
+      fp::Residual<fp::Conv2d<4, 3, 1, 1, fp::no_bias>, SeparateNorm, fp::ReLU, fp::Conv2d<4, 3, 1, 1, fp::no_bias>,
+                   SeparateNorm, fp::IdentityShortcut>,
       fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
   static_assert(Fused::stage<3>::layer::fused_add<Fused::stage<3>::in>);
   static_assert(!Separate::stage<3>::layer::fused_add<Separate::stage<3>::in>);
+  static_assert(fp::detail::folds_next<Fused, 0, fp::Host>());
+  static_assert(!fp::detail::folds_next<Separate, 0, fp::Host>());
   check_fused_add_is_exact<Fused, Separate>();
 }
 

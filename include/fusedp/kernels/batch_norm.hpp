@@ -47,6 +47,21 @@ FUSEDP_HD T batch_norm_invstd(double var, double eps) {
   return T(1.0 / sqrt(var + eps));
 }
 
+/// An evaluation-mode BatchNorm carried into the epilogue of the layer before it (a conv): its
+/// running statistics and affine parameters (gamma, beta null without them), so the epilogue
+/// normalizes each value exactly as the BatchNorm's own pass would.
+template <class T>
+struct BatchNormFold {
+  const T* mean;  // running_mean
+  const T* var;   // running_var
+  const T* gamma;
+  const T* beta;
+  double eps;
+  FUSEDP_HD BatchNormChannel<T> channel(std::size_t c) const {
+    return {mean[c], batch_norm_invstd<T>(double(var[c]), eps), gamma ? gamma[c] : T(1), beta ? beta[c] : T(0)};
+  }
+};
+
 /// PyTorch's running update from a batch's mean and biased variance over `count` values per channel.
 template <class T>
 FUSEDP_HD void batch_norm_update_running(T& running_mean, T& running_var, double mean, double biased_var,

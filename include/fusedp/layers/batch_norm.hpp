@@ -75,6 +75,16 @@ struct BatchNorm {
                                                          align_elements(std::size_t(In::channels)),
                                                          align_elements(1)};
 
+  /// In evaluation, the running statistics and affine parameters for the epilogue of the layer before
+  /// (StageArgs::fold): that layer's pass then computes this one's output.
+  static constexpr bool folds_into_previous = true;
+  template <class In, class T, class Space>
+  static kernels::BatchNormFold<T> eval_fold(const StageArgs<Space, T>& a) {
+    constexpr kernels::BatchNormState s = state_offsets<In>;
+    return {a.state + s.running_mean(), a.state + s.running_var(), Affine ? a.w : nullptr, Affine ? a.b : nullptr,
+            double(Eps)};
+  }
+
   template <class In>
   static kernels::host::BatchNormGeometry geometry(std::size_t batch) {
     return {batch, std::size_t(In::channels), std::size_t(In::height) * std::size_t(In::width)};

@@ -33,6 +33,8 @@ struct Conv2d {
                 "Conv2d<Out, K, Stride, Pad>: Out, K and Stride must be positive and Pad non-negative");
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
+  // On Host, evaluation runs a BatchNorm right after it in its epilogue (StageArgs::fold).
+  static constexpr bool folds_batch_norm = true;
   static constexpr const char* name = "Conv2d";
   static constexpr auto attributes = [] {
     if constexpr (Bias) return std::array<int, 4>{Out, K, Stride, Pad};  // (as before no_bias existed)
@@ -63,7 +65,7 @@ struct Conv2d {
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
     kernels::host::conv2d_forward<Epi>(a.space, geometry<In>, a.batch, a.w, Bias ? a.b : nullptr, a.x, a.y, a.z,
-                                       a.scratch);
+                                       a.scratch, a.fold, a.add);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
@@ -81,6 +83,7 @@ struct Conv2d {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
+    require(a.fold == nullptr && a.add == nullptr, "Conv2d on Cuda: no BatchNorm folds into its epilogue");
     kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), geometry<In>, int(a.batch),
                                                                         a.w, Bias ? a.b : nullptr, a.x, a.y, a.z);
   }

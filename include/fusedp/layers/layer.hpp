@@ -1,6 +1,7 @@
 #pragma once
 // What a layer is: a plain struct that maps an input Shape to an output Shape, declares its parameter
 // tensors, and runs forward and backward on a space. The contract is the Layer concept below.
+#include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/replica_sum.hpp"
@@ -128,7 +129,9 @@ struct StageArgs {
   ReplicaSum sync{};   // training under Parallel<..., batch_norm::Sync>: sums over every replica's shard
   std::size_t first_sample = 0;  // the batch's first sample in the step's global batch (a shard's offset)
   const T* add = nullptr;  // forward: values added before the epilogue (a residual block's shortcut), or null;
-                           // only for layers with adds_before_epilogue
+                           // only for layers with adds_before_epilogue, or with `fold`
+  const kernels::BatchNormFold<T>* fold = nullptr;  // evaluation on Host: the BatchNorm after this layer, run in
+                                                    // its epilogue (layers with folds_batch_norm; see stage_binding.hpp)
 };
 
 namespace detail {

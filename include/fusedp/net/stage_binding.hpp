@@ -76,6 +76,60 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
                              training ? sync : ReplicaSum{},
                              first_sample};
 }
+
+/// Whether, in evaluation on Space, stage I of Net (a layer with folds_batch_norm and no epilogue of
+/// its own) runs stage I + 1 (a BatchNorm) in its epilogue, so one pass writes the BatchNorm's output
+/// and the BatchNorm's stage runs nothing. Host only (the Cuda conv's epilogue does not take it yet);
+/// `count`: the stages being run (a block's body runs its last one apart).
+template <Network Net, std::size_t I, class Space, std::size_t Count = Net::stage_count>
+constexpr bool folds_next() {
+  if constexpr (!std::is_same_v<Space, Host> || I + 1 >= Count) {
+    return false;
+  } else {
+    using S = typename Net::template stage<I>;
+    using N = typename Net::template stage<I + 1>;
+    if constexpr (S::kind == LayerKind::anchor && N::kind == LayerKind::anchor) {
+      if constexpr (requires { S::layer::folds_batch_norm; } && requires { N::layer::folds_into_previous; })
+        return S::layer::folds_batch_norm && N::layer::folds_into_previous && S::epilogue::empty;
+      else
+        return false;
+    } else {
+      return false;
+    }
+  }
+}
+/// Whether stage I ran in the epilogue of stage I - 1 (see folds_next).
+template <Network Net, std::size_t I, class Space, std::size_t Count = Net::stage_count>
+constexpr bool folded_into_previous() {
+  if constexpr (I == 0) return false;
+  else return folds_next<Net, I - 1, Space, Count>();
+}
+
+/// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments; in evaluation,
+/// where folds_next says so, stage I + 1 runs in its epilogue (into stage I + 1's output, with its
+/// `add`), and a stage that the one before ran runs nothing.
+template <Network Net, std::size_t I, class Space, class T, std::size_t Count = Net::stage_count, class ArgsOf>
+void forward_folding(const ArgsOf& args_of, bool training) {
+  using S = typename Net::template stage<I>;
+  if constexpr (folded_into_previous<Net, I, Space, Count>()) {
+    if (!training) return;
+  }
+  if constexpr (folds_next<Net, I, Space, Count>()) {
+    if (!training) {
+      using N = typename Net::template stage<I + 1>;
+      StageArgs<Space, T> a = args_of.template operator()<I>();
+      const StageArgs<Space, T> next = args_of.template operator()<I + 1>();
+      const kernels::BatchNormFold<T> fold = N::layer::template eval_fold<typename N::in>(next);
+      a.y = next.y;
+      a.z = nullptr;  // evaluation: nothing is saved for backward
+      a.fold = &fold;
+      a.add = next.add;
+      stage_executor<S>::template forward<typename S::in, typename N::epilogue>(a);
+      return;
+    }
+  }
+  stage_executor<S>::template forward<typename S::in, typename S::epilogue>(args_of.template operator()<I>());
+}
 }  // namespace detail
 
 /// The workspace of a model of Net on Space and the binding of every stage to it.
@@ -168,9 +222,12 @@ class StageBinding {
   void forward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, bool training, T* scratch) {
     using S = typename Net::template stage<I>;
     if constexpr (S::kind != LayerKind::reshape) {
+      if constexpr (detail::folded_into_previous<Net, I, Space>()) {
+        if (!training) return;  // ran in the epilogue of stage I - 1
+      }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
-      executor<S>::template forward<typename S::in, typename S::epilogue>(
-          args_of<I>(space, store, x, batch, training, scratch));
+      detail::forward_folding<Net, I, Space, T>(
+          [&]<std::size_t J>() { return args_of<J>(space, store, x, batch, training, scratch); }, training);
     }
   }
 

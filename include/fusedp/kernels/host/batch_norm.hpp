@@ -43,8 +43,10 @@ using Wide = simd::vec_n<double, wide>;
 // `wide` values of p widened to double.
 template <class T>
 FUSEDP_ALWAYS_INLINE Wide widen(const T* p) {  // p: `wide` values of T (a vector of them, or memory)
-  if constexpr (wide == 1 || std::is_same_v<T, double>) {
+  if constexpr (std::is_same_v<T, double>) {
     return simd::load_as<Wide>(p);
+  } else if constexpr (wide == 1) {
+    return Wide(*p);
   } else {
 #if FUSEDP_VECTOR_EXTENSIONS
     return __builtin_convertvector(simd::load_as<simd::vec_n<T, wide>>(p), Wide);

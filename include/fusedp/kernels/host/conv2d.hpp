@@ -11,6 +11,7 @@
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
@@ -388,16 +389,29 @@ FUSEDP_BROADCAST_LOADS void direct_dw_sample(const ConvGeometry& g, const T* src
 
 /// y = Epi(conv(x, w) + b) for `batch` samples; z receives the values before the epilogue when the
 /// epilogue needs them in backward (else null). scratch: threads x ConvScratch{g}.per_thread() elements.
+/// Evaluation of a conv and the BatchNorm after it: with `fold`, each value is normalized as that
+/// BatchNorm would, then `add` (when given: values of y's layout, a residual block's shortcut) added,
+/// before the epilogue.
 template <class Epi, class T>
 void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* b,
-                    const T* x, T* y, T* z, T* scratch) {
+                    const T* x, T* y, T* z, T* scratch, const BatchNormFold<T>* fold = nullptr,
+                    const T* add = nullptr) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread();
   auto epilogue = [&](T* yn, T* zn) {
+    const T* addn = add ? add + (yn - y) : nullptr;
     return [=](std::size_t o, std::size_t, T* p, std::size_t cnt) {
       const T bias = b ? b[o] : T(0);  // no bias: Conv2d<..., no_bias>
-      if constexpr (Epi::saves_input) {
+      if (fold != nullptr) {
+        // The folded BatchNorm (evaluation only: nothing is saved for backward).
+        const BatchNormChannel<T> ch = fold->channel(o);
+        const T* ap = addn ? addn + (p - yn) : nullptr;
+        for (std::size_t j = 0; j < cnt; ++j) {
+          const T v = ch.normalize(p[j] + bias);
+          p[j] = Epi::apply(ap ? v + ap[j] : v);
+        }
+      } else if constexpr (Epi::saves_input) {
         T* zp = zn + (p - yn);
         for (std::size_t j = 0; j < cnt; ++j) {
           zp[j] = p[j] + bias;
