@@ -75,12 +75,15 @@ FUSEDP_ALWAYS_INLINE std::array<double, NS> channel_sums(std::size_t batch, std:
   std::array<double, NS> rest{};
   for (std::size_t n = 0; n < batch; ++n) {
     const std::size_t base = at(n);
+    // Counted loops: GCC (nvcc's host pass) warned of an overflowing iteration in `i + step <= plane` ones.
+    const std::size_t rounds = plane / (chains * wide), chunks = plane % (chains * wide) / wide;
     std::size_t i = 0;
-    for (; i + chains * wide <= plane; i += chains * wide)
+    for (std::size_t r = 0; r < rounds; ++r, i += chains * wide)
       FUSEDP_UNROLL(4)
       for (std::size_t q = 0; q < chains; ++q) chunk(acc[q], base + i + q * wide);
-    for (; i + wide <= plane; i += wide) chunk(acc[0], base + i);
-    for (; i < plane; ++i) one(rest.data(), base + i);
+    for (std::size_t r = 0; r < chunks; ++r, i += wide) chunk(acc[0], base + i);
+    if constexpr (wide > 1)  // (scalar builds: chunks of one value leave nothing)
+      for (; i < plane; ++i) one(rest.data(), base + i);
   }
   std::array<double, NS> out{};
   for (std::size_t k = 0; k < NS; ++k) {
