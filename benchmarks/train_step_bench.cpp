@@ -6,7 +6,8 @@
 //   train_step_bench --net lenet --batch 64 --threads 2 --steps 200 [--trace FILE]
 //
 // --trace records the steps' spans (exec/trace.hpp) and writes them to FILE: the same binary with and
-// without it measures what tracing costs a step.
+// without it measures what tracing costs a step. --mode predict times Model::predict on the batch
+// instead (evaluation: BatchNorm with its running statistics, folded into the conv before it).
 #include "../tests/support/fusedp_core.hpp"
 
 #include "../tests/support/seed_networks.hpp"
@@ -27,7 +28,8 @@ using CifarCnn = seed_networks::CifarCnn;
 using ResNet18 = fp::models::ResNet18Cifar<10>;
 
 template <class Net>
-int bench(std::size_t batch, int threads, int steps, int warmup, const std::string& trace, fp::HostPrecision precision) {
+int bench(std::size_t batch, int threads, int steps, int warmup, const std::string& trace, fp::HostPrecision precision,
+          bool predict) {
   fp::trace::Recorder recorder;
   std::optional<fp::trace::Session> session;
   if (!trace.empty()) session.emplace(recorder);
@@ -41,16 +43,19 @@ int bench(std::size_t batch, int threads, int steps, int warmup, const std::stri
   std::vector<double> ms;
   for (int s = 0; s < warmup + steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    (void)model.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, opt);
+    if (predict) (void)model.predict(x);
+    else (void)model.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, opt);
     const auto t1 = std::chrono::steady_clock::now();
     if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   // Model FLOPs of a train step (net/cost.hpp: the GEMMs of forward, input and weight gradients).
-  const double gflops = fp::CostModel<Net>::train_flops * double(batch) / (median * 1e-3) / 1e9;
-  std::printf("fusedp  %s  batch %zu  threads %d  %.3f ms/step  %.0f images/s  %.1f GFLOP/s%s\n",
-              fp::to_string(precision), batch, host.threads(), median, double(batch) / (median * 1e-3), gflops, trace.empty() ? "" : "  (traced)");
+  const double flops = predict ? fp::CostModel<Net>::forward_flops : fp::CostModel<Net>::train_flops;
+  const double gflops = flops * double(batch) / (median * 1e-3) / 1e9;
+  std::printf("fusedp  %s  batch %zu  threads %d  %.3f ms/%s  %.0f images/s  %.1f GFLOP/s%s\n",
+              fp::to_string(precision), batch, host.threads(), median, predict ? "predict" : "step",
+              double(batch) / (median * 1e-3), gflops, trace.empty() ? "" : "  (traced)");
   if (!trace.empty()) {
     session.reset();
     recorder.write(trace);
@@ -74,6 +79,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_option("--trace", trace, "record the steps' spans and write them to this Chrome trace file");
+  std::string mode = "train";
+  app.add_option("--mode", mode, "time train steps, or predict (evaluation) calls")
+      ->check(CLI::IsMember({"train", "predict"}))
+      ->capture_default_str();
   std::string precision = "fp32";
   app.add_option("--precision", precision, "the GEMMs' arithmetic: fp32, bf16 (AVX-512 BF16) or bf16-emulated")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16-emulated"}))
@@ -90,9 +99,9 @@ int main(int argc, char** argv) {
     const fp::HostPrecision p = precision == "bf16"            ? fp::HostPrecision::bf16
                                 : precision == "bf16-emulated" ? fp::HostPrecision::bf16_emulated
                                                                : fp::HostPrecision::fp32;
-    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup, trace, p);
-    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup, trace, p);
-    return bench<ResNet18>(batch, threads, steps, warmup, trace, p);
+    if (net == "lenet") return bench<LeNet>(batch, threads, steps, warmup, trace, p, mode == "predict");
+    if (net == "cifar") return bench<CifarCnn>(batch, threads, steps, warmup, trace, p, mode == "predict");
+    return bench<ResNet18>(batch, threads, steps, warmup, trace, p, mode == "predict");
   } catch (const fp::Error& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

@@ -1,10 +1,9 @@
-// A layer inside a block that cannot take its input: the block's own Sequential reports it with the
-// layer's index inside the block (BatchNorm1d, 2nd of the body, receives (4, 6, 6)); the compiler's
-// trace names the outer network's index of the block (bind_checked<2, ...Residual...).
+// A layer inside a block that cannot take its input: reported with the block's index in the network
+// (2) and the layer's in the block (1, as its tensors are named: "2.1.weight"), the layer and both
+// shapes (BatchNorm1d receives (4, 6, 6)), in the form of a top-level mismatch.
 // expect: static assertion failed
-// expect: a layer cannot take the shape it receives
-// expect: shape_mismatch<2, fusedp::BatchNorm1d<[^>]*>, fusedp::Shape<144, 1, 1>, fusedp::Shape<4, 6, 6> ?>
-// expect: bind_checked<2, fusedp::Residual<
+// expect: a layer inside a block cannot take the shape it receives
+// expect: block_shape_mismatch<2, 1, fusedp::BatchNorm1d<[^>]*>, fusedp::Shape<144, 1, 1>, fusedp::Shape<4, 6, 6> ?>
 #include <fusedp/layers/activation.hpp>
 #include <fusedp/layers/batch_norm.hpp>
 #include <fusedp/layers/conv2d.hpp>

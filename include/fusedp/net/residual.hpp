@@ -200,7 +200,19 @@ struct Residual {
     using type = detail::body_network<In, typename detail::type_at<I, elements>::type...>;
   };
 
+  template <class In, class Seq>
+  struct misfit_of;
+  template <class In, std::size_t... I>
+  struct misfit_of<In, std::index_sequence<I...>> {
+    using type = detail::first_misfit<0, In, typename detail::type_at<I, elements>::type...>;
+  };
+
  public:
+  /// The body's first layer that cannot take what it receives at block input In (index 0: none, else
+  /// its index in the block + 1): Sequential reports it with the block's index (block_shape_mismatch).
+  template <class In>
+  using misfit = typename misfit_of<In, std::make_index_sequence<body_size>>::type;
+
   /// The body and the shortcut at input In, as networks of their own (the identity: none).
   template <class In>
   using body = typename body_of<In, std::make_index_sequence<body_size>>::type;

@@ -27,6 +27,18 @@ struct shape_mismatch {
   static constexpr bool value = true;
 };
 
+/// Instantiated only when layer `LayerIndex` of the body of the block at `BlockIndex` (counted as in
+/// the block's tensor names: the body's first layer is 0) cannot take its input: the compiler prints
+/// block_shape_mismatch<block index, layer index in the block, layer, expected input shape, actual input shape>.
+template <std::size_t BlockIndex, std::size_t LayerIndex, class Layer, class Expected, class Got>
+struct block_shape_mismatch {
+  static_assert(sizeof(Got) == 0,
+                "fusedp::Residual: a layer inside a block cannot take the shape it receives; see "
+                "block_shape_mismatch<block index, layer index in the block, layer, expected input shape, "
+                "actual input shape> in this message");
+  static constexpr bool value = true;
+};
+
 namespace detail {
 
 template <class... Ts>
@@ -102,13 +114,61 @@ struct report_mismatch : std::true_type {};
 template <std::size_t I, class L, class In>
 struct report_mismatch<I, L, In, false> : shape_mismatch<I, L, typename L::template expected<In>, In> {};
 
+// The first layer of a list that cannot take what it receives, walked from In without instantiating
+// anything that would report it: index 0 and void types when every layer fits (a block's body).
+template <std::size_t J, class In, class... Ls>
+struct first_misfit {
+  static constexpr std::size_t index = 0;
+  using layer = void;
+  using expected = void;
+  using got = void;
+};
+template <class L, class In, bool Misfit>
+struct expected_if {
+  using type = void;
+};
+template <class L, class In>
+struct expected_if<L, In, true> {
+  using type = typename L::template expected<In>;
+};
+template <std::size_t J, class In, class L, class... Ls>
+struct first_misfit<J, In, L, Ls...> {
+  static constexpr bool ok = !placeable<L>() || accepts_input<L, In>::value;
+  using next = first_misfit<J + 1, typename output_if<L, In, ok && placeable<L>()>::type, Ls...>;
+  static constexpr std::size_t index = ok ? next::index : J + 1;  // + 1: 0 says "none"
+  using layer = std::conditional_t<ok, typename next::layer, L>;
+  using expected = std::conditional_t<ok, typename next::expected, typename expected_if<L, In, !ok>::type>;
+  using got = std::conditional_t<ok, typename next::got, In>;
+};
+
+// A block (an element with misfit<In>, see net/residual.hpp) whose body does not fit: reported with the
+// block's index and the inner layer's. M: the block's misfit at its input.
+template <std::size_t I, class M, bool Misfit = (M::index != 0)>
+struct report_block_mismatch : std::true_type {};
+template <std::size_t I, class M>
+struct report_block_mismatch<I, M, true>
+    : block_shape_mismatch<I, M::index - 1, typename M::layer, typename M::expected, typename M::got> {};
+
+template <class L, class In>
+struct misfit_of {
+  using type = first_misfit<0, In>;  // not a block: nothing inside
+};
+template <class L, class In>
+  requires requires { typename L::template misfit<In>; }
+struct misfit_of<L, In> {
+  using type = typename L::template misfit<In>;
+};
+
 template <std::size_t I, class L, class In>
 struct bind_checked {
   static_assert(Layer<L>, "fusedp::Sequential: every element after Input must be a layer (see the Layer concept)");
   static_assert(!Layer<L> || placeable<L>(), "fusedp::Sequential: Input<C,H,W> may only be the first layer");
-  static constexpr bool ok = accepts_input<L, In>::value;
-  static_assert(report_mismatch<I, L, In, ok>::value);
-  using type = Bound<I, std::conditional_t<placeable<L>(), L, Placeholder>, In,
+  using misfit = typename misfit_of<L, In>::type;
+  static constexpr bool inside = misfit::index != 0;  // a block whose body does not fit: reported as such
+  static_assert(report_block_mismatch<I, misfit>::value);
+  static constexpr bool ok = !inside && accepts_input<L, In>::value;
+  static_assert(report_mismatch<I, L, In, ok || inside>::value);
+  using type = Bound<I, std::conditional_t<placeable<L>() && !inside, L, Placeholder>, In,
                      typename output_if<L, In, ok && placeable<L>()>::type>;
 };
 
