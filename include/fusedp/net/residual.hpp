@@ -135,17 +135,25 @@ constexpr double inner_macs() {
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
-/// Runs the first Count stages of an inner network forward over memory `m`, from input `x` (in
-/// evaluation folding as the model does, see stage_binding.hpp).
-template <Network Net, std::size_t Count = Net::stage_count, class Space, class T>
-void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x) {
+/// Runs the stages of an inner network forward over memory `m`, from input `x` (in evaluation folding
+/// as the model does, see stage_binding.hpp). With LastEpi, the last stage writes `last_y` (`last_z`
+/// its values before LastEpi), adding `last_add` before it.
+template <Network Net, class LastEpi = void, class Space, class T>
+void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* last_y = nullptr,
+                 T* last_z = nullptr, const T* last_add = nullptr) {
   const auto args_of = [&]<std::size_t J>() {
-    return stage_args<Net, J>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step, a.index, a.sync,
-                              a.first_sample);
+    StageArgs<Space, T> s = stage_args<Net, J>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step,
+                                               a.index, a.sync, a.first_sample);
+    if constexpr (!std::is_void_v<LastEpi> && J + 1 == Net::stage_count) {
+      s.y = last_y;
+      s.z = last_z;
+      s.add = last_add;
+    }
+    return s;
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (forward_folding<Net, I, Space, T, Count>(args_of, a.training), ...);
-  }(std::make_index_sequence<Count>{});
+    (forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
+  }(std::make_index_sequence<Net::stage_count>{});
 }
 
 /// Runs an inner network backward from `dy` (its output's gradient, may be overwritten) to `dx` (its
@@ -350,31 +358,8 @@ struct Residual {
         shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace, a.x,
                                                                                             a.batch);
       }
-      constexpr std::size_t last = body<In>::stage_count - 1;
-      using Last = typename body<In>::template stage<last>;
-      StageArgs<Space, T> s = detail::stage_args<body<In>, last>(a.space, r.main, a.x, a.batch, a.training, a.scratch,
-                                                                 a.seed, a.step, a.index, a.sync, a.first_sample);
-      s.y = a.y;
-      s.z = Epi::saves_input ? r.sum : nullptr;
-      s.add = shortcut_out;
-      if constexpr (detail::folded_into_previous<body<In>, last, Space>()) {
-        if (!a.training) {
-          // Evaluation: the conv before the last BatchNorm runs it, the add and the epilogue.
-          using Prev = typename body<In>::template stage<last - 1>;
-          detail::run_forward<body<In>, last - 1>(a, r.main, a.x);
-          StageArgs<Space, T> p = detail::stage_args<body<In>, last - 1>(
-              a.space, r.main, a.x, a.batch, false, a.scratch, a.seed, a.step, a.index, a.sync, a.first_sample);
-          const kernels::BatchNormFold<T> fold = Last::layer::template eval_fold<typename Last::in>(s);
-          p.y = a.y;
-          p.z = nullptr;
-          p.fold = &fold;
-          p.add = shortcut_out;
-          detail::stage_executor<Prev>::template forward<typename Prev::in, Epi>(p);
-          return;
-        }
-      }
-      detail::run_forward<body<In>, last>(a, r.main, a.x);
-      detail::stage_executor<Last>::template forward<typename Last::in, Epi>(s);
+      // (In evaluation on the Host, the conv before that BatchNorm runs it, the add and the epilogue.)
+      detail::run_forward<body<In>, Epi>(a, r.main, a.x, a.y, Epi::saves_input ? r.sum : nullptr, shortcut_out);
       return;
     }
     detail::run_forward<body<In>>(a, r.main, a.x);

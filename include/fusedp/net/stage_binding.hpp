@@ -79,11 +79,10 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
 
 /// Whether, in evaluation on Space, stage I of Net (a layer with folds_batch_norm and no epilogue of
 /// its own) runs stage I + 1 (a BatchNorm) in its epilogue, so one pass writes the BatchNorm's output
-/// and the BatchNorm's stage runs nothing. Host only (the Cuda conv's epilogue does not take it yet);
-/// `count`: the stages being run (a block's body runs its last one apart).
-template <Network Net, std::size_t I, class Space, std::size_t Count = Net::stage_count>
+/// and the BatchNorm's stage runs nothing. Host only (the Cuda conv's epilogue does not take it yet).
+template <Network Net, std::size_t I, class Space>
 constexpr bool folds_next() {
-  if constexpr (!std::is_same_v<Space, Host> || I + 1 >= Count) {
+  if constexpr (!std::is_same_v<Space, Host> || I + 1 >= Net::stage_count) {
     return false;
   } else {
     using S = typename Net::template stage<I>;
@@ -99,22 +98,29 @@ constexpr bool folds_next() {
   }
 }
 /// Whether stage I ran in the epilogue of stage I - 1 (see folds_next).
-template <Network Net, std::size_t I, class Space, std::size_t Count = Net::stage_count>
+template <Network Net, std::size_t I, class Space>
 constexpr bool folded_into_previous() {
   if constexpr (I == 0) return false;
-  else return folds_next<Net, I - 1, Space, Count>();
+  else return folds_next<Net, I - 1, Space>();
 }
 
-/// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments; in evaluation,
-/// where folds_next says so, stage I + 1 runs in its epilogue (into stage I + 1's output, with its
-/// `add`), and a stage that the one before ran runs nothing.
-template <Network Net, std::size_t I, class Space, class T, std::size_t Count = Net::stage_count, class ArgsOf>
+/// Stage J's epilogue, or LastEpi for the last stage when it is given (a block's body, whose last
+/// stage applies the activation after the block).
+template <Network Net, std::size_t J, class LastEpi>
+using epilogue_at = std::conditional_t<!std::is_void_v<LastEpi> && J + 1 == Net::stage_count, LastEpi,
+                                       typename Net::template stage<J>::epilogue>;
+
+/// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
+/// epilogue_at<Net, I, LastEpi>; in evaluation, where folds_next says so, stage I + 1 runs in its
+/// epilogue (into stage I + 1's output, with its `add` and its epilogue), and a stage that the one
+/// before ran runs nothing.
+template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class ArgsOf>
 void forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
-  if constexpr (folded_into_previous<Net, I, Space, Count>()) {
+  if constexpr (folded_into_previous<Net, I, Space>()) {
     if (!training) return;
   }
-  if constexpr (folds_next<Net, I, Space, Count>()) {
+  if constexpr (folds_next<Net, I, Space>()) {
     if (!training) {
       using N = typename Net::template stage<I + 1>;
       StageArgs<Space, T> a = args_of.template operator()<I>();
@@ -124,11 +130,11 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.z = nullptr;  // evaluation: nothing is saved for backward
       a.fold = &fold;
       a.add = next.add;
-      stage_executor<S>::template forward<typename S::in, typename N::epilogue>(a);
+      stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I + 1, LastEpi>>(a);
       return;
     }
   }
-  stage_executor<S>::template forward<typename S::in, typename S::epilogue>(args_of.template operator()<I>());
+  stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(args_of.template operator()<I>());
 }
 }  // namespace detail
 
