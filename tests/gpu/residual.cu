@@ -105,6 +105,55 @@ TEST_CASE_TEMPLATE("residual blocks with identity and projection shortcuts match
   compare_buffers<Space, SmallResNet>(24, 62);
 }
 
+// BatchNorm2d that runs in passes of its own: a block whose body ends in it adds in a separate pass, and
+// evaluation does not fold it into the conv before it.
+struct SeparateNorm : fp::BatchNorm2d<> {
+  static constexpr bool adds_before_epilogue = false;
+  static constexpr bool folds_into_previous = false;
+};
+using FusedBlocks = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                                   fp::models::BasicBlock<16, 2, true>, fp::ReLU, fp::models::BasicBlock<16, 1, false>,
+                                   fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<10>>;
+using SeparateBlocks = fp::Sequential<
+    fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, SeparateNorm, fp::ReLU,
+    fp::Residual<fp::Conv2d<16, 3, 2, 1, fp::no_bias>, SeparateNorm, fp::ReLU, fp::Conv2d<16, 3, 1, 1, fp::no_bias>,
+                 SeparateNorm, fp::Projection<fp::Conv2d<16, 1, 2, 0, fp::no_bias>, SeparateNorm>>,
+    fp::ReLU,
+    fp::Residual<fp::Conv2d<16, 3, 1, 1, fp::no_bias>, SeparateNorm, fp::ReLU, fp::Conv2d<16, 3, 1, 1, fp::no_bias>,
+                 SeparateNorm, fp::IdentityShortcut>,
+    fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<10>>;
+
+TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded into the conv in evaluation give the "
+                   "bits of separate passes",
+                   Space, FUSEDP_NORM_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  static_assert(fp::detail::folds_next<FusedBlocks, 0, Space>() && !fp::detail::folds_next<SeparateBlocks, 0, Space>());
+  const std::size_t batch = 6;
+  const auto x = random_values(batch * FusedBlocks::input_shape::size, 100);
+  const auto y = labels_for(batch, 10, 101);
+  fp::Model<FusedBlocks, Space> fused{fp::seed(8), make_space<Space>()};
+  fp::Model<SeparateBlocks, Space> separate{fp::seed(8), make_space<Space>()};
+  fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
+  for (int s = 0; s < 3; ++s) {
+    const float a = fused.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    const float b = separate.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+    CHECK(a == b);
+  }
+  CHECK(params_on_host(fused) == params_on_host(separate));
+  std::vector<float> bf(FusedBlocks::state_storage), bs(SeparateBlocks::state_storage);
+  if constexpr (fp::is_cuda_space_v<Space>) {
+    fused.copy_buffers_to_host(bf);
+    separate.copy_buffers_to_host(bs);
+  } else {
+    std::copy(fused.buffers().begin(), fused.buffers().end(), bf.begin());
+    std::copy(separate.buffers().begin(), separate.buffers().end(), bs.begin());
+  }
+  CHECK(bf == bs);
+  const auto pf = fused.predict(std::span<const float>(x));
+  const auto ps = separate.predict(std::span<const float>(x));
+  CHECK(std::vector<float>(pf.begin(), pf.end()) == std::vector<float>(ps.begin(), ps.end()));
+}
+
 TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stays finite") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   using R = fp::models::ResNet18Cifar<10>;

@@ -33,7 +33,7 @@ struct Conv2d {
                 "Conv2d<Out, K, Stride, Pad>: Out, K and Stride must be positive and Pad non-negative");
   static constexpr LayerKind kind = LayerKind::anchor;
   static constexpr bool absorbs_epilogue = true;
-  // On Host, evaluation runs a BatchNorm right after it in its epilogue (StageArgs::fold).
+  // Evaluation runs a BatchNorm right after it in its epilogue (StageArgs::fold), on both spaces.
   static constexpr bool folds_batch_norm = true;
   static constexpr const char* name = "Conv2d";
   static constexpr auto attributes = [] {
@@ -83,9 +83,8 @@ struct Conv2d {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    require(a.fold == nullptr && a.add == nullptr, "Conv2d on Cuda: no BatchNorm folds into its epilogue");
-    kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), geometry<In>, int(a.batch),
-                                                                        a.w, Bias ? a.b : nullptr, a.x, a.y, a.z);
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(
+        a.space.stream(), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold, a.add);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {

@@ -130,7 +130,7 @@ struct StageArgs {
   std::size_t first_sample = 0;  // the batch's first sample in the step's global batch (a shard's offset)
   const T* add = nullptr;  // forward: values added before the epilogue (a residual block's shortcut), or null;
                            // only for layers with adds_before_epilogue, or with `fold`
-  const kernels::BatchNormFold<T>* fold = nullptr;  // evaluation on Host: the BatchNorm after this layer, run in
+  const kernels::BatchNormFold<T>* fold = nullptr;  // evaluation: the BatchNorm after this layer, run in
                                                     // its epilogue (layers with folds_batch_norm; see stage_binding.hpp)
 };
 

@@ -5,7 +5,7 @@
 // body(x) + shortcut(x); the activation written after the block in the Sequential (ResNet's ReLU) rides
 // in the epilogue of that add, as activations do behind any anchor. Where the body ends in a layer that
 // takes the add (BatchNorm: adds_before_epilogue), the add and the activation run in that layer's own
-// pass (fused_add), and in evaluation on the Host, where a conv folds that BatchNorm, in the conv's
+// pass (fused_add), and in evaluation, where a conv folds that BatchNorm, in the conv's
 // epilogue; otherwise in a pass of their own.
 //
 // Inside, body and shortcut are Sequentials of their own, so every shape, the parameter and state

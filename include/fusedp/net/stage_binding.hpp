@@ -79,10 +79,10 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
 
 /// Whether, in evaluation on Space, stage I of Net (a layer with folds_batch_norm and no epilogue of
 /// its own) runs stage I + 1 (a BatchNorm) in its epilogue, so one pass writes the BatchNorm's output
-/// and the BatchNorm's stage runs nothing. Host only (the Cuda conv's epilogue does not take it yet).
+/// and the BatchNorm's stage runs nothing. Both spaces (Space is kept for a space that could not).
 template <Network Net, std::size_t I, class Space>
 constexpr bool folds_next() {
-  if constexpr (!std::is_same_v<Space, Host> || I + 1 >= Net::stage_count) {
+  if constexpr (I + 1 >= Net::stage_count) {
     return false;
   } else {
     using S = typename Net::template stage<I>;

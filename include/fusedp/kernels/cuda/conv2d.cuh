@@ -12,6 +12,7 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
@@ -132,6 +133,9 @@ struct PooledIm2colRows {
 };
 
 /// Epilogue of an unfused conv forward: y[img, o, pixel] = Epi(C + b), z likewise before Epi.
+/// Evaluation with a BatchNorm folded in (`folded`): y = Epi(normalize(C + b) + add), each value
+/// normalized as batch_norm_eval_kernel would (the same operations, so the same bits), `add` (a residual
+/// block's shortcut, null when none) in y's layout, nothing saved.
 template <class Epi>
 struct ConvBiasActivation {
   float* y;
@@ -139,6 +143,9 @@ struct ConvBiasActivation {
   const float* bias;
   int m, n, ohw;
   FastDiv div_ohw;
+  BatchNormFold<float> fold{};
+  bool folded = false;
+  const float* add = nullptr;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
     for_each_in_tile<TileT, true>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
@@ -146,6 +153,11 @@ struct ConvBiasActivation {
       div_ohw.divmod(gm, img, pix);
       const std::size_t i = (std::size_t(img) * n + gn) * ohw + pix;
       const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
+      if (folded) {
+        const float u = fold.channel(std::size_t(gn)).normalize(v);
+        y[i] = Epi::apply(add ? u + add[i] : u);
+        return;
+      }
       if constexpr (Epi::saves_input) z[i] = v;
       y[i] = Epi::apply(v);
     });
@@ -276,13 +288,19 @@ inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
 }
 
 /// The implicit GEMM of a Conv2d forward: rows are output pixels, columns output channels.
+/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue.
 template <class Epi>
-GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(const ConvShape& s, int batch,
-                                                                                const float* w, const float* b,
-                                                                                const float* x, float* y, float* z) {
+GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* y, float* z,
+    const BatchNormFold<float>* fold = nullptr, const float* add = nullptr) {
   const int m = batch * s.ohw;
-  return {m, s.o, s.patch, s.patch, Im2colRows{x, s}, Rows{w, s.patch}, ConvBiasActivation<Epi>{y, z, b, m, s.o, s.ohw, s.div_ohw},
-          nullptr};
+  ConvBiasActivation<Epi> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
+  if (fold != nullptr) {
+    epi.fold = *fold;
+    epi.folded = true;
+    epi.add = add;
+  }
+  return {m, s.o, s.patch, s.patch, Im2colRows{x, s}, Rows{w, s.patch}, epi, nullptr};
 }
 
 /// The implicit GEMM of a Conv2d forward with MaxPool2d<Kp> (stride Kp) fused: rows are the output
@@ -320,12 +338,16 @@ ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch,
   return {s.o, s.patch, batch * s.ohw, ConvGradientRows<Dz>{dz, s}, Im2colColumns{x, s}};
 }
 
-/// Forward of Conv2d (no pooling fused). TileT: tile_for<out channels>.
+/// Forward of Conv2d (no pooling fused). TileT: tile_for<out channels>. With `fold` (evaluation), the
+/// BatchNorm after it and `add` (a residual block's shortcut, or null) run in its epilogue.
 template <class Epi, class TileT, class P>
 void conv2d_forward(cudaStream_t stream, const ConvGeometry& g, int batch, const float* w, const float* b,
-                    const float* x, float* y, float* z) {
+                    const float* x, float* y, float* z, const BatchNormFold<float>* fold = nullptr,
+                    const float* add = nullptr) {
+  require(add == nullptr || fold != nullptr, "conv2d_forward on Cuda: an add needs a folded BatchNorm");
   check_conv_extent(g, std::size_t(batch));
-  launch_gemm<TileT, P, false>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z), 1, stream);
+  launch_gemm<TileT, P, false>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add), 1,
+                               stream);
 }
 
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
