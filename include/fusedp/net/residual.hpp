@@ -10,9 +10,10 @@
 //
 // Inside, body and shortcut are Sequentials of their own, so every shape, the parameter and state
 // layouts and the stage plans come from the same code as the network's; a shape mismatch inside a
-// block is reported by the inner Sequential (its layer index within the block) while the compiler's
-// trace names the block. The block's parameters and state are the inner layouts one after the other
-// (body, then shortcut), named as PyTorch names a module's children: by position, or by Named<>.
+// block (body or projection) is reported with the block's index and the layer's inside it, before the
+// inner Sequential is made (misfit). The block's parameters and state are the inner layouts one after
+// the other (body, then shortcut), named as PyTorch names a module's children: by position, or by
+// Named<>.
 //
 // Memory per sample: the body's and the shortcut's activations and the sum before the epilogue (the
 // block's saved region), and three gradient buffers in the network's backward work memory, which
@@ -78,6 +79,36 @@ struct projection_of {
 template <class In>
 struct projection_of<IdentityShortcut, In> {
   using type = void;
+};
+
+// The layers of a projection shortcut (found through Named<>, which derives from Projection).
+template <class... Layers>
+type_list<Layers...> projection_layers(const Projection<Layers...>*);
+
+// The first misfit of a block: its body's at In, else (where the body fits) its projection's, at In too.
+template <class BodyMisfit, class ShortcutMisfit>
+struct block_misfit {
+  static constexpr bool in_shortcut = BodyMisfit::index == 0 && ShortcutMisfit::index != 0;
+  using which = std::conditional_t<in_shortcut, ShortcutMisfit, BodyMisfit>;
+  static constexpr std::size_t index = which::index;
+  using layer = typename which::layer;
+  using expected = typename which::expected;
+  using got = typename which::got;
+};
+template <class In, class List>
+struct misfit_in;
+template <class In, class... Layers>
+struct misfit_in<In, type_list<Layers...>> {
+  using type = first_misfit<0, In, Layers...>;
+};
+template <class S, class In>
+struct shortcut_misfit {
+  using type = first_misfit<0, In>;  // the identity (or not a shortcut, which Residual reports): nothing inside
+};
+template <class S, class In>
+  requires requires { projection_layers(static_cast<const S*>(nullptr)); }
+struct shortcut_misfit<S, In> {
+  using type = typename misfit_in<In, decltype(projection_layers(static_cast<const S*>(nullptr)))>::type;
 };
 
 template <class S>
@@ -215,12 +246,15 @@ struct Residual {
   struct misfit_of;
   template <class In, std::size_t... I>
   struct misfit_of<In, std::index_sequence<I...>> {
-    using type = detail::first_misfit<0, In, typename detail::type_at<I, elements>::type...>;
+    using type = detail::block_misfit<detail::first_misfit<0, In, typename detail::type_at<I, elements>::type...>,
+                                      typename detail::shortcut_misfit<shortcut, In>::type>;
   };
 
  public:
-  /// The body's first layer that cannot take what it receives at block input In (index 0: none, else
-  /// its index in the block + 1): Sequential reports it with the block's index (block_shape_mismatch).
+  /// The first layer that cannot take what it receives at block input In, the body's, else the
+  /// projection's (index 0: none, else its index in the body or projection + 1; in_shortcut says
+  /// which): Sequential reports it with the block's index (block_shape_mismatch,
+  /// shortcut_shape_mismatch).
   template <class In>
   using misfit = typename misfit_of<In, std::make_index_sequence<body_size>>::type;
 

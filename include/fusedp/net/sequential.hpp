@@ -39,6 +39,19 @@ struct block_shape_mismatch {
   static constexpr bool value = true;
 };
 
+/// Instantiated only when layer `LayerIndex` of the projection shortcut of the block at `BlockIndex`
+/// (counted as in the projection's tensor names, torchvision's `downsample.0`: its first layer is 0)
+/// cannot take the block's input: the compiler prints
+/// shortcut_shape_mismatch<block index, layer index in the shortcut, layer, expected input shape, actual input shape>.
+template <std::size_t BlockIndex, std::size_t LayerIndex, class Layer, class Expected, class Got>
+struct shortcut_shape_mismatch {
+  static_assert(sizeof(Got) == 0,
+                "fusedp::Residual: a layer of a block's projection shortcut cannot take the shape it receives; see "
+                "shortcut_shape_mismatch<block index, layer index in the shortcut, layer, expected input shape, "
+                "actual input shape> in this message");
+  static constexpr bool value = true;
+};
+
 namespace detail {
 
 template <class... Ts>
@@ -141,13 +154,22 @@ struct first_misfit<J, In, L, Ls...> {
   using got = std::conditional_t<ok, typename next::got, In>;
 };
 
-// A block (an element with misfit<In>, see net/residual.hpp) whose body does not fit: reported with the
-// block's index and the inner layer's. M: the block's misfit at its input.
-template <std::size_t I, class M, bool Misfit = (M::index != 0)>
+// A block (an element with misfit<In>, see net/residual.hpp) whose body or projection does not fit:
+// reported with the block's index and the inner layer's. M: the block's misfit at its input
+// (M::in_shortcut: the layer is the projection's).
+template <class M>
+constexpr bool misfit_in_shortcut() {
+  if constexpr (requires { M::in_shortcut; }) return M::in_shortcut;
+  else return false;
+}
+template <std::size_t I, class M, bool Misfit = (M::index != 0), bool Shortcut = misfit_in_shortcut<M>()>
 struct report_block_mismatch : std::true_type {};
 template <std::size_t I, class M>
-struct report_block_mismatch<I, M, true>
+struct report_block_mismatch<I, M, true, false>
     : block_shape_mismatch<I, M::index - 1, typename M::layer, typename M::expected, typename M::got> {};
+template <std::size_t I, class M>
+struct report_block_mismatch<I, M, true, true>
+    : shortcut_shape_mismatch<I, M::index - 1, typename M::layer, typename M::expected, typename M::got> {};
 
 template <class L, class In>
 struct misfit_of {
