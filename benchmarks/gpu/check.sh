@@ -4,14 +4,17 @@
 # doctest for the tests, else it says what it skipped). In under 8 minutes it
 #
 #   1. prints the date, the GPU, the driver, CUDA, PyTorch and the commit;
-#   2. starts PyTorch (eager and torch.compile) on every benchmark configuration in the background, so
-#      torch.compile compiles and warms up while nvcc builds;
+#   2. starts PyTorch on every benchmark configuration in the background (eager, eager captured in a
+#      CUDA graph and torch.compile everywhere; max-autotune and bf16 autocast on LeNet and the CIFAR-10
+#      CNN), so torch.compile compiles and warms up while nvcc builds (or the prebuilt tests run);
 #   3. configures for the present GPU's architecture only and builds the gpu tests (tests/gpu/*.cu) and
 #      the benchmark (benchmarks/gpu/train_step_gpu.cu);
 #   4. runs ctest -L gpu;
-#   5. times PyTorch, one configuration at a time with nothing else running, then fusedp's train step
-#      (CUDA events, warm-up, median of 100 steps each): LeNet and the CIFAR-10 CNN at batch 128,
-#      5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and 2^18;
+#   5. waits until every PyTorch process is warm (or the time left says stop; the cold ones are
+#      reported as not measured), then times PyTorch one configuration and mode at a time with nothing
+#      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
+#      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
+#      2^18, ResNet-18 at 256;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -21,7 +24,10 @@
 # FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi),
 # FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu built elsewhere for this GPU's
 # architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU: nothing is built here,
-# which saves the minutes of device time nvcc takes), FUSEDP_TORCH_MODES (default "eager compile").
+# which saves the minutes of device time nvcc takes), FUSEDP_TORCH_MODES (PyTorch modes run on every
+# configuration, default "eager graph compile"), FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10
+# CNN only, default "autotune eager:bf16 graph:bf16 autotune:bf16"; "" for none). A mode is
+# eager|graph|compile|autotune, with :bf16 for bf16 autocast (benchmarks/gpu/torch_bench.py).
 #
 # Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test
 # failed; 3 when the tests found no usable device and skipped (benchmark numbers never fail it).
@@ -33,7 +39,9 @@ BUDGET=${FUSEDP_CHECK_BUDGET:-460}
 OUT=${FUSEDP_CHECK_DIR:-$ROOT/build/gpu-check}
 PY=${FUSEDP_TORCH_PYTHON:-python3}
 COMPILE_MODE=${FUSEDP_COMPILE_MODE:-default}
-read -r -a TORCH_MODES <<< "${FUSEDP_TORCH_MODES:-eager compile}"
+read -r -a TORCH_MODES <<< "${FUSEDP_TORCH_MODES:-eager graph compile}"
+read -r -a TORCH_STRONG <<< "${FUSEDP_TORCH_STRONG-autotune eager:bf16 graph:bf16 autotune:bf16}"
+STRONG_CONFIGS=" lenet:128 cifar:128 "
 PREBUILT=${FUSEDP_PREBUILT_DIR:-}
 JOBS=$(nproc 2>/dev/null || echo 4)
 status=0
@@ -83,18 +91,28 @@ cat "$OUT/header.txt"
 # --- 2. PyTorch: compile and warm up in the background ------------------------------------------------
 CONFIGS=(lenet:128 cifar:128 mlp64:16384 mlp64:262144 mlp128:16384 mlp128:262144 resnet18:256)
 declare -A TORCH_PID
+TORCH_IDS=()  # mode[:precision]-net-batch, in the order they are timed
+torch_modes_of() {  # the PyTorch modes run on configuration $1
+  local m
+  for m in "${TORCH_MODES[@]}"; do echo "$m"; done
+  if [[ "$STRONG_CONFIGS" == *" $1 "* ]]; then for m in "${TORCH_STRONG[@]}"; do echo "$m"; done; fi
+}
 torch_ok=0
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   torch_ok=1
   for cfg in "${CONFIGS[@]}"; do
     net=${cfg%%:*} batch=${cfg##*:}
-    for mode in "${TORCH_MODES[@]}"; do
-      id="$mode-$net-$batch"
+    while read -r spec; do
+      mode=${spec%%:*} precision=tf32
+      [[ "$spec" == *:* ]] && precision=${spec##*:}
+      id="$mode-$precision-$net-$batch"
       "$PY" "$ROOT/benchmarks/gpu/torch_bench.py" --net "$net" --batch "$batch" --mode "$mode" \
-        --compile-mode "$COMPILE_MODE" --steps 100 --warmup 10 --ready "$OUT/torch/$id.ready" \
-        --go "$OUT/torch/$id.go" --wait "$BUDGET" --out "$OUT/torch/$id.json" > "$OUT/torch/$id.log" 2>&1 &
+        --precision "$precision" --compile-mode "$COMPILE_MODE" --steps 100 --warmup 10 \
+        --ready "$OUT/torch/$id.ready" --go "$OUT/torch/$id.go" --wait "$BUDGET" --out "$OUT/torch/$id.json" \
+        > "$OUT/torch/$id.log" 2>&1 &
       TORCH_PID[$id]=$!
-    done
+      TORCH_IDS+=("$id")
+    done < <(torch_modes_of "$cfg")
   done
   log "PyTorch: ${#TORCH_PID[@]} processes compiling and warming up in the background"
 else
@@ -214,23 +232,33 @@ esac
 
 # --- 5. benchmarks: PyTorch one at a time, then fusedp ------------------------------------------------
 if (( torch_ok )); then
-  for cfg in "${CONFIGS[@]}"; do
-    net=${cfg%%:*} batch=${cfg##*:}
-    for mode in "${TORCH_MODES[@]}"; do
-      id="$mode-$net-$batch"
-      pid=${TORCH_PID[$id]}
-      # wait for its warm-up, keeping time for fusedp's own benchmark and the report
-      while [[ ! -e "$OUT/torch/$id.ready" ]] && kill -0 "$pid" 2>/dev/null && (( $(left) > 75 )); do sleep 0.5; done
-      if [[ ! -e "$OUT/torch/$id.ready" ]]; then
-        kill "$pid" 2>/dev/null
-        log "PyTorch $id: not measured ($(kill -0 "$pid" 2>/dev/null && echo 'still warming up at the time limit' || echo "failed: $(tail -1 "$OUT/torch/$id.log")"))"
-        continue
-      fi
-      touch "$OUT/torch/$id.go"
-      for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-      kill "$pid" 2>/dev/null
-      if [[ -s "$OUT/torch/$id.json" ]]; then log "PyTorch $id: $(cut -c1-110 "$OUT/torch/$id.json")"; else log "PyTorch $id: no result ($(tail -1 "$OUT/torch/$id.log"))"; fi
+  # Nothing is timed while any process still compiles or autotunes (max-autotune times kernels on the
+  # GPU): wait until every one is warm or gone, keeping about 3 s per timing run, fusedp's benchmark
+  # and the report; those still cold then are stopped and reported as not measured.
+  keep=$(( 75 + 3 * ${#TORCH_IDS[@]} ))
+  while (( $(left) > keep )); do
+    cold=0
+    for id in "${TORCH_IDS[@]}"; do
+      [[ -e "$OUT/torch/$id.ready" ]] || ! kill -0 "${TORCH_PID[$id]}" 2>/dev/null || cold=$((cold + 1))
     done
+    (( cold == 0 )) && break
+    sleep 1
+  done
+  for id in "${TORCH_IDS[@]}"; do
+    pid=${TORCH_PID[$id]}
+    if [[ ! -e "$OUT/torch/$id.ready" ]]; then
+      log "PyTorch $id: not measured ($(kill -0 "$pid" 2>/dev/null && echo 'still warming up at the time limit' || echo "failed: $(tail -1 "$OUT/torch/$id.log")"))"
+      kill "$pid" 2>/dev/null
+    fi
+  done
+  for id in "${TORCH_IDS[@]}"; do
+    pid=${TORCH_PID[$id]}
+    [[ -e "$OUT/torch/$id.ready" ]] || continue
+    (( $(left) > 75 )) || { log "PyTorch $id: not timed (time limit)"; kill "$pid" 2>/dev/null; continue; }
+    touch "$OUT/torch/$id.go"
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill "$pid" 2>/dev/null
+    if [[ -s "$OUT/torch/$id.json" ]]; then log "PyTorch $id: $(cut -c1-110 "$OUT/torch/$id.json")"; else log "PyTorch $id: no result ($(tail -1 "$OUT/torch/$id.log"))"; fi
   done
 fi
 for pid in "${TORCH_PID[@]}"; do kill "$pid" 2>/dev/null; done
