@@ -146,7 +146,8 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   output<In>                       its output shape (only instantiated when accepts<In>)
 ///   params<In> (optional)            its parameter tensors, in PyTorch's order
 ///   state<In> (optional)             its non-trainable tensors (StateSpec), in PyTorch's order
-///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region)
+///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region);
+///                                    or saved_elements<In, Epi>, given the epilogue after it
 ///   forward_macs<In> (optional)      GEMM multiply-adds per sample (forward_macs_of has the default)
 ///   forward/backward (anchors)       per space, with StageArgs
 template <class L>
@@ -170,11 +171,12 @@ constexpr auto state_of() {
 }
 
 /// Per-sample elements a layer keeps from forward for backward beyond its output, when it says
-/// (a Residual block's inner activations); by default its pre-epilogue values when the epilogue
-/// needs them. -1: the default.
-template <class L, class In>
+/// (a Residual block's inner activations, which depend on the epilogue Epi after it); by default its
+/// pre-epilogue values when the epilogue needs them. -1: the default.
+template <class L, class In, class Epi>
 constexpr long saved_elements_of() {
-  if constexpr (requires { L::template saved_elements<In>; }) return long(L::template saved_elements<In>);
+  if constexpr (requires { L::template saved_elements<In, Epi>; }) return long(L::template saved_elements<In, Epi>);
+  else if constexpr (requires { L::template saved_elements<In>; }) return long(L::template saved_elements<In>);
   else return -1;
 }
 

@@ -343,9 +343,6 @@ struct Residual {
     return g;
   }();
   template <class In>
-  static constexpr std::size_t saved_elements =
-      body<In>::activation_elements + shortcut_activations<In>() + align_elements(output<In>::size);
-  template <class In>
   static constexpr std::size_t backward_elements = 3 * gradient_elements<In>;
   template <class In>
   static constexpr std::size_t host_scratch = [] {
@@ -378,6 +375,32 @@ struct Residual {
       return false;
   }();
 
+  /// Per-sample elements of the body's activations the block keeps. With fused_add the body's last
+  /// stage writes the block's output (StageArgs::y of the block), never its own output region, which
+  /// is the last part of the body's layout: that part is not reserved (its pointer, which nothing
+  /// dereferences, points past the body's memory).
+  template <class In>
+  static constexpr std::size_t body_saved = [] {
+    using B = body<In>;
+    constexpr StagePlan last = B::stage_plan[B::stage_count - 1];
+    using Last = typename B::template stage<B::stage_count - 1>;
+    if constexpr (fused_add<In>) {
+      static_assert(!last.aliases_input && !last.saves_z &&
+                        last.out_offset + align_elements(Last::out::size) == B::activation_elements,
+                    "Residual: a fused body's last output must be the end of its layout");
+      return last.out_offset;
+    } else {
+      return B::activation_elements;
+    }
+  }();
+  /// Per-sample elements forward leaves for backward when the block's epilogue (the activation after
+  /// it) is Epi: the body's and the projection's activations, and the sum before Epi where it is kept
+  /// (always when the add has a pass of its own; with fused_add only when Epi needs its input).
+  template <class In, class Epi>
+  static constexpr std::size_t saved_elements =
+      body_saved<In> + shortcut_activations<In>() +
+      (fused_add<In> && !Epi::saves_input ? 0 : align_elements(output<In>::size));
+
   // Forward and backward are written once for both spaces: the inner stages run on their layers'
   // executors for the space, the add and copies on the space's elementwise kernels.
   template <class In, class Epi, class T, class Space>
@@ -392,7 +415,7 @@ struct Residual {
         shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace, a.x,
                                                                                             a.batch);
       }
-      // (In evaluation on the Host, the conv before that BatchNorm runs it, the add and the epilogue.)
+      // (In evaluation the conv before that BatchNorm runs it, the add and the epilogue.)
       detail::run_forward<body<In>, Epi>(a, r.main, a.x, a.y, Epi::saves_input ? r.sum : nullptr, shortcut_out);
       return;
     }
@@ -482,7 +505,7 @@ struct Residual {
       T* at = a.z;
       T* params = const_cast<T*>(a.w);
       main = {at, params, a.dw, a.state, nullptr};
-      at += body<In>::activation_elements * a.batch;
+      at += body_saved<In> * a.batch;
       if constexpr (!identity) {
         side = {at, params ? params + body<In>::param_storage : nullptr,
                 a.dw ? a.dw + body<In>::param_storage : nullptr, a.state ? a.state + body<In>::state_storage : nullptr,
@@ -491,7 +514,7 @@ struct Residual {
       } else {
         side = {nullptr, nullptr, nullptr, nullptr, nullptr};
       }
-      sum = at;
+      sum = at;  // reserved only where saved_elements says so (see there)
       // The gradient buffers: backward's work memory (null in forward, which does not use them).
       for (std::size_t i = 0; i < 3; ++i) g[i] = a.work ? a.work + i * gradient_elements<In> * a.batch : nullptr;
     }

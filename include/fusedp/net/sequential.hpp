@@ -501,7 +501,7 @@ struct Sequential {
         p.out_offset = offset;
         offset += align_elements(S::out::size);
       }
-      constexpr long saved = saved_elements_of<typename S::layer, typename S::in>();
+      constexpr long saved = saved_elements_of<typename S::layer, typename S::in, typename S::epilogue>();
       p.saves_z = saved >= 0 ? saved > 0 : S::epilogue::saves_input && S::kind != LayerKind::pointwise;
       if (p.saves_z) {
         p.z_offset = offset;
