@@ -16,9 +16,10 @@
 // Named<>.
 //
 // Memory per sample: the body's and the shortcut's activations and the sum before the epilogue (the
-// block's saved region), and three gradient buffers in the network's backward work memory, which
-// every block of the network shares (blocks run backward one after the other). A block inside a
-// block is not supported: both would work in the same memory.
+// block's saved region; with fused_add without the body's last output, which is the block's, and
+// without the sum unless the epilogue reads its input: saved_elements), and three gradient buffers in
+// the network's backward work memory, which every block of the network shares (blocks run backward
+// one after the other). A block inside a block is not supported: both would work in the same memory.
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/pointwise.hpp"
