@@ -245,6 +245,18 @@ std::vector<float> grads_on_host(M& m) {
   }
 }
 
+/// A model's state buffer (BatchNorm's running and batch statistics) on the host, whatever its space.
+template <class M>
+std::vector<float> buffers_on_host(M& m) {
+  if constexpr (fp::is_cuda_space_v<typename M::space_type>) {
+    std::vector<float> v(M::network::state_storage);
+    m.copy_buffers_to_host(v);
+    return v;
+  } else {
+    return std::vector<float>(m.buffers().begin(), m.buffers().end());
+  }
+}
+
 /// Bounds for a whole network compared with Host in double. `depth` is the number of GEMM layers:
 /// outputs and the loss went through `depth` GEMMs, gradients through up to 2 x depth. With
 /// `discrete` (ReLU, max-pooling), TF32 and BF16 rounding flips a small fraction of ReLU signs and

@@ -37,9 +37,7 @@ void compare_buffers(std::size_t batch, std::uint64_t stream) {
     (void)ref.train_step(std::span<const double>(xd), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
     (void)m.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
   }
-  std::vector<float> buffers(Net::state_storage);
-  if constexpr (fp::is_cuda_space_v<Space>) m.copy_buffers_to_host(buffers);
-  else std::copy(m.buffers().begin(), m.buffers().end(), buffers.begin());
+  const std::vector<float> buffers = buffers_on_host(m);
   for (const fp::StateTensor& t : Net::state_layout) {
     if (t.kind != fp::StateKind::buffer) continue;
     FUSEDP_CHECK_CLOSE(std::span<const float>(buffers.data() + t.offset, t.size),
@@ -127,7 +125,7 @@ TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded int
                    "bits of separate passes",
                    Space, FUSEDP_NORM_SPACES) {
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
-  static_assert(fp::detail::folds_next<FusedBlocks, 0, Space>() && !fp::detail::folds_next<SeparateBlocks, 0, Space>());
+  static_assert(fp::detail::folds_next<FusedBlocks, 0>() && !fp::detail::folds_next<SeparateBlocks, 0>());
   const std::size_t batch = 6;
   const auto x = random_values(batch * FusedBlocks::input_shape::size, 100);
   const auto y = labels_for(batch, 10, 101);
@@ -140,15 +138,7 @@ TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded int
     CHECK(a == b);
   }
   CHECK(params_on_host(fused) == params_on_host(separate));
-  std::vector<float> bf(FusedBlocks::state_storage), bs(SeparateBlocks::state_storage);
-  if constexpr (fp::is_cuda_space_v<Space>) {
-    fused.copy_buffers_to_host(bf);
-    separate.copy_buffers_to_host(bs);
-  } else {
-    std::copy(fused.buffers().begin(), fused.buffers().end(), bf.begin());
-    std::copy(separate.buffers().begin(), separate.buffers().end(), bs.begin());
-  }
-  CHECK(bf == bs);
+  CHECK(buffers_on_host(fused) == buffers_on_host(separate));
   const auto pf = fused.predict(std::span<const float>(x));
   const auto ps = separate.predict(std::span<const float>(x));
   CHECK(std::vector<float>(pf.begin(), pf.end()) == std::vector<float>(ps.begin(), ps.end()));
@@ -202,15 +192,7 @@ TEST_CASE_TEMPLATE("SyncBatchNorm's passes: two replicas' shards compute what on
   FUSEDP_CHECK_CLOSE(std::span<const float>(sum), std::span<const float>(want), 1e-4, "summed gradient");
   // The running statistics of each replica are those of the whole batch.
   for (auto& r : replicas) {
-    std::vector<float> got(Net::state_storage), ref(Net::state_storage);
-    if constexpr (fp::is_cuda_space_v<Space>) {
-      r.copy_buffers_to_host(got);
-      one.copy_buffers_to_host(ref);
-    } else {
-      std::copy(r.buffers().begin(), r.buffers().end(), got.begin());
-      std::copy(one.buffers().begin(), one.buffers().end(), ref.begin());
-    }
-    FUSEDP_CHECK_CLOSE(std::span<const float>(got), std::span<const float>(ref), 1e-5, "running statistics");
+    FUSEDP_CHECK_CLOSE(buffers_on_host(r), buffers_on_host(one), 1e-5, "running statistics");
   }
   // Without the sums each shard's own statistics give another gradient (the check above can fail).
   fp::Model<Net, Space> alone{fp::seed(6), make_space<Space>()};

@@ -134,8 +134,8 @@ TEST_CASE("the add in BatchNorm's pass and BatchNorm folded into the conv in eva
       fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<3>>;
   static_assert(Fused::stage<3>::layer::fused_add<Fused::stage<3>::in>);
   static_assert(!Separate::stage<3>::layer::fused_add<Separate::stage<3>::in>);
-  static_assert(fp::detail::folds_next<Fused, 0, fp::Host>());
-  static_assert(!fp::detail::folds_next<Separate, 0, fp::Host>());
+  static_assert(fp::detail::folds_next<Fused, 0>());
+  static_assert(!fp::detail::folds_next<Separate, 0>());
   // A fused block keeps neither its body's last output (BatchNorm writes the block's) nor the sum
   // before the ReLU after it (ReLU's derivative reads its output): two regions of the block's output
   // size fewer per block than separate passes need, every other region the same.

@@ -77,10 +77,10 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
                              first_sample};
 }
 
-/// Whether, in evaluation on Space, stage I of Net (a layer with folds_batch_norm and no epilogue of
-/// its own) runs stage I + 1 (a BatchNorm) in its epilogue, so one pass writes the BatchNorm's output
-/// and the BatchNorm's stage runs nothing. Both spaces (Space is kept for a space that could not).
-template <Network Net, std::size_t I, class Space>
+/// Whether, in evaluation (on either space), stage I of Net (a layer with folds_batch_norm and no
+/// epilogue of its own) runs stage I + 1 (a BatchNorm) in its epilogue, so one pass writes the
+/// BatchNorm's output and the BatchNorm's stage runs nothing.
+template <Network Net, std::size_t I>
 constexpr bool folds_next() {
   if constexpr (I + 1 >= Net::stage_count) {
     return false;
@@ -98,10 +98,10 @@ constexpr bool folds_next() {
   }
 }
 /// Whether stage I ran in the epilogue of stage I - 1 (see folds_next).
-template <Network Net, std::size_t I, class Space>
+template <Network Net, std::size_t I>
 constexpr bool folded_into_previous() {
   if constexpr (I == 0) return false;
-  else return folds_next<Net, I - 1, Space>();
+  else return folds_next<Net, I - 1>();
 }
 
 /// Stage J's epilogue, or LastEpi for the last stage when it is given (a block's body, whose last
@@ -117,10 +117,10 @@ using epilogue_at = std::conditional_t<!std::is_void_v<LastEpi> && J + 1 == Net:
 template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class ArgsOf>
 void forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
-  if constexpr (folded_into_previous<Net, I, Space>()) {
+  if constexpr (folded_into_previous<Net, I>()) {
     if (!training) return;
   }
-  if constexpr (folds_next<Net, I, Space>()) {
+  if constexpr (folds_next<Net, I>()) {
     if (!training) {
       using N = typename Net::template stage<I + 1>;
       StageArgs<Space, T> a = args_of.template operator()<I>();
@@ -228,7 +228,7 @@ class StageBinding {
   void forward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, bool training, T* scratch) {
     using S = typename Net::template stage<I>;
     if constexpr (S::kind != LayerKind::reshape) {
-      if constexpr (detail::folded_into_previous<Net, I, Space>()) {
+      if constexpr (detail::folded_into_previous<Net, I>()) {
         if (!training) return;  // ran in the epilogue of stage I - 1
       }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));

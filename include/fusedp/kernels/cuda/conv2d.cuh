@@ -133,7 +133,7 @@ struct PooledIm2colRows {
 };
 
 /// Epilogue of an unfused conv forward: y[img, o, pixel] = Epi(C + b), z likewise before Epi.
-/// Evaluation with a BatchNorm folded in (`folded`): y = Epi(normalize(C + b) + add), each value
+/// Evaluation with a BatchNorm folded in (fold.mean set): y = Epi(normalize(C + b) + add), each value
 /// normalized as batch_norm_eval_kernel would (the same operations, so the same bits), `add` (a residual
 /// block's shortcut, null when none) in y's layout, nothing saved.
 template <class Epi>
@@ -143,8 +143,7 @@ struct ConvBiasActivation {
   const float* bias;
   int m, n, ohw;
   FastDiv div_ohw;
-  BatchNormFold<float> fold{};
-  bool folded = false;
+  BatchNormFold<float> fold{};  // mean null: no BatchNorm folded in
   const float* add = nullptr;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
@@ -153,7 +152,7 @@ struct ConvBiasActivation {
       div_ohw.divmod(gm, img, pix);
       const std::size_t i = (std::size_t(img) * n + gn) * ohw + pix;
       const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
-      if (folded) {
+      if (fold.mean != nullptr) {
         const float u = fold.channel(std::size_t(gn)).normalize(v);
         y[i] = Epi::apply(add ? u + add[i] : u);
         return;
@@ -297,7 +296,6 @@ GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
   ConvBiasActivation<Epi> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
   if (fold != nullptr) {
     epi.fold = *fold;
-    epi.folded = true;
     epi.add = add;
   }
   return {m, s.o, s.patch, s.patch, Im2colRows{x, s}, Rows{w, s.patch}, epi, nullptr};
