@@ -1,7 +1,7 @@
 // The Host GEMM (include/fusedp/kernels/host/gemm.hpp) against a naive double-precision product: every
 // tile shape of the target, every operand layout (row-major, transposed, both), sizes that are
 // multiples of nothing (edges of tiles, of vectors and of k-blocks), accumulate and epilogue, packed
-// operands, and the split over threads.
+// operands, A read in place, and the split over threads.
 #include <fusedp/kernels/host/gemm.hpp>
 
 #include <doctest/doctest.h>
@@ -52,11 +52,13 @@ void check_against_reference(std::size_t m, std::size_t n, std::size_t k, const 
 
 // Runs `run(a, b, c, accumulate, epilogue)` for both operand layouts, with and without accumulation
 // and epilogue, and compares with the reference.
+// With a_row_major, only the layouts whose A is row-major (what gemm_a_in_place takes).
 template <class T, class Run>
-void check_all_layouts(std::size_t m, std::size_t n, std::size_t k, Run run) {
+void check_all_layouts(std::size_t m, std::size_t n, std::size_t k, Run run, bool a_row_major = false) {
   for (int layout = 0; layout < 4; ++layout)
     for (int mode = 0; mode < 3; ++mode) {
       const bool ta = layout & 1, tb = layout & 2, accumulate = mode == 1, with_epi = mode == 2;
+      if (a_row_major && ta) continue;
       CAPTURE(m);
       CAPTURE(n);
       CAPTURE(k);
@@ -94,7 +96,9 @@ void check_all_layouts(std::size_t m, std::size_t n, std::size_t k, Run run) {
 // Sizes around the tile edges of every shape: 1, primes, one past a vector, k-blocks split unevenly.
 constexpr std::size_t sizes[][3] = {{1, 1, 1},   {1, 17, 3},   {5, 1, 9},    {7, 13, 5},    {13, 33, 17},
                                     {17, 31, 65}, {29, 70, 200}, {37, 129, 401}, {64, 100, 577},
-                                    {9, 40, 2100}};  // k beyond one packed block (pack_blocks L1 blocks)
+                                    {9, 40, 2100},   // k beyond one packed block (pack_blocks L1 blocks)
+                                    {7, 700, 300},   // n beyond one block of B: A packed whole, once
+                                    {5, 300, 2100}};  // ... and k beyond one packed block
 
 }  // namespace
 
@@ -136,6 +140,48 @@ TEST_CASE_TEMPLATE("gemm split over threads matches a double reference", T, floa
         kh::gemm(host, s[0], s[1], s[2], a, b, c, ldc, acc, epi);
       });
   }
+}
+
+TEST_CASE_TEMPLATE("gemm_with reading A in place matches a double reference", T, float, double) {
+  for (const auto& s : sizes)
+    for (std::size_t shape = 0; shape < kh::detail::shapes.size(); ++shape) {
+      CAPTURE(shape);
+      kh::with_tile(shape, [&]<class S>() {
+        check_all_layouts<T>(s[0], s[1], s[2], [&](auto a, auto b, T* c, std::size_t ldc, bool acc, const auto& epi) {
+          kh::gemm_with<S, true>(s[0], s[1], s[2], a, b, c, ldc, acc, epi);
+        }, true);
+      });
+    }
+}
+
+TEST_CASE_TEMPLATE("gemm_a_in_place split over threads matches a double reference and gemm bit for bit", T, float,
+                   double) {
+  // Tall A over a few columns (a linear layer's W against a batch), with edge rows in each thread.
+  constexpr std::size_t big[][3] = {{301, 64, 530}, {1030, 7, 41}, {67, 300, 41}};
+  for (int threads = 1; threads <= 3; ++threads) {
+    CAPTURE(threads);
+    const fusedp::Host host{threads};
+    for (const auto& s : big) {
+      check_all_layouts<T>(s[0], s[1], s[2], [&](auto a, auto b, T* c, std::size_t ldc, bool acc, const auto& epi) {
+        kh::gemm_a_in_place(host, s[0], s[1], s[2], a, b, c, ldc, acc, epi);
+      }, true);
+      // Same tile shape and k-blocks as the packed path: the same sums in the same order.
+      const Operand<T> a(1, s[0], s[2], false), b(2, s[2], s[1], true);
+      std::vector<T> packed(s[0] * s[1]), in_place(s[0] * s[1]);
+      kh::gemm(host, s[0], s[1], s[2], a.ref, b.ref, packed.data(), s[1], false);
+      kh::gemm_a_in_place(host, s[0], s[1], s[2], a.ref, b.ref, in_place.data(), s[1], false);
+      CHECK(packed == in_place);
+    }
+  }
+}
+
+TEST_CASE("gemm_a_in_place refuses an A that is not row-major") {
+  const Operand<float> a(1, 4, 5, true), b(2, 5, 3, false);
+  std::vector<float> c(12, 1.0f);
+  const std::vector<float> before = c;
+  CHECK_THROWS_WITH_AS(kh::gemm_a_in_place(fusedp::Host{1}, 4, 3, 5, a.ref, b.ref, c.data(), 3, false),
+                       doctest::Contains("must be row-major"), std::invalid_argument);
+  CHECK(c == before);
 }
 
 TEST_CASE("k = 0 gives zero (or the old C) and still runs the epilogue") {

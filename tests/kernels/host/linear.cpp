@@ -1,5 +1,6 @@
 // The Host linear kernels (include/fusedp/kernels/host/linear.hpp) against naive double-precision
-// loops: y = Epi(x W^T + b) forward (W^T packed by in-register transposes, the epilogue per tile),
+// loops: y = Epi(x W^T + b) forward (W^T packed by in-register transposes, or a large W read in place
+// as y^T = W x^T; the epilogue per tile),
 // dz = dy * Epi', db, dW and dx backward, at sizes that are multiples of nothing and at the seed
 // networks' sizes, for 1 to 3 threads (splits by rows and by columns).
 #include <fusedp/kernels/activation.hpp>
@@ -92,5 +93,11 @@ TEST_CASE_TEMPLATE("linear forward and backward match a double reference", T, fl
     check_linear<k::Epilogue<k::Gelu>, T>(33, 130, 71, threads);  // saves z
     check_linear<k::Epilogue<>, T>(64, 60, 10, threads);
     check_linear<k::Epilogue<k::Sigmoid>, T>(3, 1031, 257, threads);  // few rows: a split by columns
+    check_linear<k::Epilogue<k::Relu>, T>(29, 700, 450, threads);     // W over 1 MiB: read in place
+    check_linear<k::Epilogue<k::Gelu>, T>(260, 700, 450, threads);    // ... but not at a large batch
   }
+  // The two paths the last cases are there for.
+  CHECK(kh::linear_weights_in_place(29, 700, 450, sizeof(T)));
+  CHECK_FALSE(kh::linear_weights_in_place(260, 700, 450, sizeof(T)));
+  CHECK_FALSE(kh::linear_weights_in_place(64, 400, 120, sizeof(T)));
 }

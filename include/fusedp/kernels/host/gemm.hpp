@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -166,12 +167,14 @@ FUSEDP_ALWAYS_INLINE void store_tile(const T* tile, T* c, std::size_t ldc, std::
   }
 }
 
-// C[rows x cols] (row stride ldc) = A panel (MR x kc, k-major) x B panel (kc x NR, k-major), added
-// to C when load_c. Full tiles go straight from registers to C; edge tiles through a local tile.
-template <class T, std::size_t MR, std::size_t NV>
-[[gnu::noinline]] void micro_kernel(std::size_t kc, const T* FUSEDP_RESTRICT a, const T* FUSEDP_RESTRICT b,
-                                    T* FUSEDP_RESTRICT c, std::size_t ldc, std::size_t rows, std::size_t cols,
-                                    bool load_c) {
+// C[rows x cols] (row stride ldc) = A (MR x kc) x B (kc x NR), added to C when load_c. A is a packed
+// panel (k-major, MR values per k; lda unused) or, with AInPlace, MR rows of a row-major matrix lda
+// apart; B's rows are ldb apart (NR in a packed panel, a matrix's row stride when read in place). Full
+// tiles go straight from registers to C; edge tiles through a local tile.
+template <class T, std::size_t MR, std::size_t NV, bool AInPlace = false>
+[[gnu::noinline]] void micro_kernel(std::size_t kc, const T* FUSEDP_RESTRICT a, std::size_t lda,
+                                    const T* FUSEDP_RESTRICT b, std::size_t ldb, T* FUSEDP_RESTRICT c,
+                                    std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
   using V = simd::vec<T>;
   constexpr std::size_t L = simd::lanes<T>, NR = NV * L;
   V acc[MR][NV];
@@ -185,12 +188,12 @@ template <class T, std::size_t MR, std::size_t NV>
     for (std::size_t v = 0; v < NV; ++v) bv[v] = simd::load(b + v * L);
     FUSEDP_UNROLL(16)
     for (std::size_t i = 0; i < MR; ++i) {
-      const T ai = a[i];
+      const T ai = AInPlace ? a[i * lda] : a[i];
       FUSEDP_UNROLL(8)
       for (std::size_t v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
     }
-    a += MR;
-    b += NR;
+    a += AInPlace ? 1 : MR;
+    b += ldb;
   }
   if (rows == MR && cols == NR) {
     FUSEDP_UNROLL(16)
@@ -248,14 +251,19 @@ void macro_kernel(std::size_t m, std::size_t n, std::size_t kc, const T* a, std:
                   std::size_t b_panel, T* c, std::size_t ldc, bool load_c, bool last, std::size_t i_base,
                   std::size_t j_base, const Epi& epi) {
   macro_tiles<S::mr, S::template nr<T>>(m, n, kc, a, a_panel, b, b_panel, c, ldc, load_c, last, i_base, j_base, epi,
-                                        [](auto... args) { micro_kernel<T, S::mr, S::nv>(args...); });
+                                        [](std::size_t kc, const T* ap, const T* bp, T* cp, std::size_t ldc, std::size_t rows,
+                                           std::size_t cols, bool load_c) {
+                                          micro_kernel<T, S::mr, S::nv>(kc, ap, S::mr, bp, S::template nr<T>, cp, ldc,
+                                                                        rows, cols, load_c);
+                                        });
 }
 
 // Splits an m x n x k product over the threads of `host` by blocks of NR columns or MR rows, whichever
 // gives the shorter slowest thread: its share of the multiply-adds (counted as `lanes` per operation
 // on packed elements) plus what it packs. A split by columns packs all of A in every thread and
 // 1/threads of B; by rows, the reverse. run(m', n', a', b', c', epi') computes one thread's block.
-template <std::size_t MR, std::size_t NR, class T, class Epi, class Run>
+// An A read in place is split by rows, never shared: each thread then packs the whole of B.
+template <std::size_t MR, std::size_t NR, bool AInPlace = false, class T, class Epi, class Run>
 void split_over_threads(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,
                         T* c, std::size_t ldc, std::size_t lanes, const Epi& epi, const Run& run) {
   const auto threads = std::size_t(host.threads());
@@ -264,7 +272,7 @@ void split_over_threads(const Host& host, std::size_t m, std::size_t n, std::siz
   const double fma = double(m) * double(n) * double(k) / double(2 * lanes);
   const double by_cols = share(col_blocks) * (fma + double(k) * double(n)) + double(m) * double(k);
   const double by_rows = share(row_blocks) * (fma + double(m) * double(k)) + double(k) * double(n);
-  if (by_cols <= by_rows) {
+  if (!AInPlace && by_cols <= by_rows) {
     host.parallel_for(col_blocks, [&](std::size_t q0, std::size_t q1, int) {
       const std::size_t j0 = q0 * NR, j1 = std::min(n, q1 * NR);
       const MatrixRef<T> bs{b.data + j0 * b.col_stride, b.row_stride, b.col_stride};
@@ -447,8 +455,10 @@ GemmScratch<T>& thread_scratch() {
 
 /// C[m x n] (row stride ldc) = A[m x k] B[k x n] with the tile shape S, plus the old C when
 /// `accumulate`. After the last k-block of each register tile, calls epi(i, j0, &C[i][j0], count) for
-/// each of its rows, so bias and activation are applied while the tile is in L1.
-template <class S, class T, class Epi = NoEpilogue>
+/// each of its rows, so bias and activation are applied while the tile is in L1. With AInPlace, A
+/// (row-major) is read where it lies rather than packed (see gemm_a_in_place); only an edge panel of
+/// fewer than MR rows is packed, where the register tile would read past A's last row.
+template <class S, bool AInPlace = false, class T, class Epi = NoEpilogue>
 void gemm_with(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b, T* c, std::size_t ldc,
                bool accumulate, const Epi& epi = {}) {
   constexpr std::size_t MR = S::mr, NR = S::template nr<T>;
@@ -462,11 +472,18 @@ void gemm_with(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, Matr
   // register tiles still run over kb-deep slices that fit L1.
   const std::size_t kb = detail::k_block<S, T>(k);
   const std::size_t kp = std::min(k, detail::pack_blocks * kb);
-  const std::size_t mb = std::max(MR, detail::l2_a_bytes / (kp * sizeof(T)) / MR * MR);
   const std::size_t nb = std::max(NR, detail::l2_b_bytes / (kp * sizeof(T)) / NR * NR);
+  // A small A under a wide B is packed whole, once, rather than once per block of B's columns (CIFAR
+  // fc1's dx: 64 x 1024 under 8192 columns, packed 22 times, 9% of the product on one thread).
+  const bool a_whole = !AInPlace && n > nb && packed_a_size<S, T>(m, k) * sizeof(T) <= detail::l2_a_bytes;
+  const std::size_t mb = a_whole ? m : std::max(MR, detail::l2_a_bytes / (kp * sizeof(T)) / MR * MR);
   auto& s = thread_scratch<T>();
-  s.a.reserve_discard(packed_a_size<S, T>(std::min(mb, m), kp));
+  // An in-place A's scratch holds its edge panel.
+  s.a.reserve_discard(AInPlace ? packed_a_size<S, T>(MR, kb)
+                      : a_whole ? packed_a_size<S, T>(m, k)
+                                : packed_a_size<S, T>(std::min(mb, m), kp));
   s.b.reserve_discard(packed_b_size<S, T>(kp, std::min(nb, n)));
+  if (a_whole) pack_a<S>(a, 0, m, 0, k, s.a.data());
   for (std::size_t j0 = 0; j0 < n; j0 += nb) {
     const std::size_t nc = std::min(nb, n - j0);
     for (std::size_t k0 = 0; k0 < k; k0 += kp) {
@@ -474,11 +491,32 @@ void gemm_with(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, Matr
       pack_b<S>(b, k0, kpc, j0, nc, s.b.data());
       for (std::size_t i0 = 0; i0 < m; i0 += mb) {
         const std::size_t mc = std::min(mb, m - i0);
-        pack_a<S>(a, i0, mc, k0, kpc, s.a.data());
+        if (!AInPlace && !a_whole) pack_a<S>(a, i0, mc, k0, kpc, s.a.data());
         for (std::size_t ks = 0; ks < kpc; ks += kb) {
           const std::size_t kc = std::min(kb, kpc - ks);
-          detail::macro_kernel<S>(mc, nc, kc, s.a.data() + ks * MR, kpc * MR, s.b.data() + ks * NR, kpc * NR,
-                                  c + i0 * ldc + j0, ldc, accumulate || k0 + ks > 0, k0 + ks + kc == k, i0, j0, epi);
+          T* cb = c + i0 * ldc + j0;
+          const T* bp = s.b.data() + ks * NR;
+          const bool load_c = accumulate || k0 + ks > 0, last = k0 + ks + kc == k;
+          if constexpr (AInPlace) {
+            const std::size_t lda = a.row_stride;
+            detail::macro_tiles<MR, NR>(
+                mc, nc, kc, a.data + i0 * lda + k0 + ks, MR * lda, bp, kpc * NR, cb, ldc, load_c, last, i0, j0, epi,
+                [&](std::size_t kq, const T* ap, const T* bq, T* cp, std::size_t ldcp, std::size_t rows,
+                    std::size_t cols, bool lc) {
+                  if (rows == MR) {
+                    detail::micro_kernel<T, MR, S::nv, true>(kq, ap, lda, bq, NR, cp, ldcp, rows, cols, lc);
+                  } else {
+                    pack_a<S>(MatrixRef<T>{ap, lda, 1}, 0, rows, 0, kq, s.a.data());
+                    detail::micro_kernel<T, MR, S::nv>(kq, s.a.data(), MR, bq, NR, cp, ldcp, rows, cols, lc);
+                  }
+                });
+          } else if (a_whole) {
+            detail::macro_kernel<S>(mc, nc, kc, s.a.data() + (k0 + ks) * MR, k * MR, bp, kpc * NR, cb, ldc, load_c,
+                                    last, i0, j0, epi);
+          } else {
+            detail::macro_kernel<S>(mc, nc, kc, s.a.data() + ks * MR, kpc * MR, bp, kpc * NR, cb, ldc, load_c, last,
+                                    i0, j0, epi);
+          }
         }
       }
     }
@@ -510,6 +548,30 @@ void gemm(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixR
         host, m, n, k, a, b, c, ldc, simd::lanes<T>, epi,
         [&](std::size_t mt, std::size_t nt, MatrixRef<T> at, MatrixRef<T> bt, T* ct, const auto& et) {
           gemm_with<S>(mt, nt, k, at, bt, ct, ldc, accumulate, et);
+        });
+  });
+}
+
+/// gemm() with A (row-major) read where it lies instead of packed, for products that use A only a few
+/// times: a linear layer's weights against a batch of 64 as C^T = W X^T (n = the batch). Packing would
+/// move each element of A once more than the multiplication reads it (CIFAR fc1's 32 MB of W every
+/// step; the forward 7.0 -> 3.9 ms on two threads, benchmarks/RESULTS.md). Same tile shape and k-blocks
+/// as gemm(), so the same result bit for bit; the threads split A's rows between them.
+template <class T, class Epi = NoEpilogue>
+void gemm_a_in_place(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,
+                     T* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  if (a.col_stride != 1)
+    throw std::invalid_argument("gemm_a_in_place: A must be row-major (column stride 1) to be read in place");
+  const auto threads = std::size_t(host.threads());
+  with_tile(choose_tile<T>(m, n), [&]<class S>() {
+    if (threads == 1 || m * n * k < (std::size_t(1) << 17)) {
+      gemm_with<S, true>(m, n, k, a, b, c, ldc, accumulate, epi);
+      return;
+    }
+    detail::split_over_threads<S::mr, S::template nr<T>, true>(
+        host, m, n, k, a, b, c, ldc, simd::lanes<T>, epi,
+        [&](std::size_t mt, std::size_t nt, MatrixRef<T> at, MatrixRef<T> bt, T* ct, const auto& et) {
+          gemm_with<S, true>(mt, nt, k, at, bt, ct, ldc, accumulate, et);
         });
   });
 }
