@@ -56,6 +56,12 @@ constexpr Case cases[] = {
     {"resnet l2 conv dW dz*col^T", 128, 1152, 256, false, true},
     {"resnet l3 conv dW dz*col^T", 256, 2304, 64, false, true},
     {"resnet l4 conv dW dz*col^T", 512, 4608, 16, false, true},
+    // The conv weight gradients as conv2d.hpp runs them: dW^T = col dz^T, the im2col matrix in place.
+    {"cifar conv2 dW^T  col*dz^T", 576, 128, 256, false, true, true},
+    {"resnet l1 dW^T    col*dz^T", 576, 64, 1024, false, true, true},
+    {"resnet l2 dW^T    col*dz^T", 1152, 128, 256, false, true, true},
+    {"resnet l3 dW^T    col*dz^T", 2304, 256, 64, false, true, true},
+    {"resnet l4 dW^T    col*dz^T", 4608, 512, 16, false, true, true},
 };
 
 }  // namespace

@@ -191,6 +191,34 @@ void reduce_threads(const Host& host, const T* scratch, std::size_t stride, std:
   else host.parallel_for(count, body);
 }
 
+// out (rows x cols) = the transpose of the sum over threads of the (cols x width) matrices at
+// scratch + t * stride + offset (only their first `rows` columns), in thread order: the weight
+// gradients kept as dW^T. Threads take blocks of 16 rows of out, each read as runs of 16 values.
+template <class T>
+void reduce_threads_transposed(const Host& host, const T* scratch, std::size_t stride, std::size_t offset,
+                               std::size_t width, std::size_t rows, std::size_t cols, T* out) {
+  constexpr std::size_t R = 16;
+  const int threads = host.threads();
+  auto body = [&](std::size_t b0, std::size_t b1, int) {
+    for (std::size_t r0 = b0 * R; r0 < std::min(rows, b1 * R); r0 += R) {
+      const std::size_t rn = std::min(R, rows - r0);
+      for (std::size_t c = 0; c < cols; ++c) {
+        T s[R];
+        const T* p = scratch + offset + c * width + r0;
+        for (std::size_t r = 0; r < rn; ++r) s[r] = p[r];
+        for (int t = 1; t < threads; ++t) {
+          const T* q = p + std::size_t(t) * stride;
+          for (std::size_t r = 0; r < rn; ++r) s[r] += q[r];
+        }
+        for (std::size_t r = 0; r < rn; ++r) out[(r0 + r) * cols + c] = s[r];
+      }
+    }
+  };
+  const std::size_t blocks = (rows + R - 1) / R;
+  if (rows * cols < (std::size_t(1) << 16)) body(0, blocks, 0);
+  else host.parallel_for(blocks, body);
+}
+
 // --- Direct convolution with the output channels in the vector lanes -----------------------------
 // For few output channels (LeNet: 6 and 16) im2col writes K values per output pixel to be used by only
 // O multiply-adds, and costs more than the product (65% of LeNet's second conv forward). Here each
@@ -495,9 +523,15 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const std::size_t dw_at = dz_at + layout.dz_panels(), db_at = dw_at + layout.dw();
   const int threads = host.threads();
   const bool direct = detail::use_direct<T>(g);
-  // The weight gradient: dW (O x K) += dz (O x P) col^T (P x K) by GEMM, or (direct path) dW^T with
-  // channels in the lanes. `width`: the channel columns of the direct path's dW^T, 0 for the GEMM.
-  std::size_t width = 0;
+  bool fp32 = true;
+  if constexpr (std::is_same_v<T, float>) fp32 = host.precision() == HostPrecision::fp32;
+  // The weight gradient, per thread: dW (O x K) += dz (O x P) col^T (P x K) by dot products (gemm_nt,
+  // where a side is narrow) or at bf16; otherwise dW^T (K x O) += col (K x P) dz^T (P x O) with the
+  // im2col matrix read in place rather than transposed into packed panels (CIFAR conv2's 128 x 576 x
+  // 256: 135 -> 165 GFLOP/s on one core; ResNet-18's first stage 106 -> 152; gemm_bench), or the
+  // direct path's dW^T with channels in the lanes. `width`: the columns of a dW^T, 0 for a dW.
+  const bool nt = use_nt(outs, patch, pixels);
+  std::size_t width = !direct && fp32 && !nt ? outs : 0;
   auto weight_gradient = [&](const T* dzn, const T* xn, T* col, T* dz_panels, T* padded, T* dw_t) {
     if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
       if (direct) {
@@ -521,8 +555,8 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       }
     }
     // dz and col both run along the pixels: in place by dot products where a side is narrow.
-    if (use_nt(outs, patch, pixels)) gemm_nt(outs, patch, pixels, dzn, pixels, cols, pixels, dw_t, patch, true);
-    else gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
+    if (nt) gemm_nt(outs, patch, pixels, dzn, pixels, cols, pixels, dw_t, patch, true);
+    else gemm_a_in_place(patch, outs, pixels, row_major(cols, pixels), MatrixRef<T>{dzn, 1, pixels}, dw_t, outs, true);
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
   // Each thread's samples with its own scratch; input_gradient(dz, dz_panels, target) computes
@@ -537,7 +571,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       T* dw_t = own + dw_at;
       T* db_t = own + db_at;
       T* padded = own + stride - layout.padded();
-      simd::zero(dw_t, direct ? patch * width : outs * patch);
+      simd::zero(dw_t, width > 0 ? patch * width : outs * patch);
       simd::zero(db_t, outs);
       const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);
       const std::size_t n1 = batch * (std::size_t(thread) + 1) / std::size_t(threads);
@@ -585,17 +619,8 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
         gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
       });
     });
-  if (direct) {
-    // dW[o][k] = sum over threads of dW^T[k][o], in thread order.
-    for (std::size_t o = 0; o < outs; ++o)
-      for (std::size_t k = 0; k < patch; ++k) {
-        T s = scratch[dw_at + k * width + o];
-        for (int t = 1; t < threads; ++t) s += scratch[std::size_t(t) * stride + dw_at + k * width + o];
-        dw[o * patch + k] = s;
-      }
-  } else {
-    detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
-  }
+  if (width > 0) detail::reduce_threads_transposed(host, scratch, stride, dw_at, width, outs, patch, dw);
+  else detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
   if (db) detail::reduce_threads(host, scratch, stride, db_at, outs, db);
 }
 

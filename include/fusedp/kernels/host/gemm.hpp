@@ -552,6 +552,15 @@ void gemm(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixR
   });
 }
 
+/// gemm_a_in_place() on the calling thread alone.
+template <class T, class Epi = NoEpilogue>
+void gemm_a_in_place(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b, T* c,
+                     std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  if (a.col_stride != 1)
+    throw std::invalid_argument("gemm_a_in_place: A must be row-major (column stride 1) to be read in place");
+  with_tile(choose_tile<T>(m, n), [&]<class S>() { gemm_with<S, true>(m, n, k, a, b, c, ldc, accumulate, epi); });
+}
+
 /// gemm() with A (row-major) read where it lies instead of packed, for products that use A only a few
 /// times: a linear layer's weights against a batch of 64 as C^T = W X^T (n = the batch). Packing would
 /// move each element of A once more than the multiplication reads it (CIFAR fc1's 32 MB of W every
@@ -560,14 +569,14 @@ void gemm(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixR
 template <class T, class Epi = NoEpilogue>
 void gemm_a_in_place(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,
                      T* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
+  const auto threads = std::size_t(host.threads());
+  if (threads == 1 || m * n * k < (std::size_t(1) << 17)) {
+    gemm_a_in_place(m, n, k, a, b, c, ldc, accumulate, epi);
+    return;
+  }
   if (a.col_stride != 1)
     throw std::invalid_argument("gemm_a_in_place: A must be row-major (column stride 1) to be read in place");
-  const auto threads = std::size_t(host.threads());
   with_tile(choose_tile<T>(m, n), [&]<class S>() {
-    if (threads == 1 || m * n * k < (std::size_t(1) << 17)) {
-      gemm_with<S, true>(m, n, k, a, b, c, ldc, accumulate, epi);
-      return;
-    }
     detail::split_over_threads<S::mr, S::template nr<T>, true>(
         host, m, n, k, a, b, c, ldc, simd::lanes<T>, epi,
         [&](std::size_t mt, std::size_t nt, MatrixRef<T> at, MatrixRef<T> bt, T* ct, const auto& et) {
