@@ -1,7 +1,8 @@
 #pragma once
 // Conv2d on the Host (NCHW, weights OIHW as PyTorch), as GEMMs per sample with threads over samples:
 //   forward   y (O x P) = W (O x K) col (K x P), bias and activation in the GEMM epilogue
-//   backward  dW (O x K) += dz (O x P) col^T (P x K)   (private per thread, summed in fixed order)
+//   backward  dW^T (K x O) += col (K x P) dz^T (P x O)   (private per thread, summed in fixed order;
+//             col read in place by the GEMM; dW (O x K) by dot products where a side is narrow)
 //             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
 // with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
@@ -28,7 +29,8 @@ namespace fusedp::kernels::host {
 ///   col             im2col: packed B panels (forward) or the row-major matrix (backward)
 ///   dcol            the im2col gradient (backward)
 ///   dz panels       dz packed as B of the input-gradient GEMM, or dz transposed (direct path)
-///   dW, db          this thread's weight and bias gradients (W^T with padded channels, direct path)
+///   dW, db          this thread's weight and bias gradients (dW^T for the GEMM, with padded channels
+///                   for the direct path; dW for dot products and bf16)
 ///   padded          the input with its zero border (when pad > 0)
 struct ConvScratch {
   ConvGeometry g;
