@@ -96,7 +96,9 @@ void check_all_layouts(std::size_t m, std::size_t n, std::size_t k, Run run, boo
 // Sizes around the tile edges of every shape: 1, primes, one past a vector, k-blocks split unevenly.
 constexpr std::size_t sizes[][3] = {{1, 1, 1},   {1, 17, 3},   {5, 1, 9},    {7, 13, 5},    {13, 33, 17},
                                     {17, 31, 65}, {29, 70, 200}, {37, 129, 401}, {64, 100, 577},
-                                    {9, 40, 2100},   // k beyond one packed block (pack_blocks L1 blocks)
+                                    {9, 40, 2100},   // k beyond one packed block (pack_blocks L1 blocks;
+                                                     // where vectors are wide enough to make L1 blocks
+                                                     // shorter than k / pack_blocks)
                                     {7, 700, 300},   // n beyond one block of B: A packed whole, once
                                     {5, 300, 2100}};  // ... and k beyond one packed block
 
@@ -156,12 +158,15 @@ TEST_CASE_TEMPLATE("gemm_with reading A in place matches a double reference", T,
 
 TEST_CASE_TEMPLATE("gemm_a_in_place split over threads matches a double reference and gemm bit for bit", T, float,
                    double) {
-  // Tall A over a few columns (a linear layer's W against a batch), with edge rows in each thread.
-  constexpr std::size_t big[][3] = {{301, 64, 530}, {1030, 7, 41}, {67, 300, 41}};
+  // Tall A over a few columns (a linear layer's W against a batch), with edge rows in each thread;
+  // fewer row blocks than threads.
+  constexpr std::size_t big[][3] = {{301, 64, 530}, {1030, 7, 41}, {67, 300, 41}, {20, 64, 300}};
+  std::vector<std::vector<T>> one_thread;
   for (int threads = 1; threads <= 3; ++threads) {
     CAPTURE(threads);
     const fusedp::Host host{threads};
-    for (const auto& s : big) {
+    for (std::size_t c = 0; c < std::size(big); ++c) {
+      const auto& s = big[c];
       check_all_layouts<T>(s[0], s[1], s[2], [&](auto a, auto b, T* c, std::size_t ldc, bool acc, const auto& epi) {
         kh::gemm_a_in_place(host, s[0], s[1], s[2], a, b, c, ldc, acc, epi);
       }, true);
@@ -171,6 +176,9 @@ TEST_CASE_TEMPLATE("gemm_a_in_place split over threads matches a double referenc
       kh::gemm(host, s[0], s[1], s[2], a.ref, b.ref, packed.data(), s[1], false);
       kh::gemm_a_in_place(host, s[0], s[1], s[2], a.ref, b.ref, in_place.data(), s[1], false);
       CHECK(packed == in_place);
+      // ... and the same bits on any number of threads.
+      if (threads == 1) one_thread.push_back(in_place);
+      else CHECK(in_place == one_thread[c]);
     }
   }
 }

@@ -94,10 +94,29 @@ TEST_CASE_TEMPLATE("linear forward and backward match a double reference", T, fl
     check_linear<k::Epilogue<>, T>(64, 60, 10, threads);
     check_linear<k::Epilogue<k::Sigmoid>, T>(3, 1031, 257, threads);  // few rows: a split by columns
     check_linear<k::Epilogue<k::Relu>, T>(29, 700, 450, threads);     // W over 1 MiB: read in place
+    check_linear<k::Epilogue<k::Gelu>, T>(29, 700, 450, threads);     // ... saving z
     check_linear<k::Epilogue<k::Gelu>, T>(260, 700, 450, threads);    // ... but not at a large batch
+    // The paths the last cases are there for.
+    CHECK(kh::linear_weights_in_place(29, 700, 450, sizeof(T), threads));
+    CHECK_FALSE(kh::linear_weights_in_place(260, 700, 450, sizeof(T), threads));
   }
-  // The two paths the last cases are there for.
-  CHECK(kh::linear_weights_in_place(29, 700, 450, sizeof(T)));
-  CHECK_FALSE(kh::linear_weights_in_place(260, 700, 450, sizeof(T)));
-  CHECK_FALSE(kh::linear_weights_in_place(64, 400, 120, sizeof(T)));
+  CHECK_FALSE(kh::linear_weights_in_place(64, 400, 120, sizeof(T), 2));      // W fits L2
+  CHECK_FALSE(kh::linear_weights_in_place(64, 32768, 10, sizeof(T), 2));     // too few rows to split
+}
+
+TEST_CASE("at precision bf16 a large linear layer keeps the bf16 GEMM (W is read in place in fp32 only)") {
+  const fusedp::Host host{2, fusedp::HostPrecision::bf16_emulated};
+  const std::size_t batch = 29, in = 700, out = 450;
+  REQUIRE(kh::linear_weights_in_place(batch, in, out, sizeof(float), host.threads()));
+  std::vector<float> w(out * in), b(out), x(batch * in), y(batch * out), ref(batch * out);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(value(2, i));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(3, i));
+  kh::linear_forward<k::Epilogue<>>(host, batch, in, out, w.data(), b.data(), x.data(), y.data(),
+                                    static_cast<float*>(nullptr));
+  kh::gemm_at_precision(host, batch, out, in, kh::row_major(x.data(), in), kh::MatrixRef<float>{w.data(), 1, in},
+                        ref.data(), out, false);
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t o = 0; o < out; ++o) ref[n * out + o] += b[o];
+  CHECK(y == ref);
 }

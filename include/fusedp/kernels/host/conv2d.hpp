@@ -2,7 +2,8 @@
 // Conv2d on the Host (NCHW, weights OIHW as PyTorch), as GEMMs per sample with threads over samples:
 //   forward   y (O x P) = W (O x K) col (K x P), bias and activation in the GEMM epilogue
 //   backward  dW^T (K x O) += col (K x P) dz^T (P x O)   (private per thread, summed in fixed order;
-//             col read in place by the GEMM; dW (O x K) by dot products where a side is narrow)
+//             col read in place by the GEMM; dW (O x K) by dot products where a side is narrow and
+//             by the bf16 GEMM at precision bf16; the direct path's dW^T has padded channels)
 //             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
 // with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no

@@ -167,13 +167,14 @@ FUSEDP_ALWAYS_INLINE void store_tile(const T* tile, T* c, std::size_t ldc, std::
   }
 }
 
-// C[rows x cols] (row stride ldc) = A (MR x kc) x B (kc x NR), added to C when load_c. A is a packed
-// panel (k-major, MR values per k; lda unused) or, with AInPlace, MR rows of a row-major matrix lda
-// apart; B's rows are ldb apart (NR in a packed panel, a matrix's row stride when read in place). Full
-// tiles go straight from registers to C; edge tiles through a local tile.
+// C[rows x cols] (row stride ldc) = A (MR x kc) x B panel (kc x NR, k-major), added to C when load_c.
+// A is a packed panel (k-major, MR values per k; lda unused) or, with AInPlace, MR rows of a
+// row-major matrix lda apart. Full tiles go straight from registers to C; edge tiles through a local
+// tile. (B is always packed: a B read in place, its rows 32 KiB apart in CIFAR fc1's input gradient,
+// was measured slower than packing it; benchmarks/RESULTS.md.)
 template <class T, std::size_t MR, std::size_t NV, bool AInPlace = false>
 [[gnu::noinline]] void micro_kernel(std::size_t kc, const T* FUSEDP_RESTRICT a, std::size_t lda,
-                                    const T* FUSEDP_RESTRICT b, std::size_t ldb, T* FUSEDP_RESTRICT c,
+                                    const T* FUSEDP_RESTRICT b, T* FUSEDP_RESTRICT c,
                                     std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
   using V = simd::vec<T>;
   constexpr std::size_t L = simd::lanes<T>, NR = NV * L;
@@ -193,7 +194,7 @@ template <class T, std::size_t MR, std::size_t NV, bool AInPlace = false>
       for (std::size_t v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
     }
     a += AInPlace ? 1 : MR;
-    b += ldb;
+    b += NR;
   }
   if (rows == MR && cols == NR) {
     FUSEDP_UNROLL(16)
@@ -253,8 +254,7 @@ void macro_kernel(std::size_t m, std::size_t n, std::size_t kc, const T* a, std:
   macro_tiles<S::mr, S::template nr<T>>(m, n, kc, a, a_panel, b, b_panel, c, ldc, load_c, last, i_base, j_base, epi,
                                         [](std::size_t kc, const T* ap, const T* bp, T* cp, std::size_t ldc, std::size_t rows,
                                            std::size_t cols, bool load_c) {
-                                          micro_kernel<T, S::mr, S::nv>(kc, ap, S::mr, bp, S::template nr<T>, cp, ldc,
-                                                                        rows, cols, load_c);
+                                          micro_kernel<T, S::mr, S::nv>(kc, ap, S::mr, bp, cp, ldc, rows, cols, load_c);
                                         });
 }
 
@@ -504,10 +504,10 @@ void gemm_with(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, Matr
                 [&](std::size_t kq, const T* ap, const T* bq, T* cp, std::size_t ldcp, std::size_t rows,
                     std::size_t cols, bool lc) {
                   if (rows == MR) {
-                    detail::micro_kernel<T, MR, S::nv, true>(kq, ap, lda, bq, NR, cp, ldcp, rows, cols, lc);
+                    detail::micro_kernel<T, MR, S::nv, true>(kq, ap, lda, bq, cp, ldcp, rows, cols, lc);
                   } else {
                     pack_a<S>(MatrixRef<T>{ap, lda, 1}, 0, rows, 0, kq, s.a.data());
-                    detail::micro_kernel<T, MR, S::nv>(kq, s.a.data(), MR, bq, NR, cp, ldcp, rows, cols, lc);
+                    detail::micro_kernel<T, MR, S::nv>(kq, s.a.data(), MR, bq, cp, ldcp, rows, cols, lc);
                   }
                 });
           } else if (a_whole) {
@@ -564,7 +564,7 @@ void gemm_a_in_place(std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a
 /// gemm() with A (row-major) read where it lies instead of packed, for products that use A only a few
 /// times: a linear layer's weights against a batch of 64 as C^T = W X^T (n = the batch). Packing would
 /// move each element of A once more than the multiplication reads it (CIFAR fc1's 32 MB of W every
-/// step; the forward 7.0 -> 3.9 ms on two threads, benchmarks/RESULTS.md). Same tile shape and k-blocks
+/// step; the forward 6.2 -> 3.9 ms on two threads, benchmarks/RESULTS.md). Same tile shape and k-blocks
 /// as gemm(), so the same result bit for bit; the threads split A's rows between them.
 template <class T, class Epi = NoEpilogue>
 void gemm_a_in_place(const Host& host, std::size_t m, std::size_t n, std::size_t k, MatrixRef<T> a, MatrixRef<T> b,

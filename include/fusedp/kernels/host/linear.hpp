@@ -14,17 +14,20 @@ namespace fusedp::kernels::host {
 
 /// Whether linear_forward reads W in place, as y^T = W x^T, rather than packing it for y = x W^T: when
 /// W outgrows L2 and the batch reuses each of its elements only a few times, packing moves every element
-/// once more than the multiplication reads it. CIFAR fc1 (1024 x 8192, 32 MB) at batch 64: 7.0 -> 3.9 ms
-/// on two threads (gemm_bench); LeNet's and ResNet-18's heads fit L2 and keep the packed path.
-inline bool linear_weights_in_place(std::size_t batch, std::size_t in, std::size_t out, std::size_t bytes) {
-  return in * out * bytes > (std::size_t(1) << 20) && batch <= 256;
+/// once more than the multiplication reads it. CIFAR fc1 (1024 x 8192, 32 MB) at batch 64: 6.2 -> 3.9 ms
+/// on two threads (gemm_bench); LeNet's and ResNet-18's heads fit L2 and keep the packed path. The
+/// threads split W's rows, so there must be enough of them (a 10-way head over a wide input stays
+/// packed and split by the batch).
+inline bool linear_weights_in_place(std::size_t batch, std::size_t in, std::size_t out, std::size_t bytes,
+                                    int threads) {
+  return in * out * bytes > (std::size_t(1) << 20) && batch <= 256 && out >= 16 * std::size_t(threads);
 }
 
 /// y (batch, out) = Epi(x (batch, in) W^T + b); z receives x W^T + b when the epilogue needs it.
 template <class Epi, class T>
 void linear_forward(const Host& host, std::size_t batch, std::size_t in, std::size_t out, const T* w, const T* b,
                     const T* x, T* y, T* z) {
-  if (host.precision() == HostPrecision::fp32 && linear_weights_in_place(batch, in, out, sizeof(T))) {
+  if (host.precision() == HostPrecision::fp32 && linear_weights_in_place(batch, in, out, sizeof(T), host.threads())) {
     // y^T (out, batch) = W (out, in) x^T (in, batch) into the calling thread's scratch; the epilogue
     // writes each finished row of y^T into a column of y (and z).
     thread_local HostBuffer<T> yt;
