@@ -154,7 +154,9 @@ const k::ConvGeometry geometries[] = {
     geometry(6, 8, 8, 3, 2, 1, 36),     // a stride-2 projection: 4x4 out of 8x8
     geometry(12, 4, 4, 1, 1, 0, 48),    // 1x1 stride 1: the product reads the input itself
     geometry(10, 9, 7, 3, 1, 0, 33),    // 35 output pixels: a partial last panel
-    geometry(28, 4, 4, 3, 1, 1, 264),   // dW^T of 252 x 264 (over 64 K values): reduced by all threads
+    // 64 output pixels and more: the weight gradient as dW^T with the im2col matrix read in place.
+    geometry(16, 10, 10, 3, 1, 1, 40),  // 100 pixels, 40 channels
+    geometry(28, 8, 8, 3, 1, 1, 264),   // dW^T of 252 x 264 (over 64 K values): reduced by all threads
 };
 
 }  // namespace

@@ -2,8 +2,9 @@
 // Conv2d on the Host (NCHW, weights OIHW as PyTorch), as GEMMs per sample with threads over samples:
 //   forward   y (O x P) = W (O x K) col (K x P), bias and activation in the GEMM epilogue
 //   backward  dW^T (K x O) += col (K x P) dz^T (P x O)   (private per thread, summed in fixed order;
-//             col read in place by the GEMM; dW (O x K) by dot products where a side is narrow and
-//             by the bf16 GEMM at precision bf16; the direct path's dW^T has padded channels)
+//             col read in place by the GEMM; dW (O x K) += dz col^T on planes under 64 pixels, by dot
+//             products where a side is narrow and by the bf16 GEMM at precision bf16; the direct
+//             path's dW^T has padded channels)
 //             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
 // with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
@@ -528,13 +529,17 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const bool direct = detail::use_direct<T>(g);
   bool fp32 = true;
   if constexpr (std::is_same_v<T, float>) fp32 = host.precision() == HostPrecision::fp32;
-  // The weight gradient, per thread: dW (O x K) += dz (O x P) col^T (P x K) by dot products (gemm_nt,
-  // where a side is narrow) or at bf16; otherwise dW^T (K x O) += col (K x P) dz^T (P x O) with the
-  // im2col matrix read in place rather than transposed into packed panels (CIFAR conv2's 128 x 576 x
-  // 256: 135 -> 165 GFLOP/s on one core; ResNet-18's first stage 106 -> 152; gemm_bench), or the
-  // direct path's dW^T with channels in the lanes. `width`: the columns of a dW^T, 0 for a dW.
+  // The weight gradient, per thread: dW^T (K x O) += col (K x P) dz^T (P x O) with the im2col matrix
+  // read in place rather than transposed into packed panels (one core, gemm_bench: CIFAR conv2's
+  // 128 x 576 x 256 137 -> 166 GFLOP/s, ResNet-18's stages 107 -> 154, 136 -> 164, 156 -> 162); but
+  // dW (O x K) += dz (O x P) col^T (P x K) on planes under 64 pixels, whose products are bound by
+  // reading and writing the accumulated dW (ResNet-18's last stage: its 3x3 convs' backward 178 -> 214
+  // ms a step in dW^T, benchmarks/RESULTS.md), by dot products where a side is narrow (gemm_nt), and
+  // at bf16; the direct path keeps a dW^T with channels in the lanes. `width`: the columns of a dW^T,
+  // 0 for a dW.
   const bool nt = use_nt(outs, patch, pixels);
-  std::size_t width = !direct && fp32 && !nt ? outs : 0;
+  const bool col_in_place = !direct && fp32 && !nt && pixels >= 64;
+  std::size_t width = col_in_place ? outs : 0;
   auto weight_gradient = [&](const T* dzn, const T* xn, T* col, T* dz_panels, T* padded, T* dw_t) {
     if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
       if (direct) {
@@ -559,7 +564,9 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     }
     // dz and col both run along the pixels: in place by dot products where a side is narrow.
     if (nt) gemm_nt(outs, patch, pixels, dzn, pixels, cols, pixels, dw_t, patch, true);
-    else gemm_a_in_place(patch, outs, pixels, row_major(cols, pixels), MatrixRef<T>{dzn, 1, pixels}, dw_t, outs, true);
+    else if (col_in_place)
+      gemm_a_in_place(patch, outs, pixels, row_major(cols, pixels), MatrixRef<T>{dzn, 1, pixels}, dw_t, outs, true);
+    else gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
   // Each thread's samples with its own scratch; input_gradient(dz, dz_panels, target) computes
