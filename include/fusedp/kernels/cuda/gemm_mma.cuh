@@ -1,0 +1,289 @@
+#pragma once
+// The tensor-core GEMM mainloop (sm_80 and later, TF32): C (m x n) = sum over k of A(m, k) B(n, k) for
+// operands that lie in memory as they are multiplied (gemm.cuh's Rows and Columns), with gemm.cuh's
+// GemmProblem, split-K and epilogues unchanged. Per block: `Stages` 32-deep slices in flight through
+// cp.async (16-byte copies, zero-filled past the problem's edges), K-major slices XOR-swizzled in shared
+// memory and read by ldmatrix.x4, MN-major slices padded and read one float per register (ldmatrix
+// cannot transpose 32-bit elements), each element rounded once by cvt.rna.tf32 and multiplied by
+// mma.sync.m16n8k8 with fp32 accumulators in registers; the finished tile goes through shared memory to
+// the epilogue as in gemm_kernel. The row sums of A (a weight gradient's bias gradient) are summed from
+// the fp32 fragments before rounding, in a fixed order.
+//
+// The index math is mma_layout.hpp, run on the CPU with the instructions emulated by
+// tests/kernels/cuda/mma_layout.cpp; tests/gpu/gemm_mma.cu checks the kernel on a device. Not yet run on
+// a GPU (benchmarks/RESULTS.md says what an H200 has measured).
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/cuda/mma_layout.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace fusedp::kernels::cuda {
+
+/// The operands the tensor-core mainloop copies straight from memory, and which index is contiguous.
+template <class L>
+inline constexpr bool is_memory_operand = std::is_same_v<L, Rows> || std::is_same_v<L, Columns>;
+template <class L>
+inline constexpr mma::Major major_of = L::k_fastest ? mma::Major::k : mma::Major::mn;
+
+namespace detail {
+
+template <class L>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE const float* address_of(const L& l, int row, int k) {
+  if constexpr (L::k_fastest) return l.p + std::size_t(row) * l.ld + k;
+  else return l.p + std::size_t(k) * l.ld + row;
+}
+
+template <class L>
+bool aligned_for_copies(const L& l) {
+  return reinterpret_cast<std::uintptr_t>(l.p) % 16 == 0 && l.ld % mma::chunk_floats == 0;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FUSEDP_MMA_UNSUPPORTED_ARCH 1
+#endif
+
+// 16 bytes global -> shared, of which the first 4 * count come from `gmem` and the rest are zeros.
+__device__ FUSEDP_ALWAYS_INLINE void cp_async16(float* smem, const float* gmem, int count) {
+#ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
+  __trap();
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(count * 4));
+#endif
+}
+__device__ FUSEDP_ALWAYS_INLINE void cp_async_commit() {
+#ifndef FUSEDP_MMA_UNSUPPORTED_ARCH
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int Pending>
+__device__ FUSEDP_ALWAYS_INLINE void cp_async_wait() {
+#ifndef FUSEDP_MMA_UNSUPPORTED_ARCH
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+__device__ FUSEDP_ALWAYS_INLINE void ldmatrix_x4(unsigned (&r)[4], const float* smem) {
+#ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
+  __trap();
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#endif
+}
+__device__ FUSEDP_ALWAYS_INLINE unsigned to_tf32(unsigned bits) {
+#ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
+  return bits;
+#else
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
+  return r;
+#endif
+}
+__device__ FUSEDP_ALWAYS_INLINE void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
+  __trap();
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#undef FUSEDP_MMA_UNSUPPORTED_ARCH
+
+}  // namespace detail
+
+/// The tensor-core GEMM kernel: one TileT::bm x TileT::bn tile of C per block over its split's k-range.
+template <class TileT, bool RowSums, class A, class B, class Epi>
+__global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_kernel(const GemmProblem<A, B, Epi> p) {
+  constexpr mma::Major MA = major_of<A>, MB = major_of<B>;
+  using LA = mma::SliceLayout<TileT::bm, MA>;
+  using LB = mma::SliceLayout<TileT::bn, MB>;
+  using W = mma::WarpFragments<TileT, MA, MB>;
+  constexpr int NT = TileT::threads, FM = TileT::frags_m, FN = TileT::frags_n, STAGES = TileT::stages;
+  constexpr int STAGE = LA::floats + LB::floats;
+  constexpr int CA = (LA::copies + NT - 1) / NT, CB = (LB::copies + NT - 1) / NT;  // copies per thread
+  static_assert(FN % 2 == 0, "gemm_mma_kernel: B fragments are loaded in pairs");
+
+  extern __shared__ __align__(128) float smem[];
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int m0 = int(blockIdx.x) * TileT::bm, n0 = int(blockIdx.y) * TileT::bn, split = int(blockIdx.z);
+  const int k_begin = split * p.k_chunk;
+  const int k_end = min(p.k, k_begin + p.k_chunk);
+  const int slices = k_begin < k_end ? (k_end - k_begin + mma::slice_k - 1) / mma::slice_k : 0;
+
+  auto load = [&](int s) {
+    float* const stage = smem + (s % STAGES) * STAGE;
+    const int k0 = k_begin + s * mma::slice_k;
+#pragma unroll
+    for (int j = 0; j < CA; ++j) {
+      if (LA::copies % NT != 0 && tid + j * NT >= LA::copies) break;
+      int r = 0, k = 0;
+      LA::copy_at(tid + j * NT, r, k);
+      const int count = mma::copy_count<MA>(m0 + r, k0 + k, p.m, k_end);
+      detail::cp_async16(stage + LA::offset(r, k), count > 0 ? detail::address_of(p.a, m0 + r, k0 + k) : p.a.p, count);
+    }
+#pragma unroll
+    for (int j = 0; j < CB; ++j) {
+      if (LB::copies % NT != 0 && tid + j * NT >= LB::copies) break;
+      int r = 0, k = 0;
+      LB::copy_at(tid + j * NT, r, k);
+      const int count = mma::copy_count<MB>(n0 + r, k0 + k, p.n, k_end);
+      detail::cp_async16(stage + W::b_base + LB::offset(r, k),
+                         count > 0 ? detail::address_of(p.b, n0 + r, k0 + k) : p.b.p, count);
+    }
+  };
+
+  int row0 = 0, col0 = 0;
+  mma::warp_origin<TileT>(warp, row0, col0);
+  // Warps of the first column of warps in the first column of blocks sum A's rows (warp-uniform).
+  const bool sums_here = RowSums && p.row_sums != nullptr && blockIdx.y == 0 && col0 == 0;
+  float acc[FM][FN][4] = {};
+  float sums[FM][2] = {};
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < slices) load(s);
+    detail::cp_async_commit();
+  }
+  for (int s = 0; s < slices; ++s) {
+    // Slice s has landed (one commit group per slice, empty ones included), and every warp is done
+    // with slice s - 1, whose stage the next load overwrites.
+    detail::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (s + STAGES - 1 < slices) load(s + STAGES - 1);
+    detail::cp_async_commit();
+    const float* const stage = smem + (s % STAGES) * STAGE;
+#pragma unroll
+    for (int step = 0; step < mma::slice_k / 8; ++step) {
+      unsigned a[FM][4], b[FN][2];
+#pragma unroll
+      for (int i = 0; i < FM; ++i) {
+        if constexpr (MA == mma::Major::k) {
+          detail::ldmatrix_x4(a[i], stage + W::a_ldmatrix(lane, row0, i, step));
+        } else {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[i][r] = __float_as_uint(stage[W::a_scalar(lane, row0, i, step, r)]);
+        }
+        if constexpr (RowSums) {
+          if (sums_here) {
+            sums[i][0] += __uint_as_float(a[i][0]) + __uint_as_float(a[i][2]);
+            sums[i][1] += __uint_as_float(a[i][1]) + __uint_as_float(a[i][3]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[i][r] = detail::to_tf32(a[i][r]);
+      }
+#pragma unroll
+      for (int j = 0; j < FN; j += 2) {
+        if constexpr (MB == mma::Major::k) {
+          unsigned t[4];
+          detail::ldmatrix_x4(t, stage + W::b_ldmatrix(lane, col0, j / 2, step));
+          b[j][0] = t[0];
+          b[j][1] = t[1];
+          b[j + 1][0] = t[2];
+          b[j + 1][1] = t[3];
+        } else {
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) b[j + q][r] = __float_as_uint(stage[W::b_scalar(lane, col0, j + q, step, r)]);
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) b[j + q][r] = detail::to_tf32(b[j + q][r]);
+      }
+#pragma unroll
+      for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) detail::mma_tf32(acc[i][j], a[i], b[j]);
+    }
+  }
+  detail::cp_async_wait<0>();
+  __syncthreads();  // the stages become the accumulator tile
+
+  if constexpr (RowSums) {
+    if (sums_here) {
+#pragma unroll
+      for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = sums[i][h];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          const int row = m0 + row0 + 16 * i + mma::lane_group(lane) + 8 * h;
+          if (mma::lane_member(lane) == 0 && row < p.m) p.row_sums[std::size_t(split) * p.m + row] = v;
+        }
+    }
+  }
+
+  float* const c = smem;
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; r += 2)
+        *reinterpret_cast<float2*>(c + W::c_offset(lane, row0, col0, i, j, r)) = make_float2(acc[i][j][r], acc[i][j][r + 1]);
+  __syncthreads();
+  p.epi.template apply<TileT>(c, TileT::ldc, m0, n0, split, tid);
+}
+
+/// Whether the tensor-core mainloop can run a problem on a device of compute capability `arch`
+/// (major * 10 + minor): sm_80 or later, operands in memory with 16-byte aligned bases and leading
+/// dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
+template <class A, class B, class Epi>
+[[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, int arch) {
+  if constexpr (!is_memory_operand<A> || !is_memory_operand<B>) {
+    return false;
+  } else {
+    return arch >= 80 && detail::aligned_for_copies(p.a) && detail::aligned_for_copies(p.b) &&
+           (p.k_chunk >= p.k || p.k_chunk % mma::slice_k == 0) && p.k_chunk > 0;
+  }
+}
+
+/// Launches gemm_mma_kernel on `stream` over (m / BM) x (n / BN) x splits blocks. The problem must pass
+/// gemm_mma_can_run (checked; an error names what failed).
+template <class TileT, bool RowSums, class A, class B, class Epi>
+void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, int arch, cudaStream_t stream) {
+  static_assert(is_memory_operand<A> && is_memory_operand<B>,
+                "launch_gemm_mma: the tensor-core mainloop copies Rows or Columns operands only");
+  if (p.m <= 0 || p.n <= 0) return;
+  require(gemm_mma_can_run(p, arch), "gemm_mma: needs sm_80 or later (this device: sm_", arch,
+          "), 16-byte aligned operands with leading dimensions a multiple of 4 (A: ", p.a.ld, ", B: ", p.b.ld,
+          ") and splits of whole 32-deep slices (k_chunk ", p.k_chunk, ")");
+  const unsigned gx = unsigned((p.m + TileT::bm - 1) / TileT::bm);
+  const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
+  require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm_mma: grid of ", gx, " x ", gy, " x ", splits,
+          " blocks exceeds CUDA's limits (n = ", p.n, ")");
+  constexpr std::size_t bytes = TileT::template smem_bytes<major_of<A>, major_of<B>>;
+  const auto kernel = gemm_mma_kernel<TileT, RowSums, A, B, Epi>;
+  if constexpr (bytes > 48 * 1024) {
+    // More than 48 KiB of dynamic shared memory is an opt-in per kernel and device.
+    static std::atomic<std::uint64_t> opted_in{0};
+    int device = 0;
+    FUSEDP_CUDA_CHECK(cudaGetDevice(&device));
+    const std::uint64_t bit = device < 64 ? std::uint64_t(1) << device : 0;
+    if (bit == 0 || (opted_in.load(std::memory_order_relaxed) & bit) == 0) {
+      FUSEDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      opted_in.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  kernel<<<dim3(gx, gy, unsigned(splits)), TileT::threads, bytes, stream>>>(p);
+  FUSEDP_CUDA_CHECK_LAUNCH("gemm_mma_kernel");
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA

@@ -1,0 +1,221 @@
+#pragma once
+// Where every element of a tensor-core GEMM tile lives, as index math both compilers see: which 16-byte
+// copy each thread issues for a slice of an operand, where that copy lands in (swizzled or padded)
+// shared memory, which shared-memory row each lane hands to ldmatrix, which element each register of an
+// mma.sync m16n8k8 TF32 fragment holds, and where each accumulator goes. gemm_mma.cuh's kernel is made
+// of these functions and the PTX instructions; tests/kernels/cuda/mma_layout.cpp runs the same
+// functions on the CPU with the instructions emulated as the PTX ISA defines them (ldmatrix's lane
+// groups, the m16n8k8 fragment tables, cp.async's zero fill) and checks the GEMM against double, and
+// that no shared-memory access pattern of the kernel conflicts on a bank.
+//
+// Nothing here includes CUDA: g++ compiles it for the emulation, nvcc for the kernel.
+#include "fusedp/core/config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace fusedp::kernels::cuda::mma {
+
+/// Which index of an operand walks contiguous memory. k: the reduction index (a row-major A(m, k),
+/// B(n, k) as a Linear's x and W in the forward); mn: the row index (dz and x by columns in a weight
+/// gradient, W by columns in an input gradient).
+enum class Major { k, mn };
+
+inline constexpr int slice_k = 32;     // reduction depth of one staged slice
+inline constexpr int chunk_floats = 4;  // one 16-byte cp.async
+
+/// One operand's slice in shared memory: Rows operand rows (BM or BN) by slice_k reduction indices.
+template <int Rows, Major M>
+struct SliceLayout;
+
+/// K-major: Rows rows of 32 floats (8 chunks of 16 bytes), chunk c of row r stored at chunk c ^ (r % 8).
+/// The 8 rows an ldmatrix phase reads (8 consecutive rows, one logical chunk) and the 8 chunks a
+/// cp.async phase writes (one row) each fall on 8 distinct groups of 4 banks.
+template <int Rows>
+struct SliceLayout<Rows, Major::k> {
+  static constexpr Major major = Major::k;
+  static constexpr int chunks_per_row = slice_k / chunk_floats;
+  static constexpr int floats = Rows * slice_k;
+  static constexpr int copies = Rows * chunks_per_row;  // 16-byte copies that fill the slice
+  static_assert(Rows % 16 == 0, "SliceLayout: whole 16-row fragments");
+  /// Copy i of the slice: the operand row and reduction index of its first float (4 along k follow).
+  FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
+    row = i / chunks_per_row;
+    k = (i % chunks_per_row) * chunk_floats;
+  }
+  /// Float offset of element (row, k) in the slice.
+  FUSEDP_HD static constexpr int offset(int row, int k) {
+    return row * slice_k + (((k / chunk_floats) ^ (row & 7)) * chunk_floats) + (k % chunk_floats);
+  }
+};
+
+/// MN-major: 32 rows (one per k) of Rows floats, padded to Rows + 8 so that the four k of a fragment
+/// load (scalar: ldmatrix cannot transpose 32-bit elements) start 8 banks apart.
+template <int Rows>
+struct SliceLayout<Rows, Major::mn> {
+  static constexpr Major major = Major::mn;
+  static constexpr int pitch = Rows + 8;
+  static constexpr int chunks_per_row = Rows / chunk_floats;
+  static constexpr int floats = slice_k * pitch;
+  static constexpr int copies = slice_k * chunks_per_row;
+  static_assert(Rows % 16 == 0 && (pitch % 32 == 8 || pitch % 32 == 24),
+                "SliceLayout: the padded pitch must put k rows 8 banks apart");
+  /// Copy i of the slice: the operand row of its first float (4 along the rows follow) and its k.
+  /// Rows of 16 (4 copies each): a pass of 8 copies writes k rows k and k + 2, which the pitch of 24
+  /// puts on disjoint banks (k and k + 1 would overlap by 8).
+  FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
+    k = i / chunks_per_row;
+    if constexpr (chunks_per_row == 4) k = (k & ~3) | ((k & 1) << 1) | ((k >> 1) & 1);
+    row = (i % chunks_per_row) * chunk_floats;
+  }
+  FUSEDP_HD static constexpr int offset(int row, int k) { return k * pitch + row; }
+};
+
+/// Block tile of the tensor-core GEMM: BM x BN outputs, WarpsM x WarpsN warps each owning a
+/// (BM / WarpsM) x (BN / WarpsN) part made of 16 x 8 mma.sync fragments, Stages slices of 32 in flight.
+/// It also answers what gemm.cuh's epilogues ask of a tile (bm, bn, threads).
+template <int BM, int BN, int WarpsM, int WarpsN, int Stages>
+struct MmaTile {
+  static constexpr int bm = BM, bn = BN, bk = slice_k;
+  static constexpr int warps_m = WarpsM, warps_n = WarpsN, stages = Stages;
+  static constexpr int threads = 32 * WarpsM * WarpsN;
+  static constexpr int warp_m = BM / WarpsM, warp_n = BN / WarpsN;
+  static constexpr int frags_m = warp_m / 16, frags_n = warp_n / 8;
+  static constexpr int ldc = BN + 8;
+  // Two blocks per SM (the stages take about 96 KiB of sm_90's 228): at most 128 registers a thread.
+  static constexpr int min_blocks = 65536 / (128 * 32 * WarpsM * WarpsN) < 2 ? 1 : 2;  // accumulator tile pitch: a half-warp's float2 stores hit 32 banks
+  static_assert(warp_m % 16 == 0 && warp_n % 16 == 0, "MmaTile: each warp owns 16 x 16 multiples");
+  static_assert(Stages >= 2, "MmaTile: at least two stages");
+  template <Major MA, Major MB>
+  static constexpr int stage_floats = SliceLayout<BM, MA>::floats + SliceLayout<BN, MB>::floats;
+  /// Dynamic shared memory of the kernel: the stages, reused for the accumulator tile afterwards.
+  template <Major MA, Major MB>
+  static constexpr std::size_t smem_bytes =
+      sizeof(float) * (Stages * stage_floats<MA, MB> > BM * ldc ? Stages * stage_floats<MA, MB> : BM * ldc);
+};
+
+// The closed set of tiles, chosen by a GEMM's n (a layer's width, a compile-time fact) as tile_for does.
+// Stages: as many 32-deep slices as fit about 96 KiB, so two blocks share an SM's 228 KiB (sm_90).
+using MmaTile128x128 = MmaTile<128, 128, 2, 4, 3>;  // n > 64; warp 64 x 32
+using MmaTile128x64 = MmaTile<128, 64, 4, 2, 4>;    // 32 < n <= 64; warp 32 x 32
+using MmaTile128x32 = MmaTile<128, 32, 8, 1, 4>;    // 16 < n <= 32; warp 16 x 32
+using MmaTile128x16 = MmaTile<128, 16, 8, 1, 4>;    // n <= 16; warp 16 x 16
+
+template <int N>
+using mma_tile_for =
+    std::conditional_t<(N > 64), MmaTile128x128,
+                       std::conditional_t<(N > 32), MmaTile128x64,
+                                          std::conditional_t<(N > 16), MmaTile128x32, MmaTile128x16>>>;
+
+/// Lane roles of mma.sync m16n8k8: group = lane / 4 (a fragment row), member = lane % 4.
+FUSEDP_HD constexpr int lane_group(int lane) { return lane >> 2; }
+FUSEDP_HD constexpr int lane_member(int lane) { return lane & 3; }
+
+/// The element of a 16 x 8 (rows x k) A fragment that register r (0..3) of `lane` holds (PTX ISA,
+/// "Matrix Fragments for mma.m16n8k8", .tf32): rows group and group + 8, k member and member + 4.
+FUSEDP_HD constexpr void a_element(int lane, int r, int& row, int& k) {
+  row = lane_group(lane) + 8 * (r & 1);
+  k = lane_member(lane) + 4 * (r >> 1);
+}
+/// The element of an 8 x 8 (n x k) B fragment that register r (0..1) of `lane` holds.
+FUSEDP_HD constexpr void b_element(int lane, int r, int& n, int& k) {
+  n = lane_group(lane);
+  k = lane_member(lane) + 4 * r;
+}
+/// The element of a 16 x 8 accumulator fragment that register r (0..3) of `lane` holds.
+FUSEDP_HD constexpr void c_element(int lane, int r, int& row, int& col) {
+  row = lane_group(lane) + 8 * (r >> 1);
+  col = 2 * lane_member(lane) + (r & 1);
+}
+
+/// ldmatrix.x4 for a K-major A fragment (16 rows x 8 k): lane l supplies the address of row l % 8 of
+/// matrix l / 8, the matrices being (rows 0-7, k 0-3), (rows 8-15, k 0-3), (rows 0-7, k 4-7),
+/// (rows 8-15, k 4-7), so the four registers come back as a_element's r = 0..3 (a 32-bit element is
+/// two 16-bit ones: lane l receives word l % 4 of row l / 4).
+FUSEDP_HD constexpr void a_ldmatrix_row(int lane, int& row, int& k) {
+  const int matrix = lane >> 3;
+  row = (lane & 7) + 8 * (matrix & 1);
+  k = 4 * (matrix >> 1);
+}
+/// ldmatrix.x4 for two K-major B fragments (n 0-7 and 8-15, k 0-7): matrices (n 0-7, k 0-3),
+/// (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7), i.e. registers b[0][0], b[0][1], b[1][0], b[1][1].
+FUSEDP_HD constexpr void b_ldmatrix_row(int lane, int& n, int& k) {
+  const int matrix = lane >> 3;
+  n = (lane & 7) + 8 * (matrix >> 1);
+  k = 4 * (matrix & 1);
+}
+
+/// A warp's place in its block tile: warps walk M fastest.
+template <class TileT>
+FUSEDP_HD constexpr void warp_origin(int warp, int& row0, int& col0) {
+  row0 = (warp % TileT::warps_m) * TileT::warp_m;
+  col0 = (warp / TileT::warps_m) * TileT::warp_n;
+}
+
+/// Which of an operand's floats one 16-byte copy covers, and how many of its four lie inside the
+/// problem (`count` 0..4; cp.async fills the rest with zeros). `row` and `k` are problem coordinates
+/// of the first float; `rows` and `k_end` bound them. K-major copies run along k, MN-major along rows.
+template <Major M>
+FUSEDP_HD constexpr int copy_count(int row, int k, int rows, int k_end) {
+  if constexpr (M == Major::k) {
+    if (row >= rows || k >= k_end) return 0;
+    return k_end - k < chunk_floats ? k_end - k : chunk_floats;
+  } else {
+    if (row >= rows || k >= k_end) return 0;
+    return rows - row < chunk_floats ? rows - row : chunk_floats;
+  }
+}
+
+/// The shared-memory offsets (floats, within a stage) one lane of a warp reads for its fragments at
+/// 8-deep step `step` (0..3) of a slice: through ldmatrix for K-major operands (the lane's row address),
+/// one float per register for MN-major ones. A's slice comes first in a stage, B's follows at b_base.
+template <class TileT, Major MA, Major MB>
+struct WarpFragments {
+  using LA = SliceLayout<TileT::bm, MA>;
+  using LB = SliceLayout<TileT::bn, MB>;
+  static constexpr int b_base = LA::floats;
+  /// K-major A: the row address lane `lane` gives ldmatrix.x4 for fragment i (rows row0 + 16 i ...).
+  FUSEDP_HD static constexpr int a_ldmatrix(int lane, int row0, int i, int step) {
+    int row = 0, k = 0;
+    a_ldmatrix_row(lane, row, k);
+    return LA::offset(row0 + 16 * i + row, 8 * step + k);
+  }
+  /// MN-major A: register r of fragment i.
+  FUSEDP_HD static constexpr int a_scalar(int lane, int row0, int i, int step, int r) {
+    int row = 0, k = 0;
+    a_element(lane, r, row, k);
+    return LA::offset(row0 + 16 * i + row, 8 * step + k);
+  }
+  /// K-major B: the row address for fragments 2 p and 2 p + 1 (columns col0 + 16 p ...).
+  FUSEDP_HD static constexpr int b_ldmatrix(int lane, int col0, int p, int step) {
+    int n = 0, k = 0;
+    b_ldmatrix_row(lane, n, k);
+    return b_base + LB::offset(col0 + 16 * p + n, 8 * step + k);
+  }
+  /// MN-major B: register r of fragment j.
+  FUSEDP_HD static constexpr int b_scalar(int lane, int col0, int j, int step, int r) {
+    int n = 0, k = 0;
+    b_element(lane, r, n, k);
+    return b_base + LB::offset(col0 + 8 * j + n, 8 * step + k);
+  }
+  /// Where register r of accumulator fragment (i, j) goes in the block's C tile (pitch TileT::ldc).
+  FUSEDP_HD static constexpr int c_offset(int lane, int row0, int col0, int i, int j, int r) {
+    int row = 0, col = 0;
+    c_element(lane, r, row, col);
+    return (row0 + 16 * i + row) * TileT::ldc + col0 + 8 * j + col;
+  }
+};
+
+/// cvt.rna.tf32.f32 on the host: round to the nearest value with a 10-bit mantissa, ties away from
+/// zero (the emulation's stand-in for the instruction the kernel issues; finite inputs).
+inline float round_tf32_host(float v) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &v, sizeof u);
+  u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+}  // namespace fusedp::kernels::cuda::mma
