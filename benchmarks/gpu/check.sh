@@ -14,7 +14,9 @@
 #      reported as not measured), then times PyTorch one configuration and mode at a time with nothing
 #      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
-#      2^18, ResNet-18 at 256;
+#      2^18, ResNet-18 at 256; then the GEMM problems of the seed networks on the tensor-core mainloop
+#      and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and compute-sanitizer memcheck and racecheck on
+#      test_gpu_gemm_mma where the toolkit has it;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -125,6 +127,7 @@ if [[ -n "$PREBUILT" ]]; then
   log "using the binaries in $PREBUILT (built elsewhere; nothing is compiled here)"
   ls "$PREBUILT"/test_gpu_* >/dev/null 2>&1 && TEST_MODE=prebuilt || log "no test_gpu_* in $PREBUILT"
   [[ -x "$PREBUILT/train_step_gpu" ]] && cp "$PREBUILT/train_step_gpu" "$OUT/train_step_gpu"
+  [[ -x "$PREBUILT/gemm_gpu" ]] && cp "$PREBUILT/gemm_gpu" "$OUT/gemm_gpu"
 else
 DOCTEST_DIR=""
 for d in "${FUSEDP_DOCTEST_DIR:-}" "$ROOT/third_party/doctest" /usr/include/doctest /usr/local/include/doctest; do
@@ -138,8 +141,10 @@ fi
 # the benchmark: one translation unit, straight from nvcc (needs nothing but the CUDA toolkit)
 if [[ "$ARCH" == native ]]; then ARCH_FLAG=-arch=native; else ARCH_FLAG="-arch=sm_$ARCH"; fi
 log "building benchmarks/gpu/train_step_gpu.cu for $ARCH_FLAG"
-"$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
-  "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu" > "$OUT/bench_build.log" 2>&1 &
+{ "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
+    "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu" &&
+  "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
+    "$ROOT/benchmarks/gpu/gemm_gpu.cu" -o "$OUT/gemm_gpu"; } > "$OUT/bench_build.log" 2>&1 &
 BENCH_BUILD=$!
 
 if [[ -n "$DOCTEST_DIR" ]]; then
@@ -268,6 +273,25 @@ if [[ -x "$OUT/train_step_gpu" ]]; then
   bench_limit=$(clamp $(( $(left) - 10 )) 20 150)
   log "fusedp train steps (time limit ${bench_limit}s)"
   timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
+fi
+
+# The tensor-core mainloop against the WMMA one, per GEMM problem of the seed networks (issue 14), and
+# compute-sanitizer on its test where the toolkit has it.
+if [[ -x "$OUT/gemm_gpu" ]] && (( $(left) > 40 )); then
+  log "GEMM kernels: mma.sync mainloop vs WMMA"
+  timeout 60 "$OUT/gemm_gpu" | tee "$OUT/gemm.txt" | grep -v "^GEMM"
+fi
+GEMM_TEST=""
+[[ -n "$PREBUILT" && -x "$PREBUILT/test_gpu_gemm_mma" ]] && GEMM_TEST=$PREBUILT/test_gpu_gemm_mma
+[[ -z "$GEMM_TEST" && -x "$OUT/build/tests/test_gpu_gemm_mma" ]] && GEMM_TEST=$OUT/build/tests/test_gpu_gemm_mma
+SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+if [[ -n "$GEMM_TEST" && -x "$SANITIZER" ]]; then
+  for tool in memcheck racecheck; do
+    (( $(left) > 100 )) || { log "compute-sanitizer $tool: not run (time limit)"; continue; }
+    log "compute-sanitizer --tool $tool on test_gpu_gemm_mma"
+    timeout 60 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$GEMM_TEST" 2>&1 | tail -3
+    log "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
+  done
 fi
 
 # --- 5b. all-reduce bandwidth of the bucket plans, and the examples on the GPU (prebuilt only) ---------

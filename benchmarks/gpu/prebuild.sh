@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, train_step_gpu, allreduce_bench
+# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, train_step_gpu, gemm_gpu, allreduce_bench
 # and the examples) for one
 # GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
 # not compiling. They need an x86-64 Linux with a driver at least as new as this nvcc, libstdc++, zlib,
@@ -23,6 +23,7 @@ ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
 mkdir -p "$DIR"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
+nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl \
   -o "$DIR/allreduce_bench"
 # The examples (each with its _cuda twin), without MPI: GPU machines may have none.
@@ -33,5 +34,5 @@ ninja -C build/gpu$ARCH-examples -j "$JOBS"
 for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
-strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/allreduce_bench 2>/dev/null || true
+strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"

@@ -411,6 +411,29 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
   return s.splits == 1 ? 0 : std::size_t(s.splits) * (std::size_t(m) * n + std::size_t(m));
 }
 
+/// The split-K flow of a weight gradient with the GEMM launched by `launch(problem, splits)`: one
+/// launch straight into dw and db when the plan does not split, else partial products into `scratch`
+/// then reduce_splits_kernel. Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma.
+template <class TileT, class A, class B, class Launch>
+void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
+                           float* db, float* scratch, Launch&& launch) {
+  const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  if (s.splits == 1) {
+    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0}, db}, 1);
+    return;
+  }
+  require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
+  const std::size_t count = std::size_t(m) * n;
+  float* row_partial = scratch + std::size_t(s.splits) * count;
+  launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
+                                          db ? row_partial : nullptr},
+         s.splits);
+  const std::size_t total = std::max(count, std::size_t(m));
+  reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
+                                                                           m, db);
+  FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
+}
+
 /// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is
 /// not null: the weight and bias gradients of a layer in one GEMM, split over k when the grid would be
 /// too small, partial products then summed in a fixed order. `scratch` holds
@@ -418,22 +441,9 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
                      float* db, float* scratch) {
-  const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
-  if (s.splits == 1) {
-    const GemmProblem<A, B, StoreRowMajor> p{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0}, db};
-    launch_gemm<TileT, P, true>(p, 1, stream);
-    return;
-  }
-  require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
-  const std::size_t count = std::size_t(m) * n;
-  float* row_partial = scratch + std::size_t(s.splits) * count;
-  const GemmProblem<A, B, StoreRowMajor> p{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
-                                           db ? row_partial : nullptr};
-  launch_gemm<TileT, P, true>(p, s.splits, stream);
-  const std::size_t total = std::max(count, std::size_t(m));
-  reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
-                                                                           m, db);
-  FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
+  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, [&](const auto& p, int splits) {
+    launch_gemm<TileT, P, true>(p, splits, stream);
+  });
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -1,0 +1,144 @@
+// gemm_gpu: the tensor-core mainloop (kernels/cuda/gemm_mma.cuh) against the WMMA gemm_kernel it is
+// to replace, on the GEMM problems of the seed networks at batch 128 (and the width-128 MLP at 2^18
+// rows), each as a GEMM of operands in memory with the layouts the layer's GEMM reads (Rows: the
+// reduction index contiguous; Columns: the rows contiguous), TF32. Weight gradients run the split-K
+// flow (partial products, then the fixed-order sum) with the bias row sums, as the layers do. Times are
+// CUDA events around each launch, median of 30 after 5 warm-ups. One line per problem and kernel:
+//
+//   GEMM name=cifar.conv2.dw m=128 n=576 k=32768 a=cols b=cols impl=mma us=41.2 tflops=117.3 peak_pct=23.7
+//
+// then a Markdown table (benchmarks/RESULTS.md). Written and compiled without a GPU; its numbers exist
+// only once someone runs it on one (benchmarks/gpu/check.sh does).
+#include <fusedp/exec/peak.hpp>
+#include <fusedp/kernels/cuda/gemm.cuh>
+#include <fusedp/kernels/cuda/gemm_mma.cuh>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace fp = fusedp;
+namespace kc = fusedp::kernels::cuda;
+
+namespace {
+
+struct Row {
+  std::string name;
+  int m, n, k;
+  double us_wmma, us_mma;
+};
+
+template <class F>
+double median_us(cudaStream_t stream, F&& launch) {
+  cudaEvent_t start, stop;
+  FUSEDP_CUDA_CHECK(cudaEventCreate(&start));
+  FUSEDP_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 5; ++i) launch();
+  std::vector<float> ms;
+  for (int i = 0; i < 30; ++i) {
+    FUSEDP_CUDA_CHECK(cudaEventRecord(start, stream));
+    launch();
+    FUSEDP_CUDA_CHECK(cudaEventRecord(stop, stream));
+    FUSEDP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    FUSEDP_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  FUSEDP_CUDA_CHECK(cudaEventDestroy(start));
+  FUSEDP_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return 1e3 * double(ms[ms.size() / 2]);
+}
+
+template <class L>
+L operand(const float* p, int rows, int k) {
+  return L{p, L::k_fastest ? k : rows};
+}
+template <class L>
+const char* layout_name() {
+  return L::k_fastest ? "rows" : "cols";
+}
+
+// One problem: C (m x n) = A(m, k) B(n, k), a plain store (forward, input gradient), or with `weight`
+// the split-K weight gradient with row sums. N: the layer width that picks both kernels' tiles.
+template <int N, class A, class B>
+Row run(const fp::Cuda& space, const char* name, int m, int n, int k, bool weight, float* a, float* b, float* c,
+        float* sums, float* scratch) {
+  using TileW = kc::tile_for<N>;
+  using TileM = kc::mma::mma_tile_for<N>;
+  const A oa = operand<A>(a, m, k);
+  const B ob = operand<B>(b, n, k);
+  const cudaStream_t s = space.stream();
+  const int sms = space.sm_count(), arch = space.architecture();
+  const kc::GemmProblem<A, B, kc::StoreRowMajor> p{m, n, k, k, oa, ob, {c, m, n, 0}, nullptr};
+  const double us_wmma = median_us(s, [&] {
+    if (weight) kc::weight_gradient<TileW, fp::precision::Tf32>(s, sms, m, n, k, oa, ob, c, sums, scratch);
+    else kc::launch_gemm<TileW, fp::precision::Tf32, false>(p, 1, s);
+  });
+  const double us_mma = median_us(s, [&] {
+    if (weight) kc::weight_gradient_mma<TileM>(s, sms, arch, m, n, k, oa, ob, c, sums, scratch);
+    else kc::launch_gemm_mma<TileM, false>(p, 1, arch, s);
+  });
+  return {name, m, n, k, us_wmma, us_mma};
+}
+
+}  // namespace
+
+int main() try {
+  if (fp::cuda_device_count() == 0) {
+    std::printf("gemm_gpu: no CUDA device (%s)\n", fp::cuda_unavailable_reason().c_str());
+    return 3;
+  }
+  fp::Cuda space;
+  if (space.architecture() < 80) {
+    std::printf("gemm_gpu: the tensor-core mainloop needs sm_80; this device is sm_%d\n", space.architecture());
+    return 3;
+  }
+  const double peak = fp::cuda_peak_flops(space);  // dense TF32 tensor-core rate of this device
+  // Operands up to 4096 x 4096 and 32768 x 1152 floats; scratch for the largest split plan.
+  const std::size_t big = std::size_t(40) << 20;
+  fp::DeviceBuffer<float> a(big), b(big), c(big), sums(std::size_t(1) << 20), scratch(std::size_t(64) << 20);
+  const auto fill = [&](fp::DeviceBuffer<float>& buf, float v) {
+    std::vector<float> h(buf.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = v * float(int(i % 97) - 48) / 48.0f;
+    fp::copy_async(buf.data(), h.data(), h.size(), space.stream());
+    space.synchronize();
+  };
+  fill(a, 1.0f);
+  fill(b, 0.5f);
+  using R = kc::Rows;
+  using C = kc::Columns;
+  float *pa = a.data(), *pb = b.data(), *pc = c.data(), *ps = sums.data(), *pt = scratch.data();
+  std::vector<Row> rows;
+  // The CIFAR-10 CNN at batch 128: conv2 (64 -> 128 channels, 3x3, 16x16 planes) as im2col GEMMs, fc1.
+  rows.push_back(run<128, R, R>(space, "cifar.conv2.fwd", 32768, 128, 576, false, pa, pb, pc, ps, pt));
+  rows.push_back(run<576, C, C>(space, "cifar.conv2.dw", 128, 576, 32768, true, pa, pb, pc, ps, pt));
+  rows.push_back(run<64, R, R>(space, "cifar.conv2.dx", 32768, 64, 1152, false, pa, pb, pc, ps, pt));
+  rows.push_back(run<1024, R, R>(space, "cifar.fc1.fwd", 128, 1024, 8192, false, pa, pb, pc, ps, pt));
+  rows.push_back(run<8192, R, C>(space, "cifar.fc1.dx", 128, 8192, 1024, false, pa, pb, pc, ps, pt));
+  rows.push_back(run<8192, C, C>(space, "cifar.fc1.dw", 1024, 8192, 128, true, pa, pb, pc, ps, pt));
+  // The width-128 MLP at 2^18 rows: one hidden layer's forward and weight gradient.
+  rows.push_back(run<128, R, R>(space, "mlp128.fwd", 262144, 128, 128, false, pa, pb, pc, ps, pt));
+  rows.push_back(run<128, C, C>(space, "mlp128.dw", 128, 128, 262144, true, pa, pb, pc, ps, pt));
+  // A square reference.
+  rows.push_back(run<4096, R, R>(space, "square4096", 4096, 4096, 4096, false, pa, pb, pc, ps, pt));
+
+  std::printf("| problem | m x n x k | WMMA us | WMMA TFLOP/s | mma.sync us | mma.sync TFLOP/s | %% of %.0f TFLOP/s |\n",
+              peak / 1e12);
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    const double flops = 2.0 * r.m * r.n * double(r.k);
+    const double tw = flops / (r.us_wmma * 1e-6) / 1e12, tm = flops / (r.us_mma * 1e-6) / 1e12;
+    std::printf("GEMM name=%s m=%d n=%d k=%d impl=wmma us=%.1f tflops=%.1f\n", r.name.c_str(), r.m, r.n, r.k, r.us_wmma, tw);
+    std::printf("GEMM name=%s m=%d n=%d k=%d impl=mma us=%.1f tflops=%.1f peak_pct=%.1f\n", r.name.c_str(), r.m, r.n,
+                r.k, r.us_mma, tm, 100.0 * tm * 1e12 / peak);
+    std::printf("| %s | %d x %d x %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.m, r.n, r.k, r.us_wmma, tw,
+                r.us_mma, tm, 100.0 * tm * 1e12 / peak);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "gemm_gpu: %s\n", e.what());
+  return 1;
+}

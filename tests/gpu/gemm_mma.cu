@@ -1,0 +1,148 @@
+// The tensor-core GEMM mainloop (kernels/cuda/gemm_mma.cuh) on a device: every tile of the closed set
+// and every operand layout (Rows and Columns for A and B), with edges in m, n and k, split-K and the
+// row sums, against a double GEMM of the TF32-rounded operands on the host, and against the WMMA
+// gemm_kernel it is to replace. The CPU emulation of the same index math is
+// tests/kernels/cuda/mma_layout.cpp; this is what checks the hardware (the cp.async pipeline, the real
+// ldmatrix and mma.sync).
+#include "gpu_test.hpp"
+
+#include <fusedp/kernels/cuda/gemm_mma.cuh>
+
+#include <cmath>
+#include <vector>
+
+namespace fp = fusedp;
+namespace kc = fusedp::kernels::cuda;
+namespace mma = fusedp::kernels::cuda::mma;
+
+namespace {
+
+// A (rows x k) operand as the loader L reads it, leading dimension padded to a multiple of 4.
+template <class L>
+struct HostOperand {
+  int rows, k, ld;
+  std::vector<float> data;
+  float at(int r, int kk) const {
+    return L::k_fastest ? data[std::size_t(r) * ld + kk] : data[std::size_t(kk) * ld + r];
+  }
+};
+
+template <class L>
+HostOperand<L> make_operand(int rows, int k, std::uint64_t stream) {
+  HostOperand<L> o{rows, k, ((L::k_fastest ? k : rows) + 3) / 4 * 4, {}};
+  const int outer = L::k_fastest ? rows : k;
+  o.data = gpu_test::random_values(std::size_t(outer) * o.ld, stream);
+  return o;
+}
+
+template <class TileT, class A, class B>
+void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std::uint64_t stream) {
+  CAPTURE(TileT::bm);
+  CAPTURE(TileT::bn);
+  CAPTURE(A::k_fastest);
+  CAPTURE(B::k_fastest);
+  CAPTURE(m);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(k_chunk);
+  const HostOperand<A> ha = make_operand<A>(m, k, stream);
+  const HostOperand<B> hb = make_operand<B>(n, k, stream + 1);
+  const auto da = gpu_test::upload(space, ha.data), db = gpu_test::upload(space, hb.data);
+  const int splits = (k + k_chunk - 1) / k_chunk;
+  const std::size_t count = std::size_t(m) * n;
+  auto c = gpu_test::poisoned<float>(space, splits * count);
+  auto sums = gpu_test::poisoned<float>(space, std::size_t(splits) * m);
+  const kc::GemmProblem<A, B, kc::StoreRowMajor> p{m,          n, k, k_chunk, A{da.data(), ha.ld}, B{db.data(), hb.ld},
+                                                   {c.data(), m, n, count}, sums.data()};
+  REQUIRE(kc::gemm_mma_can_run(p, space.architecture()));
+  kc::launch_gemm_mma<TileT, true>(p, splits, space.architecture(), space.stream());
+  const auto got = gpu_test::download(space, c), got_sums = gpu_test::download(space, sums);
+
+  std::vector<double> want(splits * count), want_sums(std::size_t(splits) * m);
+  double worst = 0;
+  for (int z = 0; z < splits; ++z) {
+    const int k0 = z * k_chunk, k1 = std::min(k, k0 + k_chunk);
+    for (int i = 0; i < m; ++i) {
+      double rs = 0, rs_abs = 0;
+      for (int kk = k0; kk < k1; ++kk) {
+        rs += ha.at(i, kk);
+        rs_abs += std::fabs(ha.at(i, kk));
+      }
+      worst = std::max(worst, std::fabs(got_sums[std::size_t(z) * m + i] - rs) / (rs_abs + 1e-30));
+      for (int j = 0; j < n; ++j) {
+        double s = 0, mag = 0;
+        for (int kk = k0; kk < k1; ++kk) {
+          const double pr = double(mma::round_tf32_host(ha.at(i, kk))) * double(mma::round_tf32_host(hb.at(j, kk)));
+          s += pr;
+          mag += std::fabs(pr);
+        }
+        const double g = got[z * count + std::size_t(i) * n + j];
+        worst = std::max(worst, std::isfinite(g) ? std::fabs(g - s) / (mag + 1e-30) : INFINITY);
+      }
+    }
+  }
+  // fp32 accumulation of TF32 products: a few ulps of the magnitude sum, not TF32's rounding.
+  CHECK_MESSAGE(worst <= 1e-5, "worst error relative to the sum of |products|: " << worst);
+}
+
+template <class TileT>
+void check_all_layouts(const fp::Cuda& space, int m, int n, int k, int k_chunk, std::uint64_t stream) {
+  check_mma_gemm<TileT, kc::Rows, kc::Rows>(space, m, n, k, k_chunk, stream);
+  check_mma_gemm<TileT, kc::Rows, kc::Columns>(space, m, n, k, k_chunk, stream + 10);
+  check_mma_gemm<TileT, kc::Columns, kc::Rows>(space, m, n, k, k_chunk, stream + 20);
+  check_mma_gemm<TileT, kc::Columns, kc::Columns>(space, m, n, k, k_chunk, stream + 30);
+}
+
+}  // namespace
+
+TEST_CASE("gemm_mma: every tile and operand layout, edges in m, n and k, against double") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  if (space.architecture() < 80) {
+    MESSAGE("gemm_mma needs sm_80; this device is sm_" << space.architecture());
+    return;
+  }
+  check_all_layouts<mma::MmaTile128x128>(space, 300, 270, 203, 203, 100);
+  check_all_layouts<mma::MmaTile128x64>(space, 131, 70, 70, 70, 200);
+  check_all_layouts<mma::MmaTile128x32>(space, 129, 45, 97, 97, 300);
+  check_all_layouts<mma::MmaTile128x16>(space, 130, 21, 66, 66, 400);
+  // Many slices per block (the stage ring wraps many times), and split-K with a short last split.
+  check_all_layouts<mma::MmaTile128x128>(space, 256, 256, 1024, 1024, 500);
+  check_all_layouts<mma::MmaTile128x64>(space, 64, 40, 2000, 512, 600);
+}
+
+TEST_CASE("gemm_mma: equals the WMMA gemm_kernel within TF32 rounding on a Linear-sized problem") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  if (space.architecture() < 80) return;
+  const int m = 128, n = 1024, k = 8192;  // the CIFAR-10 CNN's fc1 forward at batch 128
+  const auto x = gpu_test::random_values(std::size_t(m) * k, 700), w = gpu_test::random_values(std::size_t(n) * k, 701);
+  const auto dx = gpu_test::upload(space, x), dw = gpu_test::upload(space, w);
+  auto c_mma = gpu_test::poisoned<float>(space, std::size_t(m) * n);
+  auto c_wmma = gpu_test::poisoned<float>(space, std::size_t(m) * n);
+  using P = kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>;
+  const P pm{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_mma.data(), m, n, 0}, nullptr};
+  const P pw{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_wmma.data(), m, n, 0}, nullptr};
+  kc::launch_gemm_mma<mma::MmaTile128x128, false>(pm, 1, space.architecture(), space.stream());
+  kc::launch_gemm<kc::TileWide, fp::precision::Tf32, false>(pw, 1, space.stream());
+  FUSEDP_CHECK_CLOSE(gpu_test::download(space, c_mma), gpu_test::download(space, c_wmma), 1e-5,
+                     "mma.sync vs WMMA (both round each operand to TF32 once)");
+}
+
+TEST_CASE("gemm_mma: a problem it cannot run is refused with a message, nothing launched") {
+  const float* misaligned = reinterpret_cast<const float*>(std::uintptr_t(64) + 4);
+  const kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor> p{8, 8, 8, 8, {misaligned, 8}, {misaligned, 8},
+                                                                 {nullptr, 8, 8, 0}, nullptr};
+  CHECK_FALSE(kc::gemm_mma_can_run(p, 90));
+  CHECK_FALSE(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
+                                       8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
+                                   75));
+  CHECK_FALSE(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
+                                       8, 8, 8, 8, {nullptr, 6}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
+                                   90));
+  CHECK(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
+                                 8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
+                             90));
+  const auto launch = [&] { kc::launch_gemm_mma<mma::MmaTile128x16, false>(p, 1, 90, nullptr); };
+  CHECK_THROWS_WITH_AS(launch(), doctest::Contains("16-byte aligned"), fp::Error);
+}
