@@ -1,15 +1,19 @@
 // gemm_gpu: the tensor-core mainloop (kernels/cuda/gemm_mma.cuh) against the WMMA gemm_kernel it is
 // to replace, on the GEMM problems of the seed networks at batch 128 (and the width-128 MLP at 2^18
-// rows), each as a GEMM of operands in memory with the layouts the layer's GEMM reads (Rows: the
-// reduction index contiguous; Columns: the rows contiguous), TF32. Weight gradients run the split-K
-// flow (partial products, then the fixed-order sum) with the bias row sums, as the layers do. Times are
-// CUDA events around each launch, median of 30 after 5 warm-ups. One line per problem and kernel:
+// rows), TF32: CIFAR-10 conv2's three implicit GEMMs with the operands conv2d.cuh builds (im2col
+// gathered on the fly, dz stored densely as conv2d_backward leaves it), and plain GEMMs of operands in
+// memory with the layouts a Linear reads (Rows: the reduction index contiguous; Columns: the rows
+// contiguous). Weight gradients run the split-K flow (partial products, then the fixed-order sum) with
+// the bias row sums, as the layers do. Times are CUDA events around each launch, median of 30 after 5
+// warm-ups. One line per problem and kernel:
 //
 //   GEMM name=cifar.conv2.dw m=128 n=576 k=32768 a=cols b=cols impl=mma us=41.2 tflops=117.3 peak_pct=23.7
 //
 // then a Markdown table (benchmarks/RESULTS.md). Written and compiled without a GPU; its numbers exist
 // only once someone runs it on one (benchmarks/gpu/check.sh does).
 #include <fusedp/exec/peak.hpp>
+#include <fusedp/kernels/activation.hpp>
+#include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/gemm.cuh>
 #include <fusedp/kernels/cuda/gemm_mma.cuh>
 
@@ -84,6 +88,36 @@ Row run(const fp::Cuda& space, const char* name, int m, int n, int k, bool weigh
   return {name, m, n, k, us_wmma, us_mma};
 }
 
+// CIFAR-10 conv2 (64 -> 128 channels, 3x3, pad 1, 16x16 planes) at batch 128: forward (ReLU epilogue),
+// input gradient and weight gradient (with db) as conv2d.cuh's problems, each kernel with its tiles.
+void run_conv(const fp::Cuda& space, std::vector<Row>& rows, float* x, float* w, float* b, float* y, float* dz,
+              float* dx, float* dw, float* db, float* scratch) {
+  constexpr fp::kernels::ConvGeometry g{64, 16, 16, 3, 1, 1, 128, 16, 16};
+  constexpr int batch = 128;
+  using Epi = fp::kernels::Epilogue<fp::kernels::Relu>;
+  using P = fp::precision::Tf32;
+  const kc::ConvShape s(g);
+  const cudaStream_t st = space.stream();
+  const int sms = space.sm_count(), arch = space.architecture();
+  const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w, b, x, y, nullptr);
+  rows.push_back({"cifar.conv2.fwd", fwd.m, fwd.n, fwd.k,
+                  median_us(st, [&] { kc::launch_gemm<kc::tile_for<128>, P, false>(fwd, 1, st); }),
+                  median_us(st, [&] { kc::launch_gemm_mma<kc::mma::mma_tile_for<128>, false>(fwd, 1, arch, st); })});
+  const kc::StoredGradient sd{dz, s.o, s.ohw, s.ow};
+  const auto dxp = kc::conv2d_dx_problem(s, batch, sd, w, dx);
+  rows.push_back({"cifar.conv2.dx", dxp.m, dxp.n, dxp.k,
+                  median_us(st, [&] { kc::launch_gemm<kc::tile_for<64>, P, false>(dxp, 1, st); }),
+                  median_us(st, [&] { kc::launch_gemm_mma<kc::mma::mma_tile_for<64>, false>(dxp, 1, arch, st); })});
+  const auto ops = kc::conv2d_dw_operands(s, batch, sd, x);
+  rows.push_back({"cifar.conv2.dw", ops.m, ops.n, ops.k, median_us(st, [&] {
+                    kc::weight_gradient<kc::tile_for<576>, P>(st, sms, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+                  }),
+                  median_us(st, [&] {
+                    kc::weight_gradient_mma<kc::mma::mma_tile_for<576>>(st, sms, arch, ops.m, ops.n, ops.k, ops.a, ops.b,
+                                                                        dw, db, scratch);
+                  })});
+}
+
 }  // namespace
 
 int main() try {
@@ -112,10 +146,8 @@ int main() try {
   using C = kc::Columns;
   float *pa = a.data(), *pb = b.data(), *pc = c.data(), *ps = sums.data(), *pt = scratch.data();
   std::vector<Row> rows;
-  // The CIFAR-10 CNN at batch 128: conv2 (64 -> 128 channels, 3x3, 16x16 planes) as im2col GEMMs, fc1.
-  rows.push_back(run<128, R, R>(space, "cifar.conv2.fwd", 32768, 128, 576, false, pa, pb, pc, ps, pt));
-  rows.push_back(run<576, C, C>(space, "cifar.conv2.dw", 128, 576, 32768, true, pa, pb, pc, ps, pt));
-  rows.push_back(run<64, R, R>(space, "cifar.conv2.dx", 32768, 64, 1152, false, pa, pb, pc, ps, pt));
+  // The CIFAR-10 CNN at batch 128: conv2's implicit GEMMs, then fc1's three GEMMs.
+  run_conv(space, rows, pa, pb, pb + (std::size_t(1) << 20), pc, pa + (std::size_t(16) << 20), pc, pc, ps, pt);
   rows.push_back(run<1024, R, R>(space, "cifar.fc1.fwd", 128, 1024, 8192, false, pa, pb, pc, ps, pt));
   rows.push_back(run<8192, R, C>(space, "cifar.fc1.dx", 128, 8192, 1024, false, pa, pb, pc, ps, pt));
   rows.push_back(run<8192, C, C>(space, "cifar.fc1.dw", 1024, 8192, 128, true, pa, pb, pc, ps, pt));

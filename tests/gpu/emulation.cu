@@ -11,6 +11,7 @@
 
 #include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/fast_div.hpp>
+#include <fusedp/kernels/cuda/gemm_mma.cuh>
 #include <fusedp/kernels/cuda/linear.cuh>
 #include <fusedp/kernels/host/conv2d.hpp>
 #include <fusedp/kernels/host/linear.hpp>
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -132,6 +134,35 @@ void check_linear(int batch, int in, int out, int sm_count) {
   FUSEDP_CHECK_CLOSE(db, db_ref, exact, "linear db");
 }
 
+// What the tensor-core mainloop copies of an operand (kernels/cuda/gemm_mma.cuh: source(row, k), a
+// null address for a zero) is what the WMMA mainloop loads (at(row, k)), for every element.
+template <class L>
+void check_sources(const L& op, int rows, int k, const char* what) {
+  static_assert(kc::CopyOperand<L>, "a convolution operand the tensor-core mainloop cannot copy");
+  int bad = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int q = 0; q < k; ++q) {
+      const float* src = op.source(r, q);
+      const float want = op.at(r, q);
+      const bool same = src == nullptr ? want == 0.0f : std::memcmp(src, &want, sizeof want) == 0;
+      if (!same && bad++ < 3) FAIL_CHECK(what << ": source(" << r << ", " << q << ") differs from at()");
+    }
+  CHECK(bad == 0);
+}
+
+// The conv GEMMs as conv2d_backward runs them (dz stored densely) offer the tensor-core mainloop
+// addresses that match what the WMMA loaders read.
+void check_conv_sources(const kc::ConvShape& s, int batch, const float* w, const float* x, const float* dz_dense) {
+  const kc::StoredGradient dz{dz_dense, s.o, s.ohw, s.ow};
+  const auto dxp = kc::conv2d_dx_problem(s, batch, dz, w, nullptr);
+  check_sources(dxp.a, dxp.m, dxp.k, "dx A (dz gathered per input pixel)");
+  check_sources(dxp.b, dxp.n, dxp.k, "dx B (weights by input channel)");
+  const auto ops = kc::conv2d_dw_operands(s, batch, dz, x);
+  check_sources(ops.a, ops.m, ops.k, "dW A (dz by channel)");
+  check_sources(ops.b, ops.n, ops.k, "dW B (im2col by pixel)");
+  CHECK(kc::gemm_mma_can_run(dxp, 90));
+}
+
 template <class Epi, class TileF, class TileX, class TileW>
 void check_conv(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
   CAPTURE(batch);
@@ -160,6 +191,12 @@ void check_conv(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
                                                              Epi::saves_input ? z.data() : nullptr),
                              1);
   FUSEDP_CHECK_CLOSE(y, y_ref, exact, "conv y");
+  {
+    const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(), nullptr);
+    check_sources(fwd.a, fwd.m, fwd.k, "forward A (im2col)");
+    CHECK(kc::gemm_mma_can_run(fwd, 90) == (s.patch % 4 == 0));  // the weights' rows: 16-byte copies
+    check_conv_sources(s, batch, w.data(), x.data(), dy.data());
+  }
   const kc::ConvGradient<Epi> dz{dy.data(), y.data(), Epi::saves_input ? z.data() : nullptr, s.o, s.ohw, s.ow};
   emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dx.data()), 1);
   FUSEDP_CHECK_CLOSE(dx, dx_ref, exact, "conv dx");
@@ -200,6 +237,11 @@ void check_conv_maxpool(const fp::kernels::ConvGeometry& g, int batch, int sm_co
   emulate_gemm<TileF, false>(
       kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), pooled.data(), argmax.data()), 1);
   FUSEDP_CHECK_CLOSE(pooled, pooled_ref, exact, "pooled");
+  {
+    const auto fwd =
+        kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), pooled.data(), argmax.data());
+    check_sources(fwd.a, fwd.m, fwd.k, "pooled forward A (im2col window by window)");
+  }
   CHECK(std::all_of(argmax.begin(), argmax.end(), [](std::uint8_t a) { return a < Kp * Kp; }));
   const kc::PooledConvGradient<Epi, Kp> dz{dpool.data(), pooled.data(), argmax.data(), s.o, ph, pw};
   emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dx.data()), 1);

@@ -6,6 +6,8 @@
 // ldmatrix and mma.sync).
 #include "gpu_test.hpp"
 
+#include <fusedp/kernels/activation.hpp>
+#include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/gemm_mma.cuh>
 
 #include <cmath>
@@ -93,7 +95,75 @@ void check_all_layouts(const fp::Cuda& space, int m, int n, int k, int k_chunk, 
   check_mma_gemm<TileT, kc::Columns, kc::Columns>(space, m, n, k, k_chunk, stream + 30);
 }
 
+// A convolution's three implicit GEMMs (forward with bias and ReLU, dx, dW with db; dz stored densely
+// as conv2d_backward leaves it) on the tensor-core mainloop and on the WMMA one: the gathers' zero fill
+// (padding, stride) and the epilogues over the new tiles.
+template <int O, int C, int Patch>
+void check_conv_both(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, int batch, std::uint64_t stream) {
+  CAPTURE(batch);
+  CAPTURE(g.in_channels);
+  CAPTURE(g.stride);
+  CAPTURE(g.pad);
+  using Epi = fp::kernels::Epilogue<fp::kernels::Relu>;
+  using P = fp::precision::Tf32;
+  const int arch = space.architecture(), sms = space.sm_count();
+  const cudaStream_t st = space.stream();
+  const kc::ConvShape s(g);
+  const auto x = gpu_test::upload(space, gpu_test::random_values(batch * g.in_size(), stream));
+  const auto w = gpu_test::upload(space, gpu_test::random_values(g.out_channels * g.patch(), stream + 1));
+  const auto b = gpu_test::upload(space, gpu_test::random_values(std::size_t(g.out_channels), stream + 2));
+  const auto dzv = gpu_test::upload(space, gpu_test::random_values(batch * g.out_size(), stream + 3));
+  const std::size_t scratch_floats = std::max(kc::weight_gradient_scratch<kc::tile_for<Patch>>(O, Patch, batch * s.ohw, sms),
+                                              kc::weight_gradient_scratch<kc::mma::mma_tile_for<Patch>>(O, Patch, batch * s.ohw, sms));
+  auto scratch = gpu_test::poisoned<float>(space, scratch_floats + 1);
+  std::vector<float> got[2][4];  // [kernel][y, dx, dW, db]
+  for (int kernel = 0; kernel < 2; ++kernel) {
+    auto y = gpu_test::poisoned<float>(space, batch * g.out_size());
+    auto dx = gpu_test::poisoned<float>(space, batch * g.in_size());
+    auto dw = gpu_test::poisoned<float>(space, g.out_channels * g.patch());
+    auto db = gpu_test::poisoned<float>(space, std::size_t(g.out_channels));
+    const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(), nullptr);
+    const kc::StoredGradient sd{dzv.data(), s.o, s.ohw, s.ow};
+    const auto dxp = kc::conv2d_dx_problem(s, batch, sd, w.data(), dx.data());
+    const auto ops = kc::conv2d_dw_operands(s, batch, sd, x.data());
+    if (kernel == 0) {
+      kc::launch_gemm<kc::tile_for<O>, P, false>(fwd, 1, st);
+      kc::launch_gemm<kc::tile_for<C>, P, false>(dxp, 1, st);
+      kc::weight_gradient<kc::tile_for<Patch>, P>(st, sms, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data(),
+                                                   scratch.data());
+    } else {
+      if (kc::gemm_mma_can_run(fwd, arch)) kc::launch_gemm_mma<kc::mma::mma_tile_for<O>, false>(fwd, 1, arch, st);
+      else kc::launch_gemm<kc::tile_for<O>, P, false>(fwd, 1, st);  // weight rows not 16-byte aligned
+      kc::launch_gemm_mma<kc::mma::mma_tile_for<C>, false>(dxp, 1, arch, st);
+      kc::weight_gradient_mma<kc::mma::mma_tile_for<Patch>>(st, sms, arch, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(),
+                                                             db.data(), scratch.data());
+    }
+    got[kernel][0] = gpu_test::download(space, y);
+    got[kernel][1] = gpu_test::download(space, dx);
+    got[kernel][2] = gpu_test::download(space, dw);
+    got[kernel][3] = gpu_test::download(space, db);
+  }
+  // Both round each operand to TF32 once and accumulate in fp32, in different orders.
+  FUSEDP_CHECK_CLOSE(got[1][0], got[0][0], 1e-5, "conv forward");
+  FUSEDP_CHECK_CLOSE(got[1][1], got[0][1], 1e-5, "conv dx");
+  FUSEDP_CHECK_CLOSE(got[1][2], got[0][2], 1e-5, "conv dW");
+  FUSEDP_CHECK_CLOSE(got[1][3], got[0][3], 1e-6, "conv db");
+}
+
 }  // namespace
+
+TEST_CASE("gemm_mma: a convolution's implicit GEMMs equal the WMMA mainloop's") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  if (space.architecture() < 80) return;
+  // in_channels, h, w, kernel, stride, pad, out_channels, out_h, out_w
+  constexpr fp::kernels::ConvGeometry cifar2{64, 16, 16, 3, 1, 1, 128, 16, 16};  // CIFAR-10 CNN conv2
+  check_conv_both<128, 64, 576>(space, cifar2, 16, 800);
+  constexpr fp::kernels::ConvGeometry strided{3, 11, 9, 3, 2, 1, 5, 6, 5};  // stride 2, padding, odd sizes
+  check_conv_both<5, 3, 27>(space, strided, 7, 900);
+  constexpr fp::kernels::ConvGeometry lenet1{1, 28, 28, 5, 1, 0, 6, 24, 24};
+  check_conv_both<6, 1, 25>(space, lenet1, 33, 1000);
+}
 
 TEST_CASE("gemm_mma: every tile and operand layout, edges in m, n and k, against double") {
   FUSEDP_GPU_REQUIRE_DEVICE();

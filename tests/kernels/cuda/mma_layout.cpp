@@ -89,9 +89,9 @@ void copy_slice(std::vector<float>& smem, int base, const Operand& o, int row_or
     for (int i = tid; i < Layout::copies; i += threads) {
       int r = 0, k = 0;
       Layout::copy_at(i, r, k);
-      const int count = mma::copy_count<Layout::major>(row_origin + r, k0 + k, o.rows, k_end);
+      const int count = mma::copy_count<Layout::major, Layout::copy_floats>(row_origin + r, k0 + k, o.rows, k_end);
       const float* src = count > 0 ? o.address(row_origin + r, k0 + k) : nullptr;
-      for (int e = 0; e < mma::chunk_floats; ++e)  // 16 contiguous bytes at the copy's offset
+      for (int e = 0; e < Layout::copy_floats; ++e)  // contiguous bytes at the copy's offset
         smem.at(std::size_t(base + Layout::offset(r, k) + e)) = e < count ? src[e] : 0.0f;
     }
 }
@@ -101,10 +101,10 @@ struct Result {
   std::vector<float> sums;  // splits x m
 };
 
-template <class TileT, Major MA, Major MB>
+template <class TileT, Major MA, Major MB, int CopyA, int CopyB>
 Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
-  using LA = mma::SliceLayout<TileT::bm, MA>;
-  using LB = mma::SliceLayout<TileT::bn, MB>;
+  using LA = mma::SliceLayout<TileT::bm, MA, CopyA>;
+  using LB = mma::SliceLayout<TileT::bn, MB, CopyB>;
   using W = mma::WarpFragments<TileT, MA, MB>;
   constexpr int FM = TileT::frags_m, FN = TileT::frags_n, STAGE = LA::floats + LB::floats;
   constexpr int warps = TileT::warps_m * TileT::warps_n;
@@ -237,7 +237,7 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
   return out;
 }
 
-template <class TileT, Major MA, Major MB>
+template <class TileT, Major MA, Major MB, int CopyA = 4, int CopyB = 4>
 void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(TileT::bm);
   CAPTURE(TileT::bn);
@@ -247,9 +247,11 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(n);
   CAPTURE(k);
   CAPTURE(k_chunk);
+  CAPTURE(CopyA);
+  CAPTURE(CopyB);
   std::mt19937 rng(seed);
   const Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
-  const Result got = emulate<TileT, MA, MB>(a, b, k_chunk, true);
+  const Result got = emulate<TileT, MA, MB, CopyA, CopyB>(a, b, k_chunk, true);
   const int splits = (k + k_chunk - 1) / k_chunk;
   int bad = 0;
   for (int z = 0; z < splits; ++z) {
@@ -284,6 +286,12 @@ void check_tile_all_layouts(int m, int n, int k, int k_chunk, unsigned seed) {
   check_gemm<TileT, Major::k, Major::mn>(m, n, k, k_chunk, seed + 1);
   check_gemm<TileT, Major::mn, Major::k>(m, n, k, k_chunk, seed + 2);
   check_gemm<TileT, Major::mn, Major::mn>(m, n, k, k_chunk, seed + 3);
+  // 4-byte copies (gathered operands: a convolution's implicit GEMMs) in both layouts, with each other
+  // and with 16-byte ones.
+  check_gemm<TileT, Major::mn, Major::k, 1, 4>(m, n, k, k_chunk, seed + 4);
+  check_gemm<TileT, Major::k, Major::k, 1, 1>(m, n, k, k_chunk, seed + 5);
+  check_gemm<TileT, Major::k, Major::mn, 4, 1>(m, n, k, k_chunk, seed + 6);
+  check_gemm<TileT, Major::mn, Major::mn, 1, 1>(m, n, k, k_chunk, seed + 7);
 }
 
 // Banks (4-byte words modulo 32) of a set of accesses that the hardware serves in one pass.
@@ -296,15 +304,17 @@ bool conflict_free(const std::vector<int>& word_offsets) {
 
 template <class Layout, int Threads>
 void check_copy_banks() {
-  // A warp's 32 16-byte copies are served in passes of 8 threads (128 bytes).
-  for (int first = 0; first < Layout::copies; first += 8) {
+  // A warp's 32 16-byte copies are served in passes of 8 threads (128 bytes), its 32 4-byte copies in
+  // one pass.
+  constexpr int pass = Layout::copy_floats == 4 ? 8 : 32;
+  for (int first = 0; first < Layout::copies; first += pass) {
     std::vector<int> words;
-    for (int i = first; i < first + 8 && i < Layout::copies; ++i) {
+    for (int i = first; i < first + pass && i < Layout::copies; ++i) {
       int r = 0, k = 0;
       Layout::copy_at(i, r, k);
-      for (int e = 0; e < 4; ++e) words.push_back(Layout::offset(r, k) + e);
+      for (int e = 0; e < Layout::copy_floats; ++e) words.push_back(Layout::offset(r, k) + e);
     }
-    CHECK_MESSAGE(conflict_free(words), "copies from ", first);
+    CHECK_MESSAGE(conflict_free(words), "copies from ", first, " of ", Layout::copy_floats, " floats");
   }
 }
 
@@ -371,6 +381,10 @@ void check_tile_banks() {
   check_copy_banks<mma::SliceLayout<TileT::bm, Major::mn>, TileT::threads>();
   check_copy_banks<mma::SliceLayout<TileT::bn, Major::k>, TileT::threads>();
   check_copy_banks<mma::SliceLayout<TileT::bn, Major::mn>, TileT::threads>();
+  check_copy_banks<mma::SliceLayout<TileT::bm, Major::k, 1>, TileT::threads>();
+  check_copy_banks<mma::SliceLayout<TileT::bm, Major::mn, 1>, TileT::threads>();
+  check_copy_banks<mma::SliceLayout<TileT::bn, Major::k, 1>, TileT::threads>();
+  check_copy_banks<mma::SliceLayout<TileT::bn, Major::mn, 1>, TileT::threads>();
   check_fragment_banks<TileT, Major::k, Major::k>();
   check_fragment_banks<TileT, Major::mn, Major::mn>();
 }

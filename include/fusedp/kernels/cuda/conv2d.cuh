@@ -17,6 +17,7 @@
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -35,14 +36,19 @@ struct ConvShape {
         patch(g.in_channels * g.kernel * g.kernel), div_w(g.in_w), div_hw(g.in_h * g.in_w), div_ow(g.out_w),
         div_ohw(g.out_h * g.out_w), div_k(g.kernel), div_kk(g.kernel * g.kernel), div_stride(g.stride) {}
 
-  /// x[img, ch, oy*s - p + ky, ox*s - p + kx] for patch index q = (ch, ky, kx); 0 in the padding.
-  FUSEDP_HD float gather(const float* x, int img, int oy, int ox, int q) const {
+  /// &x[img, ch, oy*s - p + ky, ox*s - p + kx] for patch index q = (ch, ky, kx); null in the padding.
+  FUSEDP_HD const float* gather_address(const float* x, int img, int oy, int ox, int q) const {
     int ch = 0, r = 0, ky = 0, kx = 0;
     div_kk.divmod(q, ch, r);
     div_k.divmod(r, ky, kx);
     const int iy = oy * stride - pad + ky, ix = ox * stride - pad + kx;
-    if (iy < 0 || iy >= h || ix < 0 || ix >= w) return 0.0f;
-    return x[(std::size_t(img) * c + ch) * hw + std::size_t(iy) * w + ix];
+    if (iy < 0 || iy >= h || ix < 0 || ix >= w) return nullptr;
+    return x + (std::size_t(img) * c + ch) * hw + std::size_t(iy) * w + ix;
+  }
+  /// The value gather_address points at; 0 in the padding.
+  FUSEDP_HD float gather(const float* x, int img, int oy, int ox, int q) const {
+    const float* a = gather_address(x, img, oy, ox, q);
+    return a != nullptr ? *a : 0.0f;
   }
 };
 
@@ -84,9 +90,17 @@ struct PooledConvGradient {
 struct StoredGradient {
   const float* dz;
   int o, ohw, ow;
-  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const {
-    return dz[(std::size_t(img) * o + ch) * ohw + std::size_t(oy) * ow + ox];
+  FUSEDP_HD const float* address(int img, int ch, int oy, int ox) const {
+    return dz + (std::size_t(img) * o + ch) * ohw + std::size_t(oy) * ow + ox;
   }
+  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const { return *address(img, ch, oy, ox); }
+};
+
+/// A dz source the tensor-core mainloop can copy from: one stored in memory.
+template <class Dz>
+concept AddressableGradient = requires(const Dz& d) {
+  { d.address(0, 0, 0, 0) } -> std::same_as<const float*>;
+  { d.dz } -> std::convertible_to<const float*>;
 };
 
 /// out[(img, ch, oy, ox)] = dz(img, ch, oy, ox) over the whole (batch, O, OH, OW) gradient, coalesced.
@@ -101,16 +115,23 @@ __global__ void materialize_dz_kernel(const Dz dz, int n, FastDiv div_ohw, FastD
   }
 }
 
-/// Forward A operand: im2col(x), rows = output pixels (img, oy, ox), k = patch index.
+/// Forward A operand: im2col(x), rows = output pixels (img, oy, ox), k = patch index. `source` (the
+/// tensor-core mainloop's 4-byte gathers) is the element's address, null in the padding.
 struct Im2colRows {
   const float* x;
   ConvShape s;
   static constexpr bool k_fastest = false;
-  FUSEDP_HD float at(int m, int q) const {
+  static constexpr int copy_floats = 1;
+  FUSEDP_HD const float* source(int m, int q) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(m, img, pix);
     s.div_ow.divmod(pix, oy, ox);
-    return s.gather(x, img, oy, ox, q);
+    return s.gather_address(x, img, oy, ox, q);
+  }
+  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD float at(int m, int q) const {
+    const float* a = source(m, q);
+    return a != nullptr ? *a : 0.0f;
   }
 };
 
@@ -123,12 +144,18 @@ struct PooledIm2colRows {
   int ph, pw;
   FastDiv div_pw, div_phw;
   static constexpr bool k_fastest = false;
-  FUSEDP_HD float at(int m, int q) const {
+  static constexpr int copy_floats = 1;
+  FUSEDP_HD const float* source(int m, int q) const {
     const int win = m / (Kp * Kp), e = m % (Kp * Kp);
     int img = 0, wp = 0, py = 0, px = 0;
     div_phw.divmod(win, img, wp);
     div_pw.divmod(wp, py, px);
-    return s.gather(x, img, py * Kp + e / Kp, px * Kp + e % Kp, q);
+    return s.gather_address(x, img, py * Kp + e / Kp, px * Kp + e % Kp, q);
+  }
+  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD float at(int m, int q) const {
+    const float* a = source(m, q);
+    return a != nullptr ? *a : 0.0f;
   }
 };
 
@@ -208,19 +235,35 @@ struct ConvGradientGather {
   Dz dz;
   ConvShape s;
   static constexpr bool k_fastest = false;
-  FUSEDP_HD float at(int m, int q) const {
-    int img = 0, pix = 0, iy = 0, ix = 0, ch = 0, r = 0, ky = 0, kx = 0;
+  static constexpr int copy_floats = 1;
+  /// The output pixel (img, ch, oy, ox) whose dz element (m, q) is, or false where none is.
+  FUSEDP_HD bool locate(int m, int q, int& img, int& ch, int& oy, int& ox) const {
+    int pix = 0, iy = 0, ix = 0, r = 0, ky = 0, kx = 0;
     s.div_hw.divmod(m, img, pix);
     s.div_w.divmod(pix, iy, ix);
     s.div_kk.divmod(q, ch, r);
     s.div_k.divmod(r, ky, kx);
     const int ty = iy + s.pad - ky, tx = ix + s.pad - kx;
-    if (ty < 0 || tx < 0) return 0.0f;
-    int oy = 0, ry = 0, ox = 0, rx = 0;
+    if (ty < 0 || tx < 0) return false;
+    int ry = 0, rx = 0;
     s.div_stride.divmod(ty, oy, ry);
     s.div_stride.divmod(tx, ox, rx);
-    if (ry != 0 || rx != 0 || oy >= s.oh || ox >= s.ow) return 0.0f;
-    return dz(img, ch, oy, ox);
+    return ry == 0 && rx == 0 && oy < s.oh && ox < s.ow;
+  }
+  FUSEDP_HD float at(int m, int q) const {
+    int img = 0, ch = 0, oy = 0, ox = 0;
+    return locate(m, q, img, ch, oy, ox) ? dz(img, ch, oy, ox) : 0.0f;
+  }
+  FUSEDP_HD const float* source(int m, int q) const
+    requires AddressableGradient<Dz>
+  {
+    int img = 0, ch = 0, oy = 0, ox = 0;
+    return locate(m, q, img, ch, oy, ox) ? dz.address(img, ch, oy, ox) : nullptr;
+  }
+  FUSEDP_HD const float* base() const
+    requires AddressableGradient<Dz>
+  {
+    return dz.dz;
   }
 };
 
@@ -229,11 +272,14 @@ struct ConvWeightsByInput {
   const float* w;
   ConvShape s;
   static constexpr bool k_fastest = true;
-  FUSEDP_HD float at(int ch, int q) const {
+  static constexpr int copy_floats = 1;
+  FUSEDP_HD const float* source(int ch, int q) const {
     int oc = 0, r = 0;
     s.div_kk.divmod(q, oc, r);
-    return w[(std::size_t(oc) * s.c + ch) * s.kk + r];
+    return w + (std::size_t(oc) * s.c + ch) * s.kk + r;
   }
+  FUSEDP_HD const float* base() const { return w; }
+  FUSEDP_HD float at(int ch, int q) const { return *source(ch, q); }
 };
 
 /// dW A operand: at(o, (img, oy, ox)) = dz.
@@ -242,11 +288,24 @@ struct ConvGradientRows {
   Dz dz;
   ConvShape s;
   static constexpr bool k_fastest = true;
+  static constexpr int copy_floats = 1;
   FUSEDP_HD float at(int oc, int kidx) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(kidx, img, pix);
     s.div_ow.divmod(pix, oy, ox);
     return dz(img, oc, oy, ox);
+  }
+  FUSEDP_HD const float* source(int oc, int kidx) const
+    requires AddressableGradient<Dz>
+  {
+    int img = 0, pix = 0;
+    s.div_ohw.divmod(kidx, img, pix);
+    return dz.dz + (std::size_t(img) * dz.o + oc) * dz.ohw + pix;
+  }
+  FUSEDP_HD const float* base() const
+    requires AddressableGradient<Dz>
+  {
+    return dz.dz;
   }
 };
 
@@ -255,11 +314,17 @@ struct Im2colColumns {
   const float* x;
   ConvShape s;
   static constexpr bool k_fastest = true;
-  FUSEDP_HD float at(int q, int kidx) const {
+  static constexpr int copy_floats = 1;
+  FUSEDP_HD const float* source(int q, int kidx) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(kidx, img, pix);
     s.div_ow.divmod(pix, oy, ox);
-    return s.gather(x, img, oy, ox, q);
+    return s.gather_address(x, img, oy, ox, q);
+  }
+  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD float at(int q, int kidx) const {
+    const float* a = source(q, kidx);
+    return a != nullptr ? *a : 0.0f;
   }
 };
 

@@ -100,20 +100,28 @@ struct GemmProblem {
   float* row_sums;   // when not null: sum over the split's k of A(row, k) at row_sums[split * m + row]
 };
 
-/// Operand made of the rows of a row-major matrix: at(r, k) = p[r * ld + k].
+/// Operand made of the rows of a row-major matrix: at(r, k) = p[r * ld + k]. For the tensor-core
+/// mainloop (gemm_mma.cuh) also `source`, the address of a 16-byte copy along k.
 struct Rows {
   const float* p;
   int ld;
   static constexpr bool k_fastest = true;
+  static constexpr int copy_floats = 4;
   FUSEDP_HD float at(int r, int k) const { return p[std::size_t(r) * ld + k]; }
+  FUSEDP_HD const float* source(int r, int k) const { return p + std::size_t(r) * ld + k; }
+  FUSEDP_HD const float* base() const { return p; }
 };
 
-/// Operand made of the columns of a row-major matrix: at(r, k) = p[k * ld + r].
+/// Operand made of the columns of a row-major matrix: at(r, k) = p[k * ld + r]; `source` as Rows, a
+/// copy running along r.
 struct Columns {
   const float* p;
   int ld;
   static constexpr bool k_fastest = false;
+  static constexpr int copy_floats = 4;
   FUSEDP_HD float at(int r, int k) const { return p[std::size_t(k) * ld + r]; }
+  FUSEDP_HD const float* source(int r, int k) const { return p + std::size_t(k) * ld + r; }
+  FUSEDP_HD const float* base() const { return p; }
 };
 
 /// Calls f(local_row, local_col, row, col) for thread `tid`'s share of the elements of a block's tile

@@ -1,8 +1,9 @@
 #pragma once
 // The tensor-core GEMM mainloop (sm_80 and later, TF32): C (m x n) = sum over k of A(m, k) B(n, k) for
-// operands that lie in memory as they are multiplied (gemm.cuh's Rows and Columns), with gemm.cuh's
-// GemmProblem, split-K and epilogues unchanged. Per block: `Stages` 32-deep slices in flight through
-// cp.async (16-byte copies, zero-filled past the problem's edges), K-major slices XOR-swizzled in shared
+// operands that say where each element lies (CopyOperand: gemm.cuh's Rows and Columns, copied 16 bytes
+// at a time, and conv2d.cuh's implicit-GEMM gathers, 4 bytes at a time), with gemm.cuh's GemmProblem,
+// split-K and epilogues unchanged. Per block: `Stages` 32-deep slices in flight through cp.async
+// (zero-filled past the problem's edges and in a convolution's padding), K-major slices XOR-swizzled in shared
 // memory and read by ldmatrix.x4, MN-major slices padded and read one float per register (ldmatrix
 // cannot transpose 32-bit elements), each element rounded once by cvt.rna.tf32 and multiplied by
 // mma.sync.m16n8k8 with fp32 accumulators in registers; the finished tile goes through shared memory to
@@ -21,42 +22,55 @@
 #include "fusedp/kernels/cuda/mma_layout.hpp"
 
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 namespace fusedp::kernels::cuda {
 
-/// The operands the tensor-core mainloop copies straight from memory, and which index is contiguous.
+/// What the tensor-core mainloop asks of an operand (besides gemm.cuh's `at` and `k_fastest`):
+/// `copy_floats`, 4 (16-byte copies along the contiguous index: Rows and Columns, whose base and leading
+/// dimension must then be 16-byte aligned) or 1 (4-byte copies of gathered elements: the implicit GEMMs
+/// of a convolution); `source(row, k)`, the address of a copy's first float, or null where the copy
+/// is all zeros (a convolution's padding); `base()`, a valid address for the copies that read nothing.
 template <class L>
-inline constexpr bool is_memory_operand = std::is_same_v<L, Rows> || std::is_same_v<L, Columns>;
+concept CopyOperand = requires(const L& l, int r, int k) {
+  { L::copy_floats } -> std::convertible_to<int>;
+  { l.source(r, k) } -> std::same_as<const float*>;
+  { l.base() } -> std::same_as<const float*>;
+} && (L::copy_floats == 1 || L::copy_floats == mma::chunk_floats);
+
 template <class L>
 inline constexpr mma::Major major_of = L::k_fastest ? mma::Major::k : mma::Major::mn;
 
 namespace detail {
 
 template <class L>
-FUSEDP_HD FUSEDP_ALWAYS_INLINE const float* address_of(const L& l, int row, int k) {
-  if constexpr (L::k_fastest) return l.p + std::size_t(row) * l.ld + k;
-  else return l.p + std::size_t(k) * l.ld + row;
-}
-
-template <class L>
 bool aligned_for_copies(const L& l) {
-  return reinterpret_cast<std::uintptr_t>(l.p) % 16 == 0 && l.ld % mma::chunk_floats == 0;
+  if constexpr (L::copy_floats == 1) {
+    return true;
+  } else {
+    return reinterpret_cast<std::uintptr_t>(l.p) % 16 == 0 && l.ld % mma::chunk_floats == 0;
+  }
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FUSEDP_MMA_UNSUPPORTED_ARCH 1
 #endif
 
-// 16 bytes global -> shared, of which the first 4 * count come from `gmem` and the rest are zeros.
-__device__ FUSEDP_ALWAYS_INLINE void cp_async16(float* smem, const float* gmem, int count) {
+// Floats global -> shared, of which the first `count` come from `gmem` and the rest are zeros: 16 bytes
+// bypassing L1 (.cg), or one float through L1 (.ca: neighbouring gathers of a convolution reread it).
+template <int Floats>
+__device__ FUSEDP_ALWAYS_INLINE void cp_async(float* smem, const float* gmem, int count) {
 #ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
   __trap();
 #else
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(count * 4));
+  if constexpr (Floats == 4)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(count * 4));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(count * 4));
 #endif
 }
 __device__ FUSEDP_ALWAYS_INLINE void cp_async_commit() {
@@ -108,8 +122,8 @@ __device__ FUSEDP_ALWAYS_INLINE void mma_tf32(float (&d)[4], const unsigned (&a)
 template <class TileT, bool RowSums, class A, class B, class Epi>
 __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_kernel(const GemmProblem<A, B, Epi> p) {
   constexpr mma::Major MA = major_of<A>, MB = major_of<B>;
-  using LA = mma::SliceLayout<TileT::bm, MA>;
-  using LB = mma::SliceLayout<TileT::bn, MB>;
+  using LA = mma::SliceLayout<TileT::bm, MA, A::copy_floats>;
+  using LB = mma::SliceLayout<TileT::bn, MB, B::copy_floats>;
   using W = mma::WarpFragments<TileT, MA, MB>;
   constexpr int NT = TileT::threads, FM = TileT::frags_m, FN = TileT::frags_n, STAGES = TileT::stages;
   constexpr int STAGE = LA::floats + LB::floats;
@@ -123,26 +137,35 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   const int k_end = min(p.k, k_begin + p.k_chunk);
   const int slices = k_begin < k_end ? (k_end - k_begin + mma::slice_k - 1) / mma::slice_k : 0;
 
+  // One operand's copies of slice s: copies_per_thread per thread, rows from `origin`, into the slice
+  // at `dst`. Gathers (4-byte copies) run as a loop, not unrolled: unrolled, the compiler keeps every
+  // copy's slice-invariant index math in registers across slices (16 rows of a K-major im2col: spills
+  // under the 128-register bound).
+  auto copy = [&](const auto& op, auto layout, int copies_per_thread, int origin, int rows, int k0, float* dst) {
+    using L = decltype(layout);
+    auto one = [&](int j) {
+      int r = 0, k = 0;
+      L::copy_at(tid + j * NT, r, k);
+      const int count = mma::copy_count<L::major, L::copy_floats>(origin + r, k0 + k, rows, k_end);
+      const float* src = count > 0 ? op.source(origin + r, k0 + k) : nullptr;
+      detail::cp_async<L::copy_floats>(dst + L::offset(r, k), src != nullptr ? src : op.base(),
+                                       src != nullptr ? count : 0);
+    };
+    if constexpr (L::copy_floats == 1) {
+#pragma unroll 1
+      for (int j = 0; j < copies_per_thread; ++j)
+        if (L::copies % NT == 0 || tid + j * NT < L::copies) one(j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < copies_per_thread; ++j)
+        if (L::copies % NT == 0 || tid + j * NT < L::copies) one(j);
+    }
+  };
   auto load = [&](int s) {
     float* const stage = smem + (s % STAGES) * STAGE;
     const int k0 = k_begin + s * mma::slice_k;
-#pragma unroll
-    for (int j = 0; j < CA; ++j) {
-      if (LA::copies % NT != 0 && tid + j * NT >= LA::copies) break;
-      int r = 0, k = 0;
-      LA::copy_at(tid + j * NT, r, k);
-      const int count = mma::copy_count<MA>(m0 + r, k0 + k, p.m, k_end);
-      detail::cp_async16(stage + LA::offset(r, k), count > 0 ? detail::address_of(p.a, m0 + r, k0 + k) : p.a.p, count);
-    }
-#pragma unroll
-    for (int j = 0; j < CB; ++j) {
-      if (LB::copies % NT != 0 && tid + j * NT >= LB::copies) break;
-      int r = 0, k = 0;
-      LB::copy_at(tid + j * NT, r, k);
-      const int count = mma::copy_count<MB>(n0 + r, k0 + k, p.n, k_end);
-      detail::cp_async16(stage + W::b_base + LB::offset(r, k),
-                         count > 0 ? detail::address_of(p.b, n0 + r, k0 + k) : p.b.p, count);
-    }
+    copy(p.a, LA{}, CA, m0, p.m, k0, stage);
+    copy(p.b, LB{}, CB, n0, p.n, k0, stage + W::b_base);
   };
 
   int row0 = 0, col0 = 0;
@@ -246,7 +269,7 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
 /// dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
 template <class A, class B, class Epi>
 [[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, int arch) {
-  if constexpr (!is_memory_operand<A> || !is_memory_operand<B>) {
+  if constexpr (!CopyOperand<A> || !CopyOperand<B>) {
     return false;
   } else {
     return arch >= 80 && detail::aligned_for_copies(p.a) && detail::aligned_for_copies(p.b) &&
@@ -258,12 +281,13 @@ template <class A, class B, class Epi>
 /// gemm_mma_can_run (checked; an error names what failed).
 template <class TileT, bool RowSums, class A, class B, class Epi>
 void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, int arch, cudaStream_t stream) {
-  static_assert(is_memory_operand<A> && is_memory_operand<B>,
-                "launch_gemm_mma: the tensor-core mainloop copies Rows or Columns operands only");
+  static_assert(CopyOperand<A> && CopyOperand<B>,
+                "launch_gemm_mma: an operand without source()/base()/copy_floats (CopyOperand) cannot be copied");
   if (p.m <= 0 || p.n <= 0) return;
   require(gemm_mma_can_run(p, arch), "gemm_mma: needs sm_80 or later (this device: sm_", arch,
-          "), 16-byte aligned operands with leading dimensions a multiple of 4 (A: ", p.a.ld, ", B: ", p.b.ld,
-          ") and splits of whole 32-deep slices (k_chunk ", p.k_chunk, ")");
+          "), operands copied 16 bytes at a time 16-byte aligned with leading dimensions a multiple of 4 floats (A ",
+          detail::aligned_for_copies(p.a) ? "is" : "is not", ", B ", detail::aligned_for_copies(p.b) ? "is" : "is not",
+          ") and splits of whole 32-deep slices (k_chunk ", p.k_chunk, " of k ", p.k, ")");
   const unsigned gx = unsigned((p.m + TileT::bm - 1) / TileT::bm);
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm_mma: grid of ", gx, " x ", gy, " x ", splits,

@@ -26,24 +26,29 @@ enum class Major { k, mn };
 inline constexpr int slice_k = 32;     // reduction depth of one staged slice
 inline constexpr int chunk_floats = 4;  // one 16-byte cp.async
 
-/// One operand's slice in shared memory: Rows operand rows (BM or BN) by slice_k reduction indices.
-template <int Rows, Major M>
+/// One operand's slice in shared memory: Rows operand rows (BM or BN) by slice_k reduction indices,
+/// filled by copies of Copy floats: 4 (16-byte cp.async of an operand in memory, along its contiguous
+/// index) or 1 (4-byte cp.async of a gathered element: an implicit-GEMM convolution's im2col).
+template <int Rows, Major M, int Copy = chunk_floats>
 struct SliceLayout;
 
 /// K-major: Rows rows of 32 floats (8 chunks of 16 bytes), chunk c of row r stored at chunk c ^ (r % 8).
 /// The 8 rows an ldmatrix phase reads (8 consecutive rows, one logical chunk) and the 8 chunks a
-/// cp.async phase writes (one row) each fall on 8 distinct groups of 4 banks.
-template <int Rows>
-struct SliceLayout<Rows, Major::k> {
+/// cp.async phase writes (one row) each fall on 8 distinct groups of 4 banks; 4-byte copies of 32
+/// lanes write one row's 32 floats.
+template <int Rows, int Copy>
+struct SliceLayout<Rows, Major::k, Copy> {
   static constexpr Major major = Major::k;
-  static constexpr int chunks_per_row = slice_k / chunk_floats;
+  static constexpr int copy_floats = Copy;
+  static constexpr int copies_per_row = slice_k / Copy;
   static constexpr int floats = Rows * slice_k;
-  static constexpr int copies = Rows * chunks_per_row;  // 16-byte copies that fill the slice
+  static constexpr int copies = Rows * copies_per_row;  // copies that fill the slice
   static_assert(Rows % 16 == 0, "SliceLayout: whole 16-row fragments");
-  /// Copy i of the slice: the operand row and reduction index of its first float (4 along k follow).
+  static_assert(Copy == 1 || Copy == chunk_floats, "SliceLayout: copies of 4 or 16 bytes");
+  /// Copy i of the slice: the operand row and reduction index of its first float (Copy along k).
   FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
-    row = i / chunks_per_row;
-    k = (i % chunks_per_row) * chunk_floats;
+    row = i / copies_per_row;
+    k = (i % copies_per_row) * Copy;
   }
   /// Float offset of element (row, k) in the slice.
   FUSEDP_HD static constexpr int offset(int row, int k) {
@@ -53,22 +58,25 @@ struct SliceLayout<Rows, Major::k> {
 
 /// MN-major: 32 rows (one per k) of Rows floats, padded to Rows + 8 so that the four k of a fragment
 /// load (scalar: ldmatrix cannot transpose 32-bit elements) start 8 banks apart.
-template <int Rows>
-struct SliceLayout<Rows, Major::mn> {
+template <int Rows, int Copy>
+struct SliceLayout<Rows, Major::mn, Copy> {
   static constexpr Major major = Major::mn;
+  static constexpr int copy_floats = Copy;
   static constexpr int pitch = Rows + 8;
-  static constexpr int chunks_per_row = Rows / chunk_floats;
+  static constexpr int copies_per_row = Rows / Copy;
   static constexpr int floats = slice_k * pitch;
-  static constexpr int copies = slice_k * chunks_per_row;
+  static constexpr int copies = slice_k * copies_per_row;
   static_assert(Rows % 16 == 0 && (pitch % 32 == 8 || pitch % 32 == 24),
                 "SliceLayout: the padded pitch must put k rows 8 banks apart");
-  /// Copy i of the slice: the operand row of its first float (4 along the rows follow) and its k.
-  /// Rows of 16 (4 copies each): a pass of 8 copies writes k rows k and k + 2, which the pitch of 24
-  /// puts on disjoint banks (k and k + 1 would overlap by 8).
+  static_assert(Copy == 1 || Copy == chunk_floats, "SliceLayout: copies of 4 or 16 bytes");
+  /// Copy i of the slice: the operand row of its first float (Copy along the rows) and its k; a warp's
+  /// 4-byte copies take 32 consecutive rows of one k, so each thread keeps its rows from slice to slice.
+  /// Rows of 16: a pass (8 16-byte copies, or 32 4-byte ones) writes k rows k and k + 2, which the
+  /// pitch of 24 puts on disjoint banks (k and k + 1 would overlap by 8).
   FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
-    k = i / chunks_per_row;
-    if constexpr (chunks_per_row == 4) k = (k & ~3) | ((k & 1) << 1) | ((k >> 1) & 1);
-    row = (i % chunks_per_row) * chunk_floats;
+    k = i / copies_per_row;
+    if constexpr (Rows == 16) k = (k & ~3) | ((k & 1) << 1) | ((k >> 1) & 1);
+    row = (i % copies_per_row) * Copy;
   }
   FUSEDP_HD static constexpr int offset(int row, int k) { return k * pitch + row; }
 };
@@ -154,18 +162,14 @@ FUSEDP_HD constexpr void warp_origin(int warp, int& row0, int& col0) {
   col0 = (warp / TileT::warps_m) * TileT::warp_n;
 }
 
-/// Which of an operand's floats one 16-byte copy covers, and how many of its four lie inside the
-/// problem (`count` 0..4; cp.async fills the rest with zeros). `row` and `k` are problem coordinates
-/// of the first float; `rows` and `k_end` bound them. K-major copies run along k, MN-major along rows.
-template <Major M>
+/// How many of the Copy floats of one copy lie inside the problem (0..Copy; cp.async fills the rest
+/// with zeros). `row` and `k` are problem coordinates of the first float; `rows` and `k_end` bound
+/// them. K-major copies run along k, MN-major along rows.
+template <Major M, int Copy = chunk_floats>
 FUSEDP_HD constexpr int copy_count(int row, int k, int rows, int k_end) {
-  if constexpr (M == Major::k) {
-    if (row >= rows || k >= k_end) return 0;
-    return k_end - k < chunk_floats ? k_end - k : chunk_floats;
-  } else {
-    if (row >= rows || k >= k_end) return 0;
-    return rows - row < chunk_floats ? rows - row : chunk_floats;
-  }
+  if (row >= rows || k >= k_end) return 0;
+  const int room = M == Major::k ? k_end - k : rows - row;
+  return room < Copy ? room : Copy;
 }
 
 /// The shared-memory offsets (floats, within a stage) one lane of a warp reads for its fragments at
