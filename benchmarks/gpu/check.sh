@@ -286,11 +286,14 @@ GEMM_TEST=""
 [[ -z "$GEMM_TEST" && -x "$OUT/build/tests/test_gpu_gemm_mma" ]] && GEMM_TEST=$OUT/build/tests/test_gpu_gemm_mma
 SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
 if [[ -n "$GEMM_TEST" && -x "$SANITIZER" ]]; then
+  # memcheck on every case; racecheck (far slower) on the small ones: every tile and operand layout.
   for tool in memcheck racecheck; do
     (( $(left) > 100 )) || { log "compute-sanitizer $tool: not run (time limit)"; continue; }
-    log "compute-sanitizer --tool $tool on test_gpu_gemm_mma"
-    timeout 60 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$GEMM_TEST" 2>&1 | tail -3
-    log "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
+    filter=()
+    [[ $tool == racecheck ]] && filter=(--test-case="gemm_mma: every tile*")
+    log "compute-sanitizer --tool $tool on test_gpu_gemm_mma ${filter[*]}"
+    timeout 90 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$GEMM_TEST" "${filter[@]}" 2>&1 | tail -3
+    log "compute-sanitizer $tool exit: ${PIPESTATUS[0]} (0: clean; 9: errors found; 124: timed out)"
   done
 fi
 

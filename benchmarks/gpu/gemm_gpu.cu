@@ -75,7 +75,8 @@ Row run(const fp::Cuda& space, const char* name, int m, int n, int k, bool weigh
   const A oa = operand<A>(a, m, k);
   const B ob = operand<B>(b, n, k);
   const cudaStream_t s = space.stream();
-  const int sms = space.sm_count(), arch = space.architecture();
+  const int sms = space.sm_count();
+  const auto arch = kc::MmaDevice::of(space);
   const kc::GemmProblem<A, B, kc::StoreRowMajor> p{m, n, k, k, oa, ob, {c, m, n, 0}, nullptr};
   const double us_wmma = median_us(s, [&] {
     if (weight) kc::weight_gradient<TileW, fp::precision::Tf32>(s, sms, m, n, k, oa, ob, c, sums, scratch);
@@ -98,7 +99,8 @@ void run_conv(const fp::Cuda& space, std::vector<Row>& rows, float* x, float* w,
   using P = fp::precision::Tf32;
   const kc::ConvShape s(g);
   const cudaStream_t st = space.stream();
-  const int sms = space.sm_count(), arch = space.architecture();
+  const int sms = space.sm_count();
+  const auto arch = kc::MmaDevice::of(space);
   const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w, b, x, y, nullptr);
   rows.push_back({"cifar.conv2.fwd", fwd.m, fwd.n, fwd.k,
                   median_us(st, [&] { kc::launch_gemm<kc::tile_for<128>, P, false>(fwd, 1, st); }),

@@ -160,7 +160,11 @@ void check_conv_sources(const kc::ConvShape& s, int batch, const float* w, const
   const auto ops = kc::conv2d_dw_operands(s, batch, dz, x);
   check_sources(ops.a, ops.m, ops.k, "dW A (dz by channel)");
   check_sources(ops.b, ops.n, ops.k, "dW B (im2col by pixel)");
-  CHECK(kc::gemm_mma_can_run(dxp, 90));
+  const kc::MmaDevice h200{90, 232448};
+  CHECK(kc::gemm_mma_can_run<kc::mma::MmaTile128x64>(dxp, h200));
+  CHECK(kc::gemm_mma_can_run<kc::mma::MmaTile128x128>(kc::GemmProblem<decltype(ops.a), decltype(ops.b), kc::StoreRowMajor>{
+                                                          ops.m, ops.n, ops.k, ops.k, ops.a, ops.b, {}, nullptr},
+                                                      h200));
 }
 
 template <class Epi, class TileF, class TileX, class TileW>
@@ -194,7 +198,8 @@ void check_conv(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
   {
     const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(), nullptr);
     check_sources(fwd.a, fwd.m, fwd.k, "forward A (im2col)");
-    CHECK(kc::gemm_mma_can_run(fwd, 90) == (s.patch % 4 == 0));  // the weights' rows: 16-byte copies
+    const kc::MmaDevice h200{90, 232448};
+    CHECK(kc::gemm_mma_can_run<kc::mma::MmaTile128x128>(fwd, h200) == (s.patch % 4 == 0));  // weights: 16-byte copies
     check_conv_sources(s, batch, w.data(), x.data(), dy.data());
   }
   const kc::ConvGradient<Epi> dz{dy.data(), y.data(), Epi::saves_input ? z.data() : nullptr, s.o, s.ohw, s.ow};

@@ -56,8 +56,14 @@ void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std
   auto sums = gpu_test::poisoned<float>(space, std::size_t(splits) * m);
   const kc::GemmProblem<A, B, kc::StoreRowMajor> p{m,          n, k, k_chunk, A{da.data(), ha.ld}, B{db.data(), hb.ld},
                                                    {c.data(), m, n, count}, sums.data()};
-  REQUIRE(kc::gemm_mma_can_run(p, space.architecture()));
-  kc::launch_gemm_mma<TileT, true>(p, splits, space.architecture(), space.stream());
+  const auto dev = kc::MmaDevice::of(space);
+  if (TileT::template smem_bytes<kc::major_of<A>, kc::major_of<B>> > dev.smem_per_block) {
+    MESSAGE("tile does not fit this device's shared memory per block: the WMMA mainloop runs it");
+    CHECK_FALSE(kc::gemm_mma_can_run<TileT>(p, dev));
+    return;
+  }
+  REQUIRE(kc::gemm_mma_can_run<TileT>(p, dev));
+  kc::launch_gemm_mma<TileT, true>(p, splits, dev, space.stream());
   const auto got = gpu_test::download(space, c), got_sums = gpu_test::download(space, sums);
 
   std::vector<double> want(splits * count), want_sums(std::size_t(splits) * m);
@@ -106,7 +112,8 @@ void check_conv_both(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
   CAPTURE(g.pad);
   using Epi = fp::kernels::Epilogue<fp::kernels::Relu>;
   using P = fp::precision::Tf32;
-  const int arch = space.architecture(), sms = space.sm_count();
+  const auto arch = kc::MmaDevice::of(space);
+  const int sms = space.sm_count();
   const cudaStream_t st = space.stream();
   const kc::ConvShape s(g);
   const auto x = gpu_test::upload(space, gpu_test::random_values(batch * g.in_size(), stream));
@@ -132,7 +139,8 @@ void check_conv_both(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
       kc::weight_gradient<kc::tile_for<Patch>, P>(st, sms, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data(),
                                                    scratch.data());
     } else {
-      if (kc::gemm_mma_can_run(fwd, arch)) kc::launch_gemm_mma<kc::mma::mma_tile_for<O>, false>(fwd, 1, arch, st);
+      if (kc::gemm_mma_can_run<kc::mma::mma_tile_for<O>>(fwd, arch))
+        kc::launch_gemm_mma<kc::mma::mma_tile_for<O>, false>(fwd, 1, arch, st);
       else kc::launch_gemm<kc::tile_for<O>, P, false>(fwd, 1, st);  // weight rows not 16-byte aligned
       kc::launch_gemm_mma<kc::mma::mma_tile_for<C>, false>(dxp, 1, arch, st);
       kc::weight_gradient_mma<kc::mma::mma_tile_for<Patch>>(st, sms, arch, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(),
@@ -176,7 +184,12 @@ TEST_CASE("gemm_mma: every tile and operand layout, edges in m, n and k, against
   check_all_layouts<mma::MmaTile128x64>(space, 131, 70, 70, 70, 200);
   check_all_layouts<mma::MmaTile128x32>(space, 129, 45, 97, 97, 300);
   check_all_layouts<mma::MmaTile128x16>(space, 130, 21, 66, 66, 400);
-  // Many slices per block (the stage ring wraps many times), and split-K with a short last split.
+}
+
+TEST_CASE("gemm_mma: many slices per block (the stage ring wraps), split-K with a short last split") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  if (space.architecture() < 80) return;
   check_all_layouts<mma::MmaTile128x128>(space, 256, 256, 1024, 1024, 500);
   check_all_layouts<mma::MmaTile128x64>(space, 64, 40, 2000, 512, 600);
 }
@@ -193,7 +206,7 @@ TEST_CASE("gemm_mma: equals the WMMA gemm_kernel within TF32 rounding on a Linea
   using P = kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>;
   const P pm{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_mma.data(), m, n, 0}, nullptr};
   const P pw{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_wmma.data(), m, n, 0}, nullptr};
-  kc::launch_gemm_mma<mma::MmaTile128x128, false>(pm, 1, space.architecture(), space.stream());
+  kc::launch_gemm_mma<mma::MmaTile128x128, false>(pm, 1, kc::MmaDevice::of(space), space.stream());
   kc::launch_gemm<kc::TileWide, fp::precision::Tf32, false>(pw, 1, space.stream());
   FUSEDP_CHECK_CLOSE(gpu_test::download(space, c_mma), gpu_test::download(space, c_wmma), 1e-5,
                      "mma.sync vs WMMA (both round each operand to TF32 once)");
@@ -203,16 +216,25 @@ TEST_CASE("gemm_mma: a problem it cannot run is refused with a message, nothing 
   const float* misaligned = reinterpret_cast<const float*>(std::uintptr_t(64) + 4);
   const kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor> p{8, 8, 8, 8, {misaligned, 8}, {misaligned, 8},
                                                                  {nullptr, 8, 8, 0}, nullptr};
-  CHECK_FALSE(kc::gemm_mma_can_run(p, 90));
-  CHECK_FALSE(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
-                                       8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
-                                   75));
-  CHECK_FALSE(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
-                                       8, 8, 8, 8, {nullptr, 6}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
-                                   90));
-  CHECK(kc::gemm_mma_can_run(kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>{
-                                 8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
-                             90));
-  const auto launch = [&] { kc::launch_gemm_mma<mma::MmaTile128x16, false>(p, 1, 90, nullptr); };
+  using T = mma::MmaTile128x16;
+  using RowsProblem = kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>;
+  const kc::MmaDevice h200{90, 232448}, a100{80, 166912}, rtx{86, 101376}, turing{75, 65536};
+  CHECK_FALSE(kc::gemm_mma_can_run<T>(p, h200));  // misaligned base
+  const RowsProblem ok{8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr};
+  CHECK(kc::gemm_mma_can_run<T>(ok, h200));
+  CHECK(kc::gemm_mma_can_run<T>(ok, a100));
+  CHECK_FALSE(kc::gemm_mma_can_run<T>(ok, turing));  // no cp.async / mma.sync TF32
+  CHECK_FALSE(kc::gemm_mma_can_run<T>(RowsProblem{8, 8, 8, 8, {nullptr, 6}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
+                                      h200));  // leading dimension not a multiple of 4
+  CHECK_FALSE(kc::gemm_mma_can_run<T>(RowsProblem{8, 8, 100, 40, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr},
+                                      h200));  // a split of 40: not whole 32-deep slices
+  // The largest tile with MN-major operands (104 KiB) fits an H200's and an A100's block, not an sm_86's.
+  using ColsProblem = kc::GemmProblem<kc::Columns, kc::Columns, kc::StoreRowMajor>;
+  const ColsProblem cols{8, 8, 8, 8, {nullptr, 8}, {nullptr, 8}, {nullptr, 8, 8, 0}, nullptr};
+  CHECK(kc::gemm_mma_can_run<mma::MmaTile128x128>(cols, h200));
+  CHECK(kc::gemm_mma_can_run<mma::MmaTile128x128>(cols, a100));
+  CHECK_FALSE(kc::gemm_mma_can_run<mma::MmaTile128x128>(cols, rtx));
+  CHECK(kc::gemm_mma_can_run<mma::MmaTile128x128>(ok, rtx));  // K-major: 96 KiB
+  const auto launch = [&] { kc::launch_gemm_mma<T, false>(p, 1, h200, nullptr); };
   CHECK_THROWS_WITH_AS(launch(), doctest::Contains("16-byte aligned"), fp::Error);
 }

@@ -8,14 +8,17 @@
 // the row sums with double sums, for every tile of the closed set, every operand layout, edges in m, n
 // and k, and split-K. Also checked: no shared-memory access of the kernel conflicts on a bank.
 //
-// What this cannot check is the hardware itself (the asynchronous copies' ordering, the real
-// instructions); tests/gpu/gemm_mma.cu does, on a device.
+// The cp.async ring runs as the kernel schedules it (mma::Pipeline): copies land only when a wait
+// retires their commit group, their destinations read as NaN until then. What this cannot check is the
+// hardware itself (the real instructions, the barriers between warps); tests/gpu/gemm_mma.cu does, on a
+// device.
 #include <doctest/doctest.h>
 
 #include <fusedp/kernels/cuda/mma_layout.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <deque>
 #include <limits>
 #include <random>
 #include <set>
@@ -45,8 +48,13 @@ void ptx_c(int lane, int reg, int& row, int& col) {
   col = 2 * (lane % 4) + (reg % 2);
 }
 
-// ldmatrix.x4 (.b16 8x8, a 32-bit element being two 16-bit ones): register j of lane l.
+// Addresses an instruction needs 16-byte aligned that were not (ldmatrix rows, 16-byte cp.async).
+int misaligned = 0;
+
+// ldmatrix.x4 (.b16 8x8, a 32-bit element being two 16-bit ones): register j of lane l. Each row
+// address must be 16-byte aligned.
 void ldmatrix_x4(const std::vector<float>& smem, const int (&row_address)[32], float (&out)[32][4]) {
+  for (int l = 0; l < 32; ++l) misaligned += row_address[l] % 4 != 0;
   for (int l = 0; l < 32; ++l)
     for (int j = 0; j < 4; ++j) out[l][j] = smem.at(std::size_t(row_address[8 * j + l / 4] + l % 4));
 }
@@ -82,17 +90,26 @@ Operand make_operand(Major major, int rows, int k, std::mt19937& rng) {
 
 // --- the kernel, block by block ------------------------------------------------------------------
 
-// One slice's copies for one operand, as each thread of the block issues them.
+// The writes of the copies in flight: (shared-memory offset, value), landing when a wait retires them.
+using Writes = std::vector<std::pair<std::size_t, float>>;
+
+// One slice's copies for one operand, as each thread of the block issues them: recorded in `in_flight`,
+// and their destinations poisoned until they land (a read of a slice before its wait sees NaN).
 template <class Layout>
-void copy_slice(std::vector<float>& smem, int base, const Operand& o, int row_origin, int k0, int k_end, int threads) {
+void copy_slice(Writes& in_flight, std::vector<float>& smem, int base, const Operand& o, int row_origin, int k0,
+                int k_end, int threads) {
   for (int tid = 0; tid < threads; ++tid)
     for (int i = tid; i < Layout::copies; i += threads) {
       int r = 0, k = 0;
       Layout::copy_at(i, r, k);
       const int count = mma::copy_count<Layout::major, Layout::copy_floats>(row_origin + r, k0 + k, o.rows, k_end);
       const float* src = count > 0 ? o.address(row_origin + r, k0 + k) : nullptr;
-      for (int e = 0; e < Layout::copy_floats; ++e)  // contiguous bytes at the copy's offset
-        smem.at(std::size_t(base + Layout::offset(r, k) + e)) = e < count ? src[e] : 0.0f;
+      const int dst = base + Layout::offset(r, k);
+      if (Layout::copy_floats == 4) misaligned += dst % 4 != 0;
+      for (int e = 0; e < Layout::copy_floats; ++e) {  // contiguous bytes at the copy's offset
+        in_flight.emplace_back(std::size_t(dst + e), e < count ? src[e] : 0.0f);
+        smem.at(std::size_t(dst + e)) = std::numeric_limits<float>::quiet_NaN();
+      }
     }
 }
 
@@ -127,10 +144,33 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
           return acc[(((std::size_t(w) * 32 + l) * FM + i) * FN + j) * 4 + r];
         };
         auto sum_at = [&](int w, int l, int i, int h) -> float& { return sums[((std::size_t(w) * 32 + l) * FM + i) * 2 + h]; };
+        // The cp.async ring as the kernel runs it (mma::Pipeline): commit groups land only when a wait
+        // retires them.
+        using Ring = mma::Pipeline<TileT::stages>;
+        std::deque<Writes> groups;
+        Writes open;
+        auto issue = [&](int s) {
+          const int base = Ring::stage_of(s) * STAGE, k0 = k_begin + s * mma::slice_k;
+          copy_slice<LA>(open, smem, base, a, m0, k0, k_end, TileT::threads);
+          copy_slice<LB>(open, smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
+        };
+        auto commit = [&] {
+          groups.push_back(std::move(open));
+          open.clear();
+        };
+        auto wait = [&](int pending) {
+          for (; int(groups.size()) > pending; groups.pop_front())
+            for (const auto& [at, v] : groups.front()) smem.at(at) = v;
+        };
+        for (int s = 0; s < Ring::prologue; ++s) {
+          if (s < slices) issue(s);
+          commit();
+        }
         for (int s = 0; s < slices; ++s) {
-          const int base = (s % TileT::stages) * STAGE, k0 = k_begin + s * mma::slice_k;
-          copy_slice<LA>(smem, base, a, m0, k0, k_end, TileT::threads);
-          copy_slice<LB>(smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
+          wait(Ring::pending_at_wait);
+          if (Ring::issued_with(s) < slices) issue(Ring::issued_with(s));
+          commit();
+          const int base = Ring::stage_of(s) * STAGE;
           for (int w = 0; w < warps; ++w) {
             int row0 = 0, col0 = 0;
             mma::warp_origin<TileT>(w, row0, col0);
@@ -203,6 +243,7 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
             }
           }
         }
+        wait(0);
         // Row sums: the butterfly over the four lanes of a fragment row, then lane % 4 == 0 writes.
         if (row_sums && n0 == 0)
           for (int w = 0; w < warps; ++w) {
@@ -251,6 +292,7 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(CopyB);
   std::mt19937 rng(seed);
   const Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
+  misaligned = 0;
   const Result got = emulate<TileT, MA, MB, CopyA, CopyB>(a, b, k_chunk, true);
   const int splits = (k + k_chunk - 1) / k_chunk;
   int bad = 0;
@@ -278,6 +320,7 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
     }
   }
   CHECK(bad == 0);
+  CHECK_MESSAGE(misaligned == 0, misaligned, " ldmatrix rows or 16-byte copies not 16-byte aligned");
 }
 
 template <class TileT>

@@ -21,7 +21,6 @@
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/cuda/mma_layout.hpp"
 
-#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -161,8 +160,9 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
         if (L::copies % NT == 0 || tid + j * NT < L::copies) one(j);
     }
   };
+  using Ring = mma::Pipeline<STAGES>;
   auto load = [&](int s) {
-    float* const stage = smem + (s % STAGES) * STAGE;
+    float* const stage = smem + Ring::stage_of(s) * STAGE;
     const int k0 = k_begin + s * mma::slice_k;
     copy(p.a, LA{}, CA, m0, p.m, k0, stage);
     copy(p.b, LB{}, CB, n0, p.n, k0, stage + W::b_base);
@@ -176,18 +176,18 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   float sums[FM][2] = {};
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < Ring::prologue; ++s) {
     if (s < slices) load(s);
     detail::cp_async_commit();
   }
   for (int s = 0; s < slices; ++s) {
     // Slice s has landed (one commit group per slice, empty ones included), and every warp is done
     // with slice s - 1, whose stage the next load overwrites.
-    detail::cp_async_wait<STAGES - 2>();
+    detail::cp_async_wait<Ring::pending_at_wait>();
     __syncthreads();
-    if (s + STAGES - 1 < slices) load(s + STAGES - 1);
+    if (Ring::issued_with(s) < slices) load(Ring::issued_with(s));
     detail::cp_async_commit();
-    const float* const stage = smem + (s % STAGES) * STAGE;
+    const float* const stage = smem + Ring::stage_of(s) * STAGE;
 #pragma unroll
     for (int step = 0; step < mma::slice_k / 8; ++step) {
       unsigned a[FM][4], b[FN][2];
@@ -264,15 +264,28 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   p.epi.template apply<TileT>(c, TileT::ldc, m0, n0, split, tid);
 }
 
-/// Whether the tensor-core mainloop can run a problem on a device of compute capability `arch`
-/// (major * 10 + minor): sm_80 or later, operands in memory with 16-byte aligned bases and leading
-/// dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
-template <class A, class B, class Epi>
-[[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, int arch) {
+/// What of a device decides whether the tensor-core mainloop runs on it: its compute capability
+/// (major * 10 + minor) and the dynamic shared memory one block may opt in to (227 KiB on sm_90, 163 on
+/// sm_80, 99 on sm_86, sm_89 and sm_120, where the largest tiles with MN-major operands do not fit).
+struct MmaDevice {
+  int arch = 0;
+  std::size_t smem_per_block = 0;
+  template <class P>
+  static MmaDevice of(const CudaSpace<P>& space) {
+    return {space.architecture(), space.shared_memory_per_block()};
+  }
+};
+
+/// Whether the tensor-core mainloop can run a problem with tile TileT on device `d`: sm_80 or later,
+/// the tile's stages within the device's shared memory per block, operands copied 16 bytes at a time
+/// 16-byte aligned with leading dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
+template <class TileT, class A, class B, class Epi>
+[[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, const MmaDevice& d) {
   if constexpr (!CopyOperand<A> || !CopyOperand<B>) {
     return false;
   } else {
-    return arch >= 80 && detail::aligned_for_copies(p.a) && detail::aligned_for_copies(p.b) &&
+    return d.arch >= 80 && TileT::template smem_bytes<major_of<A>, major_of<B>> <= d.smem_per_block &&
+           detail::aligned_for_copies(p.a) && detail::aligned_for_copies(p.b) &&
            (p.k_chunk >= p.k || p.k_chunk % mma::slice_k == 0) && p.k_chunk > 0;
   }
 }
@@ -280,11 +293,13 @@ template <class A, class B, class Epi>
 /// Launches gemm_mma_kernel on `stream` over (m / BM) x (n / BN) x splits blocks. The problem must pass
 /// gemm_mma_can_run (checked; an error names what failed).
 template <class TileT, bool RowSums, class A, class B, class Epi>
-void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, int arch, cudaStream_t stream) {
+void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevice& d, cudaStream_t stream) {
   static_assert(CopyOperand<A> && CopyOperand<B>,
                 "launch_gemm_mma: an operand without source()/base()/copy_floats (CopyOperand) cannot be copied");
   if (p.m <= 0 || p.n <= 0) return;
-  require(gemm_mma_can_run(p, arch), "gemm_mma: needs sm_80 or later (this device: sm_", arch,
+  constexpr std::size_t bytes = TileT::template smem_bytes<major_of<A>, major_of<B>>;
+  require(gemm_mma_can_run<TileT>(p, d), "gemm_mma: needs sm_80 or later (this device: sm_", d.arch, ") with ",
+          bytes, " bytes of shared memory per block (it allows ", d.smem_per_block,
           "), operands copied 16 bytes at a time 16-byte aligned with leading dimensions a multiple of 4 floats (A ",
           detail::aligned_for_copies(p.a) ? "is" : "is not", ", B ", detail::aligned_for_copies(p.b) ? "is" : "is not",
           ") and splits of whole 32-deep slices (k_chunk ", p.k_chunk, " of k ", p.k, ")");
@@ -292,19 +307,12 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, int arch, cuda
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm_mma: grid of ", gx, " x ", gy, " x ", splits,
           " blocks exceeds CUDA's limits (n = ", p.n, ")");
-  constexpr std::size_t bytes = TileT::template smem_bytes<major_of<A>, major_of<B>>;
   const auto kernel = gemm_mma_kernel<TileT, RowSums, A, B, Epi>;
-  if constexpr (bytes > 48 * 1024) {
-    // More than 48 KiB of dynamic shared memory is an opt-in per kernel and device.
-    static std::atomic<std::uint64_t> opted_in{0};
-    int device = 0;
-    FUSEDP_CUDA_CHECK(cudaGetDevice(&device));
-    const std::uint64_t bit = device < 64 ? std::uint64_t(1) << device : 0;
-    if (bit == 0 || (opted_in.load(std::memory_order_relaxed) & bit) == 0) {
-      FUSEDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-      opted_in.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
+  // More than 48 KiB of dynamic shared memory is an opt-in of the kernel on the current device; set at
+  // every launch (a host-side attribute, not a stream operation), so a reset device or a new context
+  // never meets a stale cache.
+  if constexpr (bytes > 48 * 1024)
+    FUSEDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   kernel<<<dim3(gx, gy, unsigned(splits)), TileT::threads, bytes, stream>>>(p);
   FUSEDP_CUDA_CHECK_LAUNCH("gemm_mma_kernel");
 }
@@ -313,10 +321,10 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, int arch, cuda
 /// sums of A when not null, split over k by the same plan (TileT's 32-deep slices) and reduced in the same
 /// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats.
 template <class TileT, class A, class B>
-void weight_gradient_mma(cudaStream_t stream, int sm_count, int arch, int m, int n, int k, const A& a, const B& b,
-                         float* dw, float* db, float* scratch) {
+void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
+                         const B& b, float* dw, float* db, float* scratch) {
   split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, [&](const auto& p, int splits) {
-    launch_gemm_mma<TileT, true>(p, splits, arch, stream);
+    launch_gemm_mma<TileT, true>(p, splits, d, stream);
   });
 }
 

@@ -91,9 +91,10 @@ struct MmaTile {
   static constexpr int threads = 32 * WarpsM * WarpsN;
   static constexpr int warp_m = BM / WarpsM, warp_n = BN / WarpsN;
   static constexpr int frags_m = warp_m / 16, frags_n = warp_n / 8;
-  static constexpr int ldc = BN + 8;
-  // Two blocks per SM (the stages take about 96 KiB of sm_90's 228): at most 128 registers a thread.
-  static constexpr int min_blocks = 65536 / (128 * 32 * WarpsM * WarpsN) < 2 ? 1 : 2;  // accumulator tile pitch: a half-warp's float2 stores hit 32 banks
+  static constexpr int ldc = BN + 8;  // accumulator tile pitch: a half-warp's float2 stores hit 32 banks
+  // Two blocks per SM on sm_90 (the stages take about 96 KiB of its 228; sm_80's 164 hold one): at most
+  // 128 registers a thread.
+  static constexpr int min_blocks = 65536 / (128 * 32 * WarpsM * WarpsN) < 2 ? 1 : 2;
   static_assert(warp_m % 16 == 0 && warp_n % 16 == 0, "MmaTile: each warp owns 16 x 16 multiples");
   static_assert(Stages >= 2, "MmaTile: at least two stages");
   template <Major MA, Major MB>
@@ -105,7 +106,9 @@ struct MmaTile {
 };
 
 // The closed set of tiles, chosen by a GEMM's n (a layer's width, a compile-time fact) as tile_for does.
-// Stages: as many 32-deep slices as fit about 96 KiB, so two blocks share an SM's 228 KiB (sm_90).
+// Stages: as many 32-deep slices as fit about 96 KiB, so two blocks share an SM's 228 KiB (sm_90); with
+// MN-major operands the largest need up to 104 KiB, more than sm_86/89/120 give a block (99 KiB):
+// gemm_mma_can_run says no there.
 using MmaTile128x128 = MmaTile<128, 128, 2, 4, 3>;  // n > 64; warp 64 x 32
 using MmaTile128x64 = MmaTile<128, 64, 4, 2, 4>;    // 32 < n <= 64; warp 32 x 32
 using MmaTile128x32 = MmaTile<128, 32, 8, 1, 4>;    // 16 < n <= 32; warp 16 x 32
@@ -116,6 +119,18 @@ using mma_tile_for =
     std::conditional_t<(N > 64), MmaTile128x128,
                        std::conditional_t<(N > 32), MmaTile128x64,
                                           std::conditional_t<(N > 16), MmaTile128x32, MmaTile128x16>>>;
+
+/// The schedule of the cp.async ring: the prologue issues slices 0 .. Stages - 2 (one commit group
+/// each, empty past the last slice); before computing slice s a thread waits until at most
+/// `pending_at_wait` groups are in flight (so slice s has landed), the block synchronizes, and slice
+/// s + Stages - 1 is issued into the stage slice s - 1 used.
+template <int Stages>
+struct Pipeline {
+  static constexpr int prologue = Stages - 1;
+  static constexpr int pending_at_wait = Stages - 2;
+  FUSEDP_HD static constexpr int stage_of(int slice) { return slice % Stages; }
+  FUSEDP_HD static constexpr int issued_with(int slice) { return slice + Stages - 1; }
+};
 
 /// Lane roles of mma.sync m16n8k8: group = lane / 4 (a fragment row), member = lane % 4.
 FUSEDP_HD constexpr int lane_group(int lane) { return lane >> 2; }
