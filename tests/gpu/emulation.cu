@@ -140,12 +140,22 @@ template <class L>
 void check_sources(const L& op, int rows, int k, const char* what) {
   static_assert(kc::CopyOperand<L>, "a convolution operand the tensor-core mainloop cannot copy");
   int bad = 0;
+  const auto same = [](const float* src, float want) {
+    return src == nullptr ? want == 0.0f : std::memcmp(src, &want, sizeof want) == 0;
+  };
   for (int r = 0; r < rows; ++r)
     for (int q = 0; q < k; ++q) {
-      const float* src = op.source(r, q);
       const float want = op.at(r, q);
-      const bool same = src == nullptr ? want == 0.0f : std::memcmp(src, &want, sizeof want) == 0;
-      if (!same && bad++ < 3) FAIL_CHECK(what << ": source(" << r << ", " << q << ") differs from at()");
+      if (!same(op.source(r, q), want) && bad++ < 3) FAIL_CHECK(what << ": source(" << r << ", " << q << ") differs from at()");
+      // The cursors the kernel hoists (once per thread's row, once per slice's k) give the same address.
+      if constexpr (kc::RowCursorOperand<L>) {
+        if (op.source(op.row_cursor(r), q) != op.source(r, q) && bad++ < 3)
+          FAIL_CHECK(what << ": the row cursor of " << r << " misplaces k " << q);
+      }
+      if constexpr (kc::KCursorOperand<L>) {
+        if (op.source(r, op.k_cursor(q)) != op.source(r, q) && bad++ < 3)
+          FAIL_CHECK(what << ": the k cursor of " << q << " misplaces row " << r);
+      }
     }
   CHECK(bad == 0);
 }

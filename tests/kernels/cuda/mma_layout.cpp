@@ -486,6 +486,39 @@ TEST_CASE("mma layout: no copy, fragment load or accumulator store conflicts on 
   check_tile_banks<mma::MmaTile128x16>();
 }
 
+template <class Layout, int Threads>
+void check_fixed_coordinates() {
+  for (int tid = 0; tid < Threads; ++tid)
+    for (int i = tid; i < Layout::copies; i += Threads) {
+      int r = 0, k = 0;
+      Layout::copy_at(i, r, k);
+      if constexpr (Layout::template row_fixed_per_thread<Threads>) CHECK(r == Layout::fixed_row(tid));
+      if constexpr (Layout::k_fixed_per_thread) CHECK(k == Layout::fixed_k(tid));
+    }
+}
+
+template <class TileT>
+void check_tile_cursors() {
+  using mma::SliceLayout;
+  static_assert(SliceLayout<TileT::bm, Major::mn, 1>::template row_fixed_per_thread<TileT::threads>);
+  static_assert(SliceLayout<TileT::bn, Major::mn, 1>::template row_fixed_per_thread<TileT::threads>);
+  static_assert(SliceLayout<TileT::bm, Major::k, 1>::k_fixed_per_thread);
+  static_assert(!SliceLayout<TileT::bm, Major::mn, 4>::template row_fixed_per_thread<TileT::threads>);
+  check_fixed_coordinates<SliceLayout<TileT::bm, Major::mn, 1>, TileT::threads>();
+  check_fixed_coordinates<SliceLayout<TileT::bn, Major::mn, 1>, TileT::threads>();
+  check_fixed_coordinates<SliceLayout<TileT::bm, Major::k, 1>, TileT::threads>();
+  check_fixed_coordinates<SliceLayout<TileT::bn, Major::k, 1>, TileT::threads>();
+}
+
+TEST_CASE("mma layout: a thread's 4-byte copies keep their row (MN-major) or k (K-major), so cursors hold") {
+  // gemm_mma_kernel computes a gather's row-dependent index math once per thread and its k-dependent
+  // math once per slice on the strength of this.
+  check_tile_cursors<mma::MmaTile128x128>();
+  check_tile_cursors<mma::MmaTile128x64>();
+  check_tile_cursors<mma::MmaTile128x32>();
+  check_tile_cursors<mma::MmaTile128x16>();
+}
+
 TEST_CASE("mma layout: the stages and the accumulator tile fit in the shared memory an H200 block may use") {
   // 227 KiB is sm_90's opt-in maximum per block; two blocks of an SM share 228 KiB.
   CHECK(mma::MmaTile128x128::smem_bytes<Major::k, Major::k> <= 114 * 1024);

@@ -38,12 +38,25 @@ struct ConvShape {
 
   /// &x[img, ch, oy*s - p + ky, ox*s - p + kx] for patch index q = (ch, ky, kx); null in the padding.
   FUSEDP_HD const float* gather_address(const float* x, int img, int oy, int ox, int q) const {
+    return gather_address(window(x, img, oy, ox), q);
+  }
+  /// A window of im2col's row: the image's first channel plane and the input position of the window's
+  /// top-left tap, so that a gather needs only the patch index's division (a row cursor).
+  struct Window {
+    const float* plane;
+    int iy0, ix0;
+  };
+  FUSEDP_HD Window window(const float* x, int img, int oy, int ox) const {
+    return {x + std::size_t(img) * c * hw, oy * stride - pad, ox * stride - pad};
+  }
+  /// gather_address through a window: &x[img, ch, iy0 + ky, ix0 + kx], null in the padding.
+  FUSEDP_HD const float* gather_address(const Window& win, int q) const {
     int ch = 0, r = 0, ky = 0, kx = 0;
     div_kk.divmod(q, ch, r);
     div_k.divmod(r, ky, kx);
-    const int iy = oy * stride - pad + ky, ix = ox * stride - pad + kx;
+    const int iy = win.iy0 + ky, ix = win.ix0 + kx;
     if (iy < 0 || iy >= h || ix < 0 || ix >= w) return nullptr;
-    return x + (std::size_t(img) * c + ch) * hw + std::size_t(iy) * w + ix;
+    return win.plane + std::size_t(ch) * hw + std::size_t(iy) * w + ix;
   }
   /// The value gather_address points at; 0 in the padding.
   FUSEDP_HD float gather(const float* x, int img, int oy, int ox, int q) const {
@@ -122,12 +135,15 @@ struct Im2colRows {
   ConvShape s;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 1;
-  FUSEDP_HD const float* source(int m, int q) const {
+  /// Row cursor: output pixel m's window, computed once per row (gemm_mma.cuh hoists it per thread).
+  FUSEDP_HD ConvShape::Window row_cursor(int m) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(m, img, pix);
     s.div_ow.divmod(pix, oy, ox);
-    return s.gather_address(x, img, oy, ox, q);
+    return s.window(x, img, oy, ox);
   }
+  FUSEDP_HD const float* source(const ConvShape::Window& win, int q) const { return s.gather_address(win, q); }
+  FUSEDP_HD const float* source(int m, int q) const { return source(row_cursor(m), q); }
   FUSEDP_HD const float* base() const { return x; }
   FUSEDP_HD float at(int m, int q) const {
     const float* a = source(m, q);
@@ -145,13 +161,15 @@ struct PooledIm2colRows {
   FastDiv div_pw, div_phw;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 1;
-  FUSEDP_HD const float* source(int m, int q) const {
+  FUSEDP_HD ConvShape::Window row_cursor(int m) const {
     const int win = m / (Kp * Kp), e = m % (Kp * Kp);
     int img = 0, wp = 0, py = 0, px = 0;
     div_phw.divmod(win, img, wp);
     div_pw.divmod(wp, py, px);
-    return s.gather_address(x, img, py * Kp + e / Kp, px * Kp + e % Kp, q);
+    return s.window(x, img, py * Kp + e / Kp, px * Kp + e % Kp);
   }
+  FUSEDP_HD const float* source(const ConvShape::Window& win, int q) const { return s.gather_address(win, q); }
+  FUSEDP_HD const float* source(int m, int q) const { return source(row_cursor(m), q); }
   FUSEDP_HD const float* base() const { return x; }
   FUSEDP_HD float at(int m, int q) const {
     const float* a = source(m, q);
@@ -236,14 +254,23 @@ struct ConvGradientGather {
   ConvShape s;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 1;
-  /// The output pixel (img, ch, oy, ox) whose dz element (m, q) is, or false where none is.
-  FUSEDP_HD bool locate(int m, int q, int& img, int& ch, int& oy, int& ox) const {
-    int pix = 0, iy = 0, ix = 0, r = 0, ky = 0, kx = 0;
+  /// Row cursor: input pixel m as (image, iy + pad, ix + pad).
+  struct Pixel {
+    int img, py, px;
+  };
+  FUSEDP_HD Pixel row_cursor(int m) const {
+    int img = 0, pix = 0, iy = 0, ix = 0;
     s.div_hw.divmod(m, img, pix);
     s.div_w.divmod(pix, iy, ix);
+    return {img, iy + s.pad, ix + s.pad};
+  }
+  /// The output pixel (img, ch, oy, ox) whose dz element (pixel, q) is, or false where none is.
+  FUSEDP_HD bool locate(const Pixel& at_pixel, int q, int& img, int& ch, int& oy, int& ox) const {
+    int r = 0, ky = 0, kx = 0;
+    img = at_pixel.img;
     s.div_kk.divmod(q, ch, r);
     s.div_k.divmod(r, ky, kx);
-    const int ty = iy + s.pad - ky, tx = ix + s.pad - kx;
+    const int ty = at_pixel.py - ky, tx = at_pixel.px - kx;
     if (ty < 0 || tx < 0) return false;
     int ry = 0, rx = 0;
     s.div_stride.divmod(ty, oy, ry);
@@ -252,13 +279,18 @@ struct ConvGradientGather {
   }
   FUSEDP_HD float at(int m, int q) const {
     int img = 0, ch = 0, oy = 0, ox = 0;
-    return locate(m, q, img, ch, oy, ox) ? dz(img, ch, oy, ox) : 0.0f;
+    return locate(row_cursor(m), q, img, ch, oy, ox) ? dz(img, ch, oy, ox) : 0.0f;
+  }
+  FUSEDP_HD const float* source(const Pixel& at_pixel, int q) const
+    requires AddressableGradient<Dz>
+  {
+    int img = 0, ch = 0, oy = 0, ox = 0;
+    return locate(at_pixel, q, img, ch, oy, ox) ? dz.address(img, ch, oy, ox) : nullptr;
   }
   FUSEDP_HD const float* source(int m, int q) const
     requires AddressableGradient<Dz>
   {
-    int img = 0, ch = 0, oy = 0, ox = 0;
-    return locate(m, q, img, ch, oy, ox) ? dz.address(img, ch, oy, ox) : nullptr;
+    return source(row_cursor(m), q);
   }
   FUSEDP_HD const float* base() const
     requires AddressableGradient<Dz>
@@ -273,11 +305,17 @@ struct ConvWeightsByInput {
   ConvShape s;
   static constexpr bool k_fastest = true;
   static constexpr int copy_floats = 1;
-  FUSEDP_HD const float* source(int ch, int q) const {
+  /// k cursor: q = (o, ky, kx) as the offset of W[o, 0, ky, kx]; each input channel adds kk.
+  struct Tap {
+    std::size_t offset;
+  };
+  FUSEDP_HD Tap k_cursor(int q) const {
     int oc = 0, r = 0;
     s.div_kk.divmod(q, oc, r);
-    return w + (std::size_t(oc) * s.c + ch) * s.kk + r;
+    return {std::size_t(oc) * s.c * s.kk + r};
   }
+  FUSEDP_HD const float* source(int ch, const Tap& t) const { return w + t.offset + std::size_t(ch) * s.kk; }
+  FUSEDP_HD const float* source(int ch, int q) const { return source(ch, k_cursor(q)); }
   FUSEDP_HD const float* base() const { return w; }
   FUSEDP_HD float at(int ch, int q) const { return *source(ch, q); }
 };
@@ -295,12 +333,24 @@ struct ConvGradientRows {
     s.div_ow.divmod(pix, oy, ox);
     return dz(img, oc, oy, ox);
   }
+  /// k cursor: output pixel kidx = (img, pix) as the offset of dz[img, 0, pix]; each channel adds ohw.
+  struct Pixel {
+    std::size_t offset;
+  };
+  FUSEDP_HD Pixel k_cursor(int kidx) const {
+    int img = 0, pix = 0;
+    s.div_ohw.divmod(kidx, img, pix);
+    return {std::size_t(img) * s.o * s.ohw + pix};
+  }
+  FUSEDP_HD const float* source(int oc, const Pixel& at_pixel) const
+    requires AddressableGradient<Dz>
+  {
+    return dz.dz + at_pixel.offset + std::size_t(oc) * s.ohw;
+  }
   FUSEDP_HD const float* source(int oc, int kidx) const
     requires AddressableGradient<Dz>
   {
-    int img = 0, pix = 0;
-    s.div_ohw.divmod(kidx, img, pix);
-    return dz.dz + (std::size_t(img) * dz.o + oc) * dz.ohw + pix;
+    return source(oc, k_cursor(kidx));
   }
   FUSEDP_HD const float* base() const
     requires AddressableGradient<Dz>
@@ -315,12 +365,15 @@ struct Im2colColumns {
   ConvShape s;
   static constexpr bool k_fastest = true;
   static constexpr int copy_floats = 1;
-  FUSEDP_HD const float* source(int q, int kidx) const {
+  /// k cursor: output pixel kidx's window.
+  FUSEDP_HD ConvShape::Window k_cursor(int kidx) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(kidx, img, pix);
     s.div_ow.divmod(pix, oy, ox);
-    return s.gather_address(x, img, oy, ox, q);
+    return s.window(x, img, oy, ox);
   }
+  FUSEDP_HD const float* source(int q, const ConvShape::Window& win) const { return s.gather_address(win, q); }
+  FUSEDP_HD const float* source(int q, int kidx) const { return source(q, k_cursor(kidx)); }
   FUSEDP_HD const float* base() const { return x; }
   FUSEDP_HD float at(int q, int kidx) const {
     const float* a = source(q, kidx);

@@ -43,6 +43,18 @@ concept CopyOperand = requires(const L& l, int r, int k) {
 template <class L>
 inline constexpr mma::Major major_of = L::k_fastest ? mma::Major::k : mma::Major::mn;
 
+/// A gathered operand whose row-dependent index math can be done once (`row_cursor(row)`, then
+/// `source(cursor, k)`), or whose k-dependent math can (`k_cursor(k)`, then `source(row, cursor)`):
+/// conv2d.cuh's implicit-GEMM operands. The kernel hoists a cursor where its copies keep the row (or k).
+template <class L>
+concept RowCursorOperand = requires(const L& l) {
+  { l.source(l.row_cursor(0), 0) } -> std::same_as<const float*>;
+};
+template <class L>
+concept KCursorOperand = requires(const L& l) {
+  { l.source(0, l.k_cursor(0)) } -> std::same_as<const float*>;
+};
+
 namespace detail {
 
 template <class L>
@@ -53,6 +65,31 @@ bool aligned_for_copies(const L& l) {
     return reinterpret_cast<std::uintptr_t>(l.p) % 16 == 0 && l.ld % mma::chunk_floats == 0;
   }
 }
+
+// An operand's copy addresses with the cursors the layout lets a thread keep: a row cursor made once
+// per thread, a k cursor once per slice, or none (source(row, k) per copy).
+template <class Layout, class Op, int Threads>
+struct CopySource {
+  static constexpr bool by_row = Layout::major == mma::Major::mn && RowCursorOperand<Op> &&
+                                 Layout::template row_fixed_per_thread<Threads>;
+  static constexpr bool by_k = Layout::major == mma::Major::k && KCursorOperand<Op> && Layout::k_fixed_per_thread;
+  /// The cursor of thread `tid`'s row in a block whose rows start at `origin` (0 when unused).
+  FUSEDP_HD static auto row_cursor(const Op& op, int origin, int tid) {
+    if constexpr (by_row) return op.row_cursor(origin + Layout::fixed_row(tid));
+    else return 0;
+  }
+  /// The cursor of thread `tid`'s k in the slice starting at k0 (0 when unused).
+  FUSEDP_HD static auto k_cursor(const Op& op, int k0, int tid) {
+    if constexpr (by_k) return op.k_cursor(k0 + Layout::fixed_k(tid));
+    else return 0;
+  }
+  template <class R, class K>
+  FUSEDP_HD static const float* at(const Op& op, const R& row_cursor, const K& k_cursor, int row, int k) {
+    if constexpr (by_row) return op.source(row_cursor, k);
+    else if constexpr (by_k) return op.source(row, k_cursor);
+    else return op.source(row, k);
+  }
+};
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FUSEDP_MMA_UNSUPPORTED_ARCH 1
@@ -136,17 +173,27 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   const int k_end = min(p.k, k_begin + p.k_chunk);
   const int slices = k_begin < k_end ? (k_end - k_begin + mma::slice_k - 1) / mma::slice_k : 0;
 
+  // Cursors: a gathered operand's row-dependent index math once per thread (MN-major: each thread
+  // keeps its row in every slice), its k-dependent math once per slice (K-major: each keeps its k).
+  using SA = detail::CopySource<LA, A, NT>;
+  using SB = detail::CopySource<LB, B, NT>;
+  const auto a_rows = SA::row_cursor(p.a, m0, tid);
+  const auto b_rows = SB::row_cursor(p.b, n0, tid);
+
   // One operand's copies of slice s: copies_per_thread per thread, rows from `origin`, into the slice
   // at `dst`. Gathers (4-byte copies) run as a loop, not unrolled: unrolled, the compiler keeps every
   // copy's slice-invariant index math in registers across slices (16 rows of a K-major im2col: spills
   // under the 128-register bound).
-  auto copy = [&](const auto& op, auto layout, int copies_per_thread, int origin, int rows, int k0, float* dst) {
+  auto copy = [&](const auto& op, auto layout, auto source, const auto& rows_cursor, int copies_per_thread, int origin,
+                  int rows, int k0, float* dst) {
     using L = decltype(layout);
+    using Src = decltype(source);
+    const auto k_cursor = Src::k_cursor(op, k0, tid);
     auto one = [&](int j) {
       int r = 0, k = 0;
       L::copy_at(tid + j * NT, r, k);
       const int count = mma::copy_count<L::major, L::copy_floats>(origin + r, k0 + k, rows, k_end);
-      const float* src = count > 0 ? op.source(origin + r, k0 + k) : nullptr;
+      const float* src = count > 0 ? Src::at(op, rows_cursor, k_cursor, origin + r, k0 + k) : nullptr;
       detail::cp_async<L::copy_floats>(dst + L::offset(r, k), src != nullptr ? src : op.base(),
                                        src != nullptr ? count : 0);
     };
@@ -164,8 +211,8 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   auto load = [&](int s) {
     float* const stage = smem + Ring::stage_of(s) * STAGE;
     const int k0 = k_begin + s * mma::slice_k;
-    copy(p.a, LA{}, CA, m0, p.m, k0, stage);
-    copy(p.b, LB{}, CB, n0, p.n, k0, stage + W::b_base);
+    copy(p.a, LA{}, SA{}, a_rows, CA, m0, p.m, k0, stage);
+    copy(p.b, LB{}, SB{}, b_rows, CB, n0, p.n, k0, stage + W::b_base);
   };
 
   int row0 = 0, col0 = 0;

@@ -50,6 +50,13 @@ struct SliceLayout<Rows, Major::k, Copy> {
     row = i / copies_per_row;
     k = (i % copies_per_row) * Copy;
   }
+  /// With 4-byte copies every copy of thread `tid` in a slice has the reduction index fixed_k(tid)
+  /// (blocks of whole warps), so a gather's k-dependent index math runs once per slice (a k cursor).
+  static constexpr bool k_fixed_per_thread = Copy == 1;
+  FUSEDP_HD static constexpr int fixed_k(int tid) { return tid % slice_k; }
+  template <int Threads>
+  static constexpr bool row_fixed_per_thread = false;  // a thread's copies walk rows
+  FUSEDP_HD static constexpr int fixed_row(int) { return 0; }
   /// Float offset of element (row, k) in the slice.
   FUSEDP_HD static constexpr int offset(int row, int k) {
     return row * slice_k + (((k / chunk_floats) ^ (row & 7)) * chunk_floats) + (k % chunk_floats);
@@ -78,6 +85,14 @@ struct SliceLayout<Rows, Major::mn, Copy> {
     if constexpr (Rows == 16) k = (k & ~3) | ((k & 1) << 1) | ((k >> 1) & 1);
     row = (i % copies_per_row) * Copy;
   }
+  /// With 4-byte copies and a block of a multiple of Rows threads, every copy of thread `tid` has the
+  /// row fixed_row(tid) in every slice, so a gather's row-dependent index math runs once per thread
+  /// (a row cursor: the im2col offsets computed once per tile row, not per element).
+  template <int Threads>
+  static constexpr bool row_fixed_per_thread = Copy == 1 && Threads % Rows == 0;
+  FUSEDP_HD static constexpr int fixed_row(int tid) { return tid % Rows; }
+  static constexpr bool k_fixed_per_thread = false;  // a thread's copies walk k
+  FUSEDP_HD static constexpr int fixed_k(int) { return 0; }
   FUSEDP_HD static constexpr int offset(int row, int k) { return k * pitch + row; }
 };
 
