@@ -9,7 +9,8 @@
 // Verified on an H200 (sm_90; benchmarks/RESULTS.md) against the Host kernels; the loaders and
 // epilogues are __host__ __device__ and also checked on the CPU (tests/gpu/emulation.cu). Measured
 // there, this mainloop is far from the tensor cores' rate (conv2's weight gradient of the CIFAR-10 CNN
-// at about 7 TFLOP/s; issue 14 is its replacement).
+// at about 7 TFLOP/s); gemm_mma.cuh is its replacement (issue 14), for the same problems and epilogues,
+// not yet run on a GPU.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
