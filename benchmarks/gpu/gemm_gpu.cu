@@ -1,13 +1,13 @@
 // gemm_gpu: the tensor-core mainloop (kernels/cuda/gemm_mma.cuh) against the WMMA gemm_kernel it is
 // to replace, on the GEMM problems of the seed networks at batch 128 (and the width-128 MLP at 2^18
-// rows), TF32: CIFAR-10 conv2's three implicit GEMMs with the operands conv2d.cuh builds (im2col
-// gathered on the fly, dz stored densely as conv2d_backward leaves it), and plain GEMMs of operands in
-// memory with the layouts a Linear reads (Rows: the reduction index contiguous; Columns: the rows
-// contiguous). Weight gradients run the split-K flow (partial products, then the fixed-order sum) with
-// the bias row sums, as the layers do. Times are CUDA events around each launch, median of 30 after 5
-// warm-ups. One line per problem and kernel:
+// rows), TF32 (two problems also in BF16): CIFAR-10 conv2's three implicit GEMMs with the operands
+// conv2d.cuh builds (im2col gathered on the fly, dz stored densely as conv2d_backward leaves it), and
+// plain GEMMs of operands in memory with the layouts a Linear reads (Rows: the reduction index
+// contiguous; Columns: the rows contiguous). Weight gradients run the split-K flow (partial products,
+// then the fixed-order sum) with the bias row sums, as the layers do. Times are CUDA events around
+// each launch, median of 30 after 5 warm-ups. One line per problem and kernel (placeholders here):
 //
-//   GEMM name=cifar.conv2.dw m=128 n=576 k=32768 a=cols b=cols impl=mma us=41.2 tflops=117.3 peak_pct=23.7
+//   GEMM name=cifar.conv2.dw m=128 n=576 k=32768 impl=mma us=<time> tflops=<rate> peak_pct=<share>
 //
 // then a Markdown table (benchmarks/RESULTS.md). Written and compiled without a GPU; its numbers exist
 // only once someone runs it on one (benchmarks/gpu/check.sh does).
@@ -66,8 +66,9 @@ const char* layout_name() {
 }
 
 // One problem: C (m x n) = A(m, k) B(n, k), a plain store (forward, input gradient), or with `weight`
-// the split-K weight gradient with row sums. N: the layer width that picks both kernels' tiles.
-template <int N, class A, class B>
+// the split-K weight gradient with row sums. N: the layer width that picks both kernels' tiles; P: TF32
+// or BF16 on both.
+template <int N, class A, class B, class P = fp::precision::Tf32>
 Row run(const fp::Cuda& space, const char* name, int m, int n, int k, bool weight, float* a, float* b, float* c,
         float* sums, float* scratch) {
   using TileW = kc::tile_for<N>;
@@ -79,12 +80,12 @@ Row run(const fp::Cuda& space, const char* name, int m, int n, int k, bool weigh
   const auto arch = kc::MmaDevice::of(space);
   const kc::GemmProblem<A, B, kc::StoreRowMajor> p{m, n, k, k, oa, ob, {c, m, n, 0}, nullptr};
   const double us_wmma = median_us(s, [&] {
-    if (weight) kc::weight_gradient<TileW, fp::precision::Tf32>(s, sms, m, n, k, oa, ob, c, sums, scratch);
-    else kc::launch_gemm<TileW, fp::precision::Tf32, false>(p, 1, s);
+    if (weight) kc::weight_gradient<TileW, P>(s, sms, m, n, k, oa, ob, c, sums, scratch);
+    else kc::launch_gemm<TileW, P, false>(p, 1, s);
   });
   const double us_mma = median_us(s, [&] {
-    if (weight) kc::weight_gradient_mma<TileM>(s, sms, arch, m, n, k, oa, ob, c, sums, scratch);
-    else kc::launch_gemm_mma<TileM, false>(p, 1, arch, s);
+    if (weight) kc::weight_gradient_mma<TileM, P>(s, sms, arch, m, n, k, oa, ob, c, sums, scratch);
+    else kc::launch_gemm_mma<TileM, false, P>(p, 1, arch, s);
   });
   return {name, m, n, k, us_wmma, us_mma};
 }
@@ -158,6 +159,12 @@ int main() try {
   rows.push_back(run<128, C, C>(space, "mlp128.dw", 128, 128, 262144, true, pa, pb, pc, ps, pt));
   // A square reference.
   rows.push_back(run<4096, R, R>(space, "square4096", 4096, 4096, 4096, false, pa, pb, pc, ps, pt));
+  // BF16 tensor cores (m16n8k16) on both, for the same square and fc1's weight gradient; the % of peak
+  // column is still of the TF32 peak (BF16's is twice it).
+  rows.push_back(run<4096, R, R, fp::precision::Bf16>(space, "square4096.bf16", 4096, 4096, 4096, false, pa, pb, pc,
+                                                       ps, pt));
+  rows.push_back(run<8192, C, C, fp::precision::Bf16>(space, "cifar.fc1.dw.bf16", 1024, 8192, 128, true, pa, pb, pc,
+                                                       ps, pt));
 
   std::printf("| problem | m x n x k | WMMA us | WMMA TFLOP/s | mma.sync us | mma.sync TFLOP/s | %% of %.0f TFLOP/s |\n",
               peak / 1e12);

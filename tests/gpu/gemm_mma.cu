@@ -37,8 +37,10 @@ HostOperand<L> make_operand(int rows, int k, std::uint64_t stream) {
   return o;
 }
 
-template <class TileT, class A, class B>
+template <class TileT, class A, class B, class P = fp::precision::Tf32>
 void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std::uint64_t stream) {
+  constexpr bool bf16 = std::is_same_v<P, fp::precision::Bf16>;
+  CAPTURE(bf16);
   CAPTURE(TileT::bm);
   CAPTURE(TileT::bn);
   CAPTURE(A::k_fastest);
@@ -63,7 +65,7 @@ void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std
     return;
   }
   REQUIRE(kc::gemm_mma_can_run<TileT>(p, dev));
-  kc::launch_gemm_mma<TileT, true>(p, splits, dev, space.stream());
+  kc::launch_gemm_mma<TileT, true, P>(p, splits, dev, space.stream());
   const auto got = gpu_test::download(space, c), got_sums = gpu_test::download(space, sums);
 
   std::vector<double> want(splits * count), want_sums(std::size_t(splits) * m);
@@ -80,7 +82,8 @@ void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std
       for (int j = 0; j < n; ++j) {
         double s = 0, mag = 0;
         for (int kk = k0; kk < k1; ++kk) {
-          const double pr = double(mma::round_tf32_host(ha.at(i, kk))) * double(mma::round_tf32_host(hb.at(j, kk)));
+          const auto round = [](float v) { return bf16 ? mma::round_bf16_host(v) : mma::round_tf32_host(v); };
+          const double pr = double(round(ha.at(i, kk))) * double(round(hb.at(j, kk)));
           s += pr;
           mag += std::fabs(pr);
         }
@@ -89,7 +92,7 @@ void check_mma_gemm(const fp::Cuda& space, int m, int n, int k, int k_chunk, std
       }
     }
   }
-  // fp32 accumulation of TF32 products: a few ulps of the magnitude sum, not TF32's rounding.
+  // fp32 accumulation of TF32 (BF16) products: a few ulps of the magnitude sum, not the operands' rounding.
   CHECK_MESSAGE(worst <= 1e-5, "worst error relative to the sum of |products|: " << worst);
 }
 
@@ -192,6 +195,17 @@ TEST_CASE("gemm_mma: many slices per block (the stage ring wraps), split-K with 
   if (space.architecture() < 80) return;
   check_all_layouts<mma::MmaTile128x128>(space, 256, 256, 1024, 1024, 500);
   check_all_layouts<mma::MmaTile128x64>(space, 64, 40, 2000, 512, 600);
+}
+
+TEST_CASE("gemm_mma: BF16 (m16n8k16) for every operand layout, against double of the bf16-rounded operands") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  if (space.architecture() < 80) return;
+  using Bf = fp::precision::Bf16;
+  check_mma_gemm<mma::MmaTile128x128, kc::Rows, kc::Rows, Bf>(space, 300, 270, 203, 203, 1100);
+  check_mma_gemm<mma::MmaTile128x64, kc::Rows, kc::Columns, Bf>(space, 131, 70, 200, 64, 1110);
+  check_mma_gemm<mma::MmaTile128x32, kc::Columns, kc::Rows, Bf>(space, 129, 45, 97, 97, 1120);
+  check_mma_gemm<mma::MmaTile128x16, kc::Columns, kc::Columns, Bf>(space, 130, 21, 66, 66, 1130);
 }
 
 TEST_CASE("gemm_mma: equals the WMMA gemm_kernel within TF32 rounding on a Linear-sized problem") {

@@ -51,6 +51,19 @@ void ptx_c(int lane, int reg, int& row, int& col) {
 // Addresses an instruction needs 16-byte aligned that were not (ldmatrix rows, 16-byte cp.async).
 int misaligned = 0;
 
+// mma.m16n8k16 .bf16 A (16 x 16), element i (0..7; register i / 2, the even one in the low half):
+// rows g (i in 0, 1, 4, 5) or g + 8, k 2t + (i & 1), + 8 for i >= 4.
+void ptx_a16(int lane, int i, int& row, int& col) {
+  const int g = lane / 4, t = lane % 4;
+  row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+  col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+}
+// B (16 x 8, k x n), element i (0..3): k 2t + (i & 1), + 8 for i >= 2; n g.
+void ptx_b16(int lane, int i, int& k, int& n) {
+  k = 2 * (lane % 4) + (i & 1) + (i >= 2 ? 8 : 0);
+  n = lane / 4;
+}
+
 // ldmatrix.x4 (.b16 8x8, a 32-bit element being two 16-bit ones): register j of lane l. Each row
 // address must be 16-byte aligned.
 void ldmatrix_x4(const std::vector<float>& smem, const int (&row_address)[32], float (&out)[32][4]) {
@@ -118,7 +131,7 @@ struct Result {
   std::vector<float> sums;  // splits x m
 };
 
-template <class TileT, Major MA, Major MB, int CopyA, int CopyB>
+template <class TileT, Major MA, Major MB, int CopyA, int CopyB, bool Bf16>
 Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
   using LA = mma::SliceLayout<TileT::bm, MA, CopyA>;
   using LB = mma::SliceLayout<TileT::bn, MB, CopyB>;
@@ -174,8 +187,8 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
           for (int w = 0; w < warps; ++w) {
             int row0 = 0, col0 = 0;
             mma::warp_origin<TileT>(w, row0, col0);
-            for (int step = 0; step < mma::slice_k / 8; ++step) {
-              float fa[FM][32][4], fb[FN][32][2];
+            // One 8-deep step's fragments as fp32 (the m16n8k8 .tf32 layouts), A's row sums on the way.
+            auto load_step = [&](int step, float (&fa)[FM][32][4], float (&fb)[FN][32][2]) {
               for (int i = 0; i < FM; ++i) {
                 if constexpr (MA == Major::k) {
                   int addr[32];
@@ -190,8 +203,6 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
                     sum_at(w, l, i, 0) += fa[i][l][0] + fa[i][l][2];
                     sum_at(w, l, i, 1) += fa[i][l][1] + fa[i][l][3];
                   }
-                for (int l = 0; l < 32; ++l)
-                  for (float& v : fa[i][l]) v = mma::round_tf32_host(v);
               }
               for (int j = 0; j < FN; j += 2) {
                 if constexpr (MB == Major::k) {
@@ -211,35 +222,81 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
                       for (int r = 0; r < 2; ++r)
                         fb[j + q][l][r] = smem.at(std::size_t(base + W::b_scalar(l, col0, j + q, step, r)));
                 }
-                for (int q = 0; q < 2; ++q)
-                  for (int l = 0; l < 32; ++l)
-                    for (float& v : fb[j + q][l]) v = mma::round_tf32_host(v);
               }
-              // mma.sync: gather the fragments into matrices by the PTX tables, multiply, scatter back.
-              for (int i = 0; i < FM; ++i)
-                for (int j = 0; j < FN; ++j) {
-                  double am[16][8] = {}, bm[8][8] = {};
-                  for (int l = 0; l < 32; ++l) {
-                    for (int r = 0; r < 4; ++r) {
-                      int row = 0, col = 0;
-                      ptx_a(l, r, row, col);
-                      am[row][col] = fa[i][l][r];
+            };
+            if constexpr (!Bf16) {
+              for (int step = 0; step < mma::slice_k / 8; ++step) {
+                float fa[FM][32][4], fb[FN][32][2];
+                load_step(step, fa, fb);
+                // mma.sync m16n8k8 .tf32: operands rounded (cvt.rna), gathered into matrices by the PTX
+                // tables, multiplied, scattered back.
+                for (int i = 0; i < FM; ++i)
+                  for (int j = 0; j < FN; ++j) {
+                    double am[16][8] = {}, bm[8][8] = {};
+                    for (int l = 0; l < 32; ++l) {
+                      for (int r = 0; r < 4; ++r) {
+                        int row = 0, col = 0;
+                        ptx_a(l, r, row, col);
+                        am[row][col] = mma::round_tf32_host(fa[i][l][r]);
+                      }
+                      for (int r = 0; r < 2; ++r) {
+                        int kk = 0, col = 0;
+                        ptx_b(l, r, kk, col);
+                        bm[kk][col] = mma::round_tf32_host(fb[j][l][r]);
+                      }
                     }
-                    for (int r = 0; r < 2; ++r) {
-                      int kk = 0, col = 0;
-                      ptx_b(l, r, kk, col);
-                      bm[kk][col] = fb[j][l][r];
-                    }
+                    for (int l = 0; l < 32; ++l)
+                      for (int r = 0; r < 4; ++r) {
+                        int row = 0, col = 0;
+                        ptx_c(l, r, row, col);
+                        double d = 0;
+                        for (int kk = 0; kk < 8; ++kk) d += am[row][kk] * bm[kk][col];
+                        acc_at(w, l, i, j, r) += float(d);
+                      }
                   }
-                  for (int l = 0; l < 32; ++l)
-                    for (int r = 0; r < 4; ++r) {
-                      int row = 0, col = 0;
-                      ptx_c(l, r, row, col);
-                      double d = 0;
-                      for (int kk = 0; kk < 8; ++kk) d += am[row][kk] * bm[kk][col];
-                      acc_at(w, l, i, j, r) += float(d);
+              }
+            } else {
+              for (int step = 0; step < mma::slice_k / 8; step += 2) {
+                float fa[2][FM][32][4], fb[2][FN][32][2];
+                load_step(step, fa[0], fb[0]);
+                load_step(step + 1, fa[1], fb[1]);
+                // mma.sync m16n8k16 .bf16: register r of a lane packs (element 2r low, 2r + 1 high) as the
+                // kernel packs them (mma::bf16_a_pair / bf16_b_pair), read by the PTX tables.
+                for (int i = 0; i < FM; ++i)
+                  for (int j = 0; j < FN; ++j) {
+                    double am[16][16] = {}, bm[16][8] = {};
+                    for (int l = 0; l < 32; ++l) {
+                      for (int r = 0; r < 4; ++r) {
+                        int half = 0, lo = 0, hi = 0;
+                        mma::bf16_a_pair(r, half, lo, hi);
+                        const float v[2] = {fa[half][i][l][lo], fa[half][i][l][hi]};
+                        for (int e = 0; e < 2; ++e) {
+                          int row = 0, col = 0;
+                          ptx_a16(l, 2 * r + e, row, col);
+                          am[row][col] = mma::round_bf16_host(v[e]);
+                        }
+                      }
+                      for (int r = 0; r < 2; ++r) {
+                        int half = 0, lo = 0, hi = 0;
+                        mma::bf16_b_pair(r, half, lo, hi);
+                        const float v[2] = {fb[half][j][l][lo], fb[half][j][l][hi]};
+                        for (int e = 0; e < 2; ++e) {
+                          int kk = 0, col = 0;
+                          ptx_b16(l, 2 * r + e, kk, col);
+                          bm[kk][col] = mma::round_bf16_host(v[e]);
+                        }
+                      }
                     }
-                }
+                    for (int l = 0; l < 32; ++l)
+                      for (int r = 0; r < 4; ++r) {
+                        int row = 0, col = 0;
+                        ptx_c(l, r, row, col);
+                        double d = 0;
+                        for (int kk = 0; kk < 16; ++kk) d += am[row][kk] * bm[kk][col];
+                        acc_at(w, l, i, j, r) += float(d);
+                      }
+                  }
+              }
             }
           }
         }
@@ -278,7 +335,7 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
   return out;
 }
 
-template <class TileT, Major MA, Major MB, int CopyA = 4, int CopyB = 4>
+template <class TileT, Major MA, Major MB, int CopyA = 4, int CopyB = 4, bool Bf16 = false>
 void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(TileT::bm);
   CAPTURE(TileT::bn);
@@ -290,10 +347,12 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(k_chunk);
   CAPTURE(CopyA);
   CAPTURE(CopyB);
+  CAPTURE(Bf16);
   std::mt19937 rng(seed);
   const Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
   misaligned = 0;
-  const Result got = emulate<TileT, MA, MB, CopyA, CopyB>(a, b, k_chunk, true);
+  const Result got = emulate<TileT, MA, MB, CopyA, CopyB, Bf16>(a, b, k_chunk, true);
+  const auto round = [](float v) { return Bf16 ? mma::round_bf16_host(v) : mma::round_tf32_host(v); };
   const int splits = (k + k_chunk - 1) / k_chunk;
   int bad = 0;
   for (int z = 0; z < splits; ++z) {
@@ -309,7 +368,7 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
       for (int j = 0; j < n; ++j) {
         double ref = 0, mag = 0;
         for (int kk = k_begin; kk < k_end; ++kk) {
-          const double p = double(mma::round_tf32_host(a.at(i, kk))) * double(mma::round_tf32_host(b.at(j, kk)));
+          const double p = double(round(a.at(i, kk))) * double(round(b.at(j, kk)));
           ref += p;
           mag += std::fabs(p);
         }
@@ -335,6 +394,17 @@ void check_tile_all_layouts(int m, int n, int k, int k_chunk, unsigned seed) {
   check_gemm<TileT, Major::k, Major::k, 1, 1>(m, n, k, k_chunk, seed + 5);
   check_gemm<TileT, Major::k, Major::mn, 4, 1>(m, n, k, k_chunk, seed + 6);
   check_gemm<TileT, Major::mn, Major::mn, 1, 1>(m, n, k, k_chunk, seed + 7);
+}
+
+// BF16 (m16n8k16, packed from two TF32-layout steps) for every operand layout and copy size.
+template <class TileT>
+void check_tile_bf16(int m, int n, int k, int k_chunk, unsigned seed) {
+  check_gemm<TileT, Major::k, Major::k, 4, 4, true>(m, n, k, k_chunk, seed);
+  check_gemm<TileT, Major::k, Major::mn, 4, 4, true>(m, n, k, k_chunk, seed + 1);
+  check_gemm<TileT, Major::mn, Major::k, 4, 4, true>(m, n, k, k_chunk, seed + 2);
+  check_gemm<TileT, Major::mn, Major::mn, 4, 4, true>(m, n, k, k_chunk, seed + 3);
+  check_gemm<TileT, Major::mn, Major::k, 1, 1, true>(m, n, k, k_chunk, seed + 4);
+  check_gemm<TileT, Major::k, Major::k, 1, 1, true>(m, n, k, k_chunk, seed + 5);
 }
 
 // Banks (4-byte words modulo 32) of a set of accesses that the hardware serves in one pass.
@@ -471,6 +541,21 @@ TEST_CASE("mma layout: every tile and operand layout computes the GEMM, with edg
   check_tile_all_layouts<mma::MmaTile128x64>(131, 70, 70, 70, 11);
   check_tile_all_layouts<mma::MmaTile128x32>(129, 45, 97, 97, 21);
   check_tile_all_layouts<mma::MmaTile128x16>(130, 21, 66, 66, 31);
+}
+
+TEST_CASE("mma layout: BF16 pairs two TF32-layout steps into m16n8k16 registers without changing the sum") {
+  check_tile_bf16<mma::MmaTile128x128>(150, 137, 83, 83, 61);
+  check_tile_bf16<mma::MmaTile128x64>(64, 40, 200, 64, 71);
+  check_tile_bf16<mma::MmaTile128x32>(129, 45, 97, 97, 81);
+  check_tile_bf16<mma::MmaTile128x16>(130, 21, 66, 66, 91);
+}
+
+TEST_CASE("mma layout: bf16 rounding on the host is to nearest, ties to even") {
+  CHECK(mma::round_bf16_host(1.0f) == 1.0f);
+  CHECK(mma::round_bf16_host(1.0f + 0x1p-8f) == 1.0f);                  // tie, even below
+  CHECK(mma::round_bf16_host(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);    // tie, even above
+  CHECK(mma::round_bf16_host(-(1.0f + 3 * 0x1p-8f)) == -(1.0f + 0x1p-6f));
+  CHECK(mma::round_bf16_host(1.0f + 0x1p-9f) == 1.0f);
 }
 
 TEST_CASE("mma layout: split-K runs whole slices per split, each with its own row sums") {

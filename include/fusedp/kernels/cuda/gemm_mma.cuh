@@ -21,6 +21,8 @@
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/cuda/mma_layout.hpp"
 
+#include <cuda_bf16.h>
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -150,13 +152,34 @@ __device__ FUSEDP_ALWAYS_INLINE void mma_tf32(float (&d)[4], const unsigned (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
+// Two fp32 values as a bf16x2 register, each rounded to nearest even: `lo` in the low half (the
+// fragment's lower-numbered element).
+__device__ FUSEDP_ALWAYS_INLINE unsigned pack_bf16(unsigned lo, unsigned hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(__uint_as_float(lo), __uint_as_float(hi));
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+__device__ FUSEDP_ALWAYS_INLINE void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
+  __trap();
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
 #undef FUSEDP_MMA_UNSUPPORTED_ARCH
 
 }  // namespace detail
 
-/// The tensor-core GEMM kernel: one TileT::bm x TileT::bn tile of C per block over its split's k-range.
-template <class TileT, bool RowSums, class A, class B, class Epi>
+/// The tensor-core GEMM kernel: one TileT::bm x TileT::bn tile of C per block over its split's k-range,
+/// multiplied in precision P: Tf32 (m16n8k8) or Bf16 (m16n8k16; operands rounded to bf16 from the fp32
+/// in shared memory, fp32 accumulation).
+template <class TileT, bool RowSums, class P, class A, class B, class Epi>
 __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_kernel(const GemmProblem<A, B, Epi> p) {
+  constexpr bool BF16 = std::is_same_v<P, precision::Bf16>;
+  static_assert(BF16 || std::is_same_v<P, precision::Tf32>, "gemm_mma_kernel: TF32 or BF16 tensor cores");
   constexpr mma::Major MA = major_of<A>, MB = major_of<B>;
   using LA = mma::SliceLayout<TileT::bm, MA, A::copy_floats>;
   using LB = mma::SliceLayout<TileT::bn, MB, B::copy_floats>;
@@ -235,9 +258,8 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
     if (Ring::issued_with(s) < slices) load(Ring::issued_with(s));
     detail::cp_async_commit();
     const float* const stage = smem + Ring::stage_of(s) * STAGE;
-#pragma unroll
-    for (int step = 0; step < mma::slice_k / 8; ++step) {
-      unsigned a[FM][4], b[FN][2];
+    // The fp32 bits of one 8-deep step's fragments (the m16n8k8 .tf32 layouts), A's row sums on the way.
+    auto fragments = [&](int step, unsigned (&a)[FM][4], unsigned (&b)[FN][2]) {
 #pragma unroll
       for (int i = 0; i < FM; ++i) {
         if constexpr (MA == mma::Major::k) {
@@ -252,8 +274,6 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
             sums[i][1] += __uint_as_float(a[i][1]) + __uint_as_float(a[i][3]);
           }
         }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[i][r] = detail::to_tf32(a[i][r]);
       }
 #pragma unroll
       for (int j = 0; j < FN; j += 2) {
@@ -270,15 +290,56 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
 #pragma unroll
             for (int r = 0; r < 2; ++r) b[j + q][r] = __float_as_uint(stage[W::b_scalar(lane, col0, j + q, step, r)]);
         }
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) b[j + q][r] = detail::to_tf32(b[j + q][r]);
       }
+    };
+    if constexpr (!BF16) {
 #pragma unroll
-      for (int i = 0; i < FM; ++i)
+      for (int step = 0; step < mma::slice_k / 8; ++step) {
+        unsigned a[FM][4], b[FN][2];
+        fragments(step, a, b);
 #pragma unroll
-        for (int j = 0; j < FN; ++j) detail::mma_tf32(acc[i][j], a[i], b[j]);
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[i][r] = detail::to_tf32(a[i][r]);
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) b[j][r] = detail::to_tf32(b[j][r]);
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+          for (int j = 0; j < FN; ++j) detail::mma_tf32(acc[i][j], a[i], b[j]);
+      }
+    } else {
+      // BF16: two 8-deep steps make one m16n8k16, each register a pair of elements (mma::bf16_a_pair
+      // and bf16_b_pair: the same k permutation for A and B, so the sum over k is unchanged).
+#pragma unroll
+      for (int step = 0; step < mma::slice_k / 8; step += 2) {
+        unsigned a[2][FM][4], b[2][FN][2];
+        fragments(step, a[0], b[0]);
+        fragments(step + 1, a[1], b[1]);
+        unsigned a16[FM][4], b16[FN][2];
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            int half = 0, lo = 0, hi = 0;
+            mma::bf16_a_pair(r, half, lo, hi);
+            a16[i][r] = detail::pack_bf16(a[half][i][lo], a[half][i][hi]);
+          }
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            int half = 0, lo = 0, hi = 0;
+            mma::bf16_b_pair(r, half, lo, hi);
+            b16[j][r] = detail::pack_bf16(b[half][j][lo], b[half][j][hi]);
+          }
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+          for (int j = 0; j < FN; ++j) detail::mma_bf16(acc[i][j], a16[i], b16[j]);
+      }
     }
   }
   detail::cp_async_wait<0>();
@@ -328,6 +389,7 @@ struct MmaDevice {
 /// 16-byte aligned with leading dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
 template <class TileT, class A, class B, class Epi>
 [[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, const MmaDevice& d) {
+  // The same for either precision: the shared memory holds fp32 either way.
   if constexpr (!CopyOperand<A> || !CopyOperand<B>) {
     return false;
   } else {
@@ -337,9 +399,9 @@ template <class TileT, class A, class B, class Epi>
   }
 }
 
-/// Launches gemm_mma_kernel on `stream` over (m / BM) x (n / BN) x splits blocks. The problem must pass
-/// gemm_mma_can_run (checked; an error names what failed).
-template <class TileT, bool RowSums, class A, class B, class Epi>
+/// Launches gemm_mma_kernel in precision P (Tf32 or Bf16) on `stream` over (m / BM) x (n / BN) x splits
+/// blocks. The problem must pass gemm_mma_can_run (checked; an error names what failed).
+template <class TileT, bool RowSums, class P = precision::Tf32, class A, class B, class Epi>
 void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevice& d, cudaStream_t stream) {
   static_assert(CopyOperand<A> && CopyOperand<B>,
                 "launch_gemm_mma: an operand without source()/base()/copy_floats (CopyOperand) cannot be copied");
@@ -354,7 +416,7 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm_mma: grid of ", gx, " x ", gy, " x ", splits,
           " blocks exceeds CUDA's limits (n = ", p.n, ")");
-  const auto kernel = gemm_mma_kernel<TileT, RowSums, A, B, Epi>;
+  const auto kernel = gemm_mma_kernel<TileT, RowSums, P, A, B, Epi>;
   // More than 48 KiB of dynamic shared memory is an opt-in of the kernel on the current device; set at
   // every launch (a host-side attribute, not a stream operation), so a reset device or a new context
   // never meets a stale cache.
@@ -367,11 +429,11 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
 /// weight_gradient on the tensor-core mainloop: dW (m x n) = sum over k of A(m, k) B(n, k), db the row
 /// sums of A when not null, split over k by the same plan (TileT's 32-deep slices) and reduced in the same
 /// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats.
-template <class TileT, class A, class B>
+template <class TileT, class P = precision::Tf32, class A, class B>
 void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
                          const B& b, float* dw, float* db, float* scratch) {
   split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, [&](const auto& p, int splits) {
-    launch_gemm_mma<TileT, true>(p, splits, d, stream);
+    launch_gemm_mma<TileT, true, P>(p, splits, d, stream);
   });
 }
 

@@ -47,8 +47,9 @@ struct SliceLayout<Rows, Major::k, Copy> {
   static_assert(Copy == 1 || Copy == chunk_floats, "SliceLayout: copies of 4 or 16 bytes");
   /// Copy i of the slice: the operand row and reduction index of its first float (Copy along k).
   FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
-    row = i / copies_per_row;
-    k = (i % copies_per_row) * Copy;
+    // Unsigned: the divisors are powers of two, and a signed division costs a rounding fix-up.
+    row = int(unsigned(i) / copies_per_row);
+    k = int(unsigned(i) % copies_per_row) * Copy;
   }
   /// With 4-byte copies every copy of thread `tid` in a slice has the reduction index fixed_k(tid)
   /// (blocks of whole warps), so a gather's k-dependent index math runs once per slice (a k cursor).
@@ -59,7 +60,8 @@ struct SliceLayout<Rows, Major::k, Copy> {
   FUSEDP_HD static constexpr int fixed_row(int) { return 0; }
   /// Float offset of element (row, k) in the slice.
   FUSEDP_HD static constexpr int offset(int row, int k) {
-    return row * slice_k + (((k / chunk_floats) ^ (row & 7)) * chunk_floats) + (k % chunk_floats);
+    const unsigned c = unsigned(k) / chunk_floats, e = unsigned(k) % chunk_floats;
+    return row * slice_k + int((c ^ (unsigned(row) & 7u)) * chunk_floats + e);
   }
 };
 
@@ -81,9 +83,9 @@ struct SliceLayout<Rows, Major::mn, Copy> {
   /// Rows of 16: a pass (8 16-byte copies, or 32 4-byte ones) writes k rows k and k + 2, which the
   /// pitch of 24 puts on disjoint banks (k and k + 1 would overlap by 8).
   FUSEDP_HD static constexpr void copy_at(int i, int& row, int& k) {
-    k = i / copies_per_row;
+    k = int(unsigned(i) / copies_per_row);
     if constexpr (Rows == 16) k = (k & ~3) | ((k & 1) << 1) | ((k >> 1) & 1);
-    row = (i % copies_per_row) * Copy;
+    row = int(unsigned(i) % copies_per_row) * Copy;
   }
   /// With 4-byte copies and a block of a multiple of Rows threads, every copy of thread `tid` has the
   /// row fixed_row(tid) in every slice, so a gather's row-dependent index math runs once per thread
@@ -166,6 +168,32 @@ FUSEDP_HD constexpr void b_element(int lane, int r, int& n, int& k) {
 FUSEDP_HD constexpr void c_element(int lane, int r, int& row, int& col) {
   row = lane_group(lane) + 8 * (r >> 1);
   col = 2 * lane_member(lane) + (r & 1);
+}
+
+/// BF16 (mma.sync m16n8k16) from two TF32-layout steps: register r of the A fragment packs elements
+/// (lo, hi) of the fp32 A fragment of step `half` (k 0-7 or 8-15). PTX's A register r holds rows
+/// g (+8 for odd r) at k 2t, 2t+1 (+8 for r >= 2); packing the fp32 fragment's k t and t+4 there
+/// instead permutes k within each 8 the same way for every lane, and bf16_b_pair permutes B's k
+/// identically, so the products pair up and the sum over k is unchanged.
+FUSEDP_HD constexpr void bf16_a_pair(int r, int& half, int& lo, int& hi) {
+  half = r >> 1;
+  lo = r & 1;      // rows g or g + 8 at k t
+  hi = (r & 1) + 2;  // the same row at k t + 4
+}
+/// Register r of the BF16 B fragment: the fp32 B fragment of step r, elements k t and t + 4.
+FUSEDP_HD constexpr void bf16_b_pair(int r, int& half, int& lo, int& hi) {
+  half = r;
+  lo = 0;
+  hi = 1;
+}
+
+/// bf16 rounding on the host (to nearest, ties to even; finite inputs), as __floats2bfloat162_rn.
+inline float round_bf16_host(float v) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &v, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
 }
 
 /// ldmatrix.x4 for a K-major A fragment (16 rows x 8 k): lane l supplies the address of row l % 8 of
