@@ -114,6 +114,8 @@ template <class Dz>
 concept AddressableGradient = requires(const Dz& d) {
   { d.address(0, 0, 0, 0) } -> std::same_as<const float*>;
   { d.dz } -> std::convertible_to<const float*>;
+  { d.o } -> std::convertible_to<int>;
+  { d.ohw } -> std::convertible_to<int>;
 };
 
 /// out[(img, ch, oy, ox)] = dz(img, ch, oy, ox) over the whole (batch, O, OH, OW) gradient, coalesced.
@@ -333,19 +335,22 @@ struct ConvGradientRows {
     s.div_ow.divmod(pix, oy, ox);
     return dz(img, oc, oy, ox);
   }
-  /// k cursor: output pixel kidx = (img, pix) as the offset of dz[img, 0, pix]; each channel adds ohw.
+  /// k cursor: output pixel kidx = (img, pix) as the offset of dz[img, 0, pix] in the stored dz's own
+  /// layout (its o and ohw, which the conv's shape also divides by); each channel adds ohw.
   struct Pixel {
     std::size_t offset;
   };
-  FUSEDP_HD Pixel k_cursor(int kidx) const {
+  FUSEDP_HD Pixel k_cursor(int kidx) const
+    requires AddressableGradient<Dz>
+  {
     int img = 0, pix = 0;
     s.div_ohw.divmod(kidx, img, pix);
-    return {std::size_t(img) * s.o * s.ohw + pix};
+    return {std::size_t(img) * dz.o * dz.ohw + pix};
   }
   FUSEDP_HD const float* source(int oc, const Pixel& at_pixel) const
     requires AddressableGradient<Dz>
   {
-    return dz.dz + at_pixel.offset + std::size_t(oc) * s.ohw;
+    return dz.dz + at_pixel.offset + std::size_t(oc) * dz.ohw;
   }
   FUSEDP_HD const float* source(int oc, int kidx) const
     requires AddressableGradient<Dz>
