@@ -263,6 +263,52 @@ TEST_CASE("a checkpoint restores parameters, optimizer state, counters and the t
   }
 }
 
+// A state file whose samples_done is 0 (or absent) beside batches_done > 0 means the batches' samples,
+// on reading as on saving, so the state survives a save and reload unchanged (found by fuzz_checkpoint:
+// such a file read as 0 and came back as 3 x batch).
+TEST_CASE("samples_done left 0 or absent in a file reads as the batches' position and round-trips") {
+  TempDir dir("fusedp_ckpt");
+  const std::string ck = dir.file("ck");
+  const std::string state_path = ck + "/training_state.safetensors";
+  Model a{fp::seed(5), fp::Host{1}};
+  fp::Sgd opt{{.lr = 0.05f, .momentum = 0.9f}};
+  train(a, opt, 2);
+  ft::save_checkpoint(ck, a, state_at(2));
+
+  // The state file again, with samples_done set to `value` (removed when empty), checksum repaired.
+  const ft::SafetensorsFile saved = ft::read_safetensors(state_path);
+  auto rewrite = [&](const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> meta;
+    for (const auto& [key, v] : saved.metadata)
+      if (key != ft::checksum_key && key != "samples_done") meta.emplace_back(key, v);
+    if (!value.empty()) meta.emplace_back("samples_done", value);
+    std::vector<std::vector<float>> values;
+    std::vector<ft::TensorToWrite> tensors;
+    for (const ft::SafetensorsTensor& t : saved.tensors) {
+      std::vector<float>& v = values.emplace_back((t.end - t.begin) / sizeof(float));
+      std::memcpy(v.data(), saved.bytes.data() + saved.data_start + t.begin, t.end - t.begin);
+    }
+    for (std::size_t i = 0; i < saved.tensors.size(); ++i)
+      tensors.push_back({saved.tensors[i].name, saved.tensors[i].shape, values[i]});
+    write_bytes(state_path, ft::encode_safetensors(tensors, meta));
+  };
+
+  for (const std::string value : {"0", ""}) {
+    CAPTURE(value);
+    rewrite(value);
+    Model b{fp::seed(5), fp::Host{1}};
+    const ft::TrainingState s = ft::load_checkpoint(ck, b, opt);
+    CHECK(s.batches_done == 3);
+    CHECK(s.samples_done == 3 * batch);
+    ft::save_checkpoint(ck, b, s);
+    CHECK(ft::read_training_state(ck).samples_done == s.samples_done);
+  }
+  SUBCASE("a written position is kept as written, even one that disagrees with batches_done") {
+    rewrite("5");
+    CHECK(ft::read_training_state(ck).samples_done == 5);
+  }
+}
+
 TEST_CASE("a bad checkpoint is refused before anything is loaded") {
   TempDir dir("fusedp_ckpt");
   const std::string ck = dir.file("ck");

@@ -62,8 +62,8 @@ struct TrainingState {
   std::uint64_t batches_done = 0;   ///< steps of the next epoch already trained
   /// Samples of the next epoch's global order already visited by all ranks together: the sampler
   /// position (data::EpochPosition, DataLoader::position) a resumed run starts from, at any world size.
-  /// Left 0 with batches_done > 0 (a program written before it), and read from a checkpoint without
-  /// it, it is batches_done x batch_size x world_size (at most dataset_size).
+  /// Left 0 with batches_done > 0 (a program written before it), in a file as in a save, or absent
+  /// from a checkpoint, it is batches_done x batch_size x world_size (at most dataset_size).
   std::uint64_t samples_done = 0;
   std::uint64_t data_seed = 0;      ///< seed of the sampler and the augmentation
   std::uint64_t dataset_size = 0;   ///< training samples (a resumed run must see the same data)
@@ -95,6 +95,12 @@ inline std::uint64_t samples_of_batches(const TrainingState& s) {
       __builtin_mul_overflow(s.batches_done, per_step, &samples))
     return s.dataset_size;
   return std::min(samples, s.dataset_size);
+}
+
+// samples_done as the state means it: a 0 beside batches_done > 0 stands for the batches' samples.
+// Applied by both the writer and the reader, so a state survives a save and reload unchanged.
+inline void fill_samples_done(TrainingState& s) {
+  if (s.samples_done == 0 && s.batches_done > 0) s.samples_done = samples_of_batches(s);
 }
 
 inline std::uint64_t parse_u64(const SafetensorsFile& f, const std::string& key, bool hex = false) {
@@ -340,7 +346,8 @@ inline TrainingState parse_state(const SafetensorsFile& f) {
   s.dataset_size = parse_u64(f, "dataset_size");
   s.batch_size = parse_u64(f, "batch_size");
   s.world_size = parse_u64(f, "world_size");
-  s.samples_done = f.meta("samples_done") ? parse_u64(f, "samples_done") : samples_of_batches(s);
+  if (f.meta("samples_done")) s.samples_done = parse_u64(f, "samples_done");
+  fill_samples_done(s);
   if (s.samples_done > s.dataset_size)
     throw DataError(f.path, "says " + std::to_string(s.samples_done) + " samples of an epoch of " +
                                 std::to_string(s.dataset_size) + " were visited");
@@ -410,7 +417,7 @@ void save_image(const std::string& dir, const ModelImage& image, TrainingState s
   namespace fs = std::filesystem;
   require(state.samples_done <= state.dataset_size, "save_checkpoint: samples_done (", state.samples_done,
           ") exceeds the epoch's ", state.dataset_size, " samples (dataset_size)");
-  if (state.samples_done == 0 && state.batches_done > 0) state.samples_done = samples_of_batches(state);
+  fill_samples_done(state);
   {
     std::error_code ec;
     fs::create_directories(dir, ec);
