@@ -11,6 +11,7 @@
 
 #include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/fast_div.hpp>
+#include <fusedp/kernels/cuda/gemm_dispatch.cuh>
 #include <fusedp/kernels/cuda/gemm_mma.cuh>
 #include <fusedp/kernels/cuda/linear.cuh>
 #include <fusedp/kernels/host/conv2d.hpp>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace fp = fusedp;
@@ -329,4 +331,99 @@ TEST_CASE("split-K plans cover the reduction exactly once") {
           REQUIRE(std::int64_t(s.splits) * s.k_chunk >= k);             // covers k
           REQUIRE(std::int64_t(s.splits - 1) * s.k_chunk < std::int64_t(k));  // no empty split
         }
+}
+
+// gemm_dispatch.cuh: which mainloop a layer's GEMM takes, and the split plans it follows (the choice
+// is host code; what either kernel computes is checked above and in test_gpu_gemm_mma).
+TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back to WMMA") {
+  CHECK(kc::parse_gemm_mainloop(nullptr) == kc::GemmMainloop::wmma);
+  CHECK(kc::parse_gemm_mainloop("") == kc::GemmMainloop::wmma);
+  CHECK(kc::parse_gemm_mainloop("wmma") == kc::GemmMainloop::wmma);
+  CHECK(kc::parse_gemm_mainloop("mma") == kc::GemmMainloop::mma);
+  for (const char* bad : {"MMA", "tensor", "mma "}) {
+    std::string message;
+    try {
+      (void)kc::parse_gemm_mainloop(bad);
+    } catch (const fp::InvalidArgument& e) {
+      message = e.what();
+    }
+    CHECK(message.find("FUSEDP_CUDA_GEMM is '" + std::string(bad) + "'; it must be 'wmma' or 'mma'") != std::string::npos);
+  }
+
+  const kc::GemmTarget mma{nullptr, 132, {90, 232448}, kc::GemmMainloop::mma};
+  kc::GemmTarget wmma = mma, turing = mma, ampere_small = mma;
+  wmma.mainloop = kc::GemmMainloop::wmma;
+  turing.device = {75, 65536};
+  ampere_small.device = {86, 101376};  // 99 KiB a block: the largest MN-major tiles do not fit
+  using Tf32 = fp::precision::Tf32;
+  using Bf16 = fp::precision::Bf16;
+  using Fp32 = fp::precision::Fp32;
+
+  // A convolution's forward: the weights are copied 16 bytes a row, so a patch of 27 (3 channels, 3x3)
+  // or 25 (LeNet's first layer) falls back; 288 (32 channels, 3x3) takes the tensor cores.
+  for (const fp::kernels::ConvGeometry& g :
+       {fp::kernels::ConvGeometry{3, 32, 32, 3, 1, 1, 32, 32, 32}, fp::kernels::ConvGeometry{1, 28, 28, 5, 1, 0, 6, 24, 24},
+        fp::kernels::ConvGeometry{32, 16, 16, 3, 1, 1, 64, 16, 16}}) {
+    CAPTURE(g.patch());
+    const int batch = 4;
+    const std::vector<float> w(g.out_channels * g.patch()), b(g.out_channels), x(batch * g.in_size()),
+        dz(batch * g.out_size());
+    std::vector<float> y(batch * g.out_size());
+    const kc::ConvShape s(g);
+    const auto fwd = kc::conv2d_forward_problem<Epilogue<Relu>>(s, batch, w.data(), b.data(), x.data(), y.data(), nullptr);
+    const bool aligned = g.patch() % 4 == 0;
+    CHECK(kc::takes_mma<kc::mma::MmaTile128x64, Tf32>(fwd, mma) == aligned);
+    CHECK(kc::takes_mma<kc::mma::MmaTile128x64, Bf16>(fwd, mma) == aligned);
+    CHECK_FALSE(kc::takes_mma<kc::mma::MmaTile128x64, Fp32>(fwd, mma));  // exact fp32 stays on FFMA
+    CHECK_FALSE(kc::takes_mma<kc::mma::MmaTile128x64, Tf32>(fwd, wmma));
+    CHECK_FALSE(kc::takes_mma<kc::mma::MmaTile128x64, Tf32>(fwd, turing));
+    // dx and dW gather 4 bytes at a time: any geometry runs, on a device with the shared memory.
+    const kc::StoredGradient sd{dz.data(), s.o, s.ohw, s.ow};
+    const auto dxp = kc::conv2d_dx_problem(s, batch, sd, w.data(), nullptr);
+    CHECK(kc::takes_mma<kc::mma::MmaTile128x16, Tf32>(dxp, mma));
+    CHECK(kc::takes_mma<kc::mma::MmaTile128x16, Tf32>(dxp, ampere_small));
+    CHECK_FALSE(kc::takes_mma<kc::mma::MmaTile128x16, Tf32>(dxp, turing));
+  }
+
+  // A Linear layer's forward reads rows of x and W: in = 75 floats a row is not 16-byte aligned.
+  for (int in : {64, 75, 8192}) {
+    CAPTURE(in);
+    const int batch = 8, out = 96;
+    const std::vector<float> w(std::size_t(out) * in), b(out), x(std::size_t(batch) * in);
+    std::vector<float> y(std::size_t(batch) * out);
+    const auto fwd = kc::linear_forward_problem<Epilogue<Relu>>(batch, in, out, w.data(), b.data(), x.data(), y.data(), nullptr);
+    CHECK(kc::takes_mma<kc::mma::MmaTile128x128, Tf32>(fwd, mma) == (in % 4 == 0));
+  }
+}
+
+TEST_CASE("weight gradients on the tensor-core mainloop: whole-slice splits, scratch for either plan") {
+  using TileW = kc::TileWide;
+  using TileM = kc::mma::MmaTile128x128;
+  const kc::MmaDevice h200{90, 232448};
+  // dW (m x n) = dz^T x over k = the batch (or batch x pixels): Linear and conv shapes of the examples.
+  struct Shape {
+    int m, n, k_per_sample;
+  };
+  for (const Shape sh : {Shape{1024, 8192, 1}, Shape{10, 1024, 1}, Shape{64, 288, 256}, Shape{512, 4608, 16},
+                         Shape{128, 576, 64}, Shape{6, 25, 576}})
+    for (int batch : {1, 3, 64, 128, 256, 1000})
+      for (int sms : {1, 108, 132}) {
+        CAPTURE(sh.m);
+        CAPTURE(sh.n);
+        CAPTURE(batch);
+        CAPTURE(sms);
+        const int k = batch * sh.k_per_sample;
+        const kc::SplitPlan pm = kc::plan_split(sh.m, sh.n, k, TileM::bm, TileM::bn, TileM::bk, sms);
+        const kc::SplitPlan pw = kc::plan_split(sh.m, sh.n, k, TileW::bm, TileW::bn, TileW::bk, sms);
+        // The plan the target follows splits where the tensor-core mainloop can run it ...
+        const std::vector<float> a(4), b(4);
+        const kc::GemmProblem<kc::Columns, kc::Columns, kc::StoreRowMajor> p{
+            sh.m, sh.n, k, pm.k_chunk, kc::Columns{a.data(), sh.m + (4 - sh.m % 4) % 4},
+            kc::Columns{b.data(), sh.n + (4 - sh.n % 4) % 4}, {}, nullptr};
+        CHECK(kc::gemm_mma_can_run<TileM>(p, h200));
+        // ... and the scratch holds the partial products of either plan.
+        const std::size_t scratch = kc::weight_gradient_scratch_on<TileW, TileM>(sh.m, sh.n, k, sms);
+        for (const kc::SplitPlan& s : {pm, pw})
+          if (s.splits > 1) CHECK(scratch >= std::size_t(s.splits) * (std::size_t(sh.m) * sh.n + sh.m));
+      }
 }

@@ -8,6 +8,7 @@
 
 #include <fusedp/kernels/activation.hpp>
 #include <fusedp/kernels/cuda/conv2d.cuh>
+#include <fusedp/kernels/cuda/gemm_dispatch.cuh>
 #include <fusedp/kernels/cuda/gemm_mma.cuh>
 
 #include <cmath>
@@ -220,10 +221,43 @@ TEST_CASE("gemm_mma: equals the WMMA gemm_kernel within TF32 rounding on a Linea
   using P = kc::GemmProblem<kc::Rows, kc::Rows, kc::StoreRowMajor>;
   const P pm{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_mma.data(), m, n, 0}, nullptr};
   const P pw{m, n, k, k, {dx.data(), k}, {dw.data(), k}, {c_wmma.data(), m, n, 0}, nullptr};
-  kc::launch_gemm_mma<mma::MmaTile128x128, false>(pm, 1, kc::MmaDevice::of(space), space.stream());
-  kc::launch_gemm<kc::TileWide, fp::precision::Tf32, false>(pw, 1, space.stream());
+  // Through gemm_dispatch.cuh's switch, as the layers will launch it.
+  const kc::GemmTarget mma_target = kc::GemmTarget::of(space, kc::GemmMainloop::mma);
+  REQUIRE(kc::takes_mma<mma::MmaTile128x128, fp::precision::Tf32>(pm, mma_target));
+  kc::launch_gemm_on<kc::TileWide, mma::MmaTile128x128, fp::precision::Tf32, false>(pm, 1, mma_target);
+  kc::launch_gemm_on<kc::TileWide, mma::MmaTile128x128, fp::precision::Tf32, false>(
+      pw, 1, kc::GemmTarget::of(space, kc::GemmMainloop::wmma));
   FUSEDP_CHECK_CLOSE(gpu_test::download(space, c_mma), gpu_test::download(space, c_wmma), 1e-5,
                      "mma.sync vs WMMA (both round each operand to TF32 once)");
+}
+
+// gemm_dispatch.cuh's switch, as the layers will use it: the tensor-core weight gradient (its own
+// split plan) within TF32 rounding of WMMA's; a target that cannot run it falls back to WMMA exactly.
+TEST_CASE("gemm_dispatch: weight_gradient_on with either mainloop, and the fallback") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  using TileW = kc::TileWide;
+  using TileM = mma::MmaTile128x128;
+  const int m = 96, n = 300, k = 128 * 64;  // dW of a 300-input Linear layer, 96 outputs, 8192 rows
+  const auto dz = gpu_test::random_values(std::size_t(k) * m, 720), x = gpu_test::random_values(std::size_t(k) * n, 721);
+  const auto ddz = gpu_test::upload(space, dz), dx = gpu_test::upload(space, x);
+  const kc::Columns a{ddz.data(), m}, b{dx.data(), n};
+  auto scratch = gpu_test::poisoned<float>(space, kc::weight_gradient_scratch_on<TileW, TileM>(m, n, k, space.sm_count()));
+  const auto run = [&](const kc::GemmTarget& t) {
+    auto dw = gpu_test::poisoned<float>(space, std::size_t(m) * n);
+    auto db = gpu_test::poisoned<float>(space, std::size_t(m));
+    kc::weight_gradient_on<TileW, TileM, fp::precision::Tf32>(t, m, n, k, a, b, dw.data(), db.data(), scratch.data());
+    std::vector<float> out = gpu_test::download(space, dw), sums = gpu_test::download(space, db);
+    out.insert(out.end(), sums.begin(), sums.end());
+    return out;
+  };
+  const auto wmma = run(kc::GemmTarget::of(space, kc::GemmMainloop::wmma));
+  const kc::GemmTarget mma_target = kc::GemmTarget::of(space, kc::GemmMainloop::mma);
+  const auto tensor = run(mma_target);
+  FUSEDP_CHECK_CLOSE(tensor, wmma, 1e-5, "weight_gradient_on: mma.sync vs WMMA");
+  kc::GemmTarget old = mma_target;
+  old.device.arch = 75;  // as on a Turing card: every launch falls back
+  CHECK(run(old) == run(kc::GemmTarget{space.stream(), space.sm_count(), {75, 65536}, kc::GemmMainloop::wmma}));
 }
 
 TEST_CASE("gemm_mma: a problem it cannot run is refused with a message, nothing launched") {

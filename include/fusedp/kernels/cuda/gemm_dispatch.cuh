@@ -1,0 +1,112 @@
+#pragma once
+// Which mainloop runs a GEMM on Cuda: gemm.cuh's WMMA gemm_kernel (verified on an H200, 2026-11-30) or
+// gemm_mma.cuh's tensor-core mainloop (cp.async stages, mma.sync; emulated on the CPU, not yet run on a
+// GPU). The layers' GEMMs reach both through this header's launch_gemm_on and weight_gradient_on with
+// a GemmTarget, so one switch chooses the mainloop of a whole network, and a problem the tensor-core
+// mainloop cannot run (sm_75, weights whose rows are not 16-byte aligned, too little shared memory) or
+// a precision it does not have (exact Fp32) falls back to WMMA, problem by problem.
+//
+// The switch: GemmTarget::mainloop, which GemmTarget::of takes from the environment variable
+// FUSEDP_CUDA_GEMM ("wmma", the default until an H200 has measured both, or "mma"), so
+// benchmarks/gpu/check.sh runs the same binaries both ways.
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/core/error.hpp"
+#include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/cuda/gemm_mma.cuh"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace fusedp::kernels::cuda {
+
+/// The mainloop a GemmTarget prefers.
+enum class GemmMainloop {
+  wmma,  ///< gemm.cuh's gemm_kernel: WMMA fragments, two register-staged slices
+  mma,   ///< gemm_mma.cuh's gemm_mma_kernel where it can run, else wmma
+};
+
+/// The mainloop named by `value`, FUSEDP_CUDA_GEMM's text: "wmma" or "mma"; null or empty is wmma.
+/// Anything else is an InvalidArgument naming the variable and the value.
+[[nodiscard]] inline GemmMainloop parse_gemm_mainloop(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty() || v == "wmma") return GemmMainloop::wmma;
+  if (v == "mma") return GemmMainloop::mma;
+  throw InvalidArgument("FUSEDP_CUDA_GEMM is '" + std::string(v) + "'; it must be 'wmma' or 'mma' (or unset: wmma)");
+}
+
+/// FUSEDP_CUDA_GEMM's mainloop (wmma when unset).
+[[nodiscard]] inline GemmMainloop gemm_mainloop_from_environment() {
+  return parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"));
+}
+
+/// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
+/// architecture and shared memory (what gemm_mma_can_run asks), and the preferred mainloop.
+struct GemmTarget {
+  cudaStream_t stream = nullptr;
+  int sm_count = 1;
+  MmaDevice device{};
+  GemmMainloop mainloop = GemmMainloop::wmma;
+
+  template <class P>
+  [[nodiscard]] static GemmTarget of(const CudaSpace<P>& space,
+                                     GemmMainloop mainloop = gemm_mainloop_from_environment()) {
+    return {space.stream(), space.sm_count(), MmaDevice::of(space), mainloop};
+  }
+};
+
+/// Whether problem `p` runs on the tensor-core mainloop with tile TileM at `t`: the target prefers it,
+/// the precision has it (Tf32, Bf16; Fp32 stays exact on WMMA's FFMA path) and gemm_mma_can_run agrees.
+template <class TileM, class P, class A, class B, class Epi>
+[[nodiscard]] bool takes_mma(const GemmProblem<A, B, Epi>& p, const GemmTarget& t) {
+  if constexpr (std::is_same_v<P, precision::Fp32> || !CopyOperand<A> || !CopyOperand<B>) {
+    return false;
+  } else {
+    return t.mainloop == GemmMainloop::mma && gemm_mma_can_run<TileM>(p, t.device);
+  }
+}
+
+/// launch_gemm or launch_gemm_mma, as takes_mma decides. TileW: the WMMA tile (tile_for<n>), TileM:
+/// the tensor-core tile (mma::mma_tile_for<n>).
+template <class TileW, class TileM, class P, bool RowSums, class A, class B, class Epi>
+void launch_gemm_on(const GemmProblem<A, B, Epi>& p, int splits, const GemmTarget& t) {
+  if constexpr (!std::is_same_v<P, precision::Fp32> && CopyOperand<A> && CopyOperand<B>) {
+    if (takes_mma<TileM, P>(p, t)) {
+      launch_gemm_mma<TileM, RowSums, P>(p, splits, t.device, t.stream);
+      return;
+    }
+  }
+  launch_gemm<TileW, P, RowSums>(p, splits, t.stream);
+}
+
+/// Scratch (floats) weight_gradient_on needs for this shape with either mainloop (the larger plan).
+template <class TileW, class TileM>
+[[nodiscard]] std::size_t weight_gradient_scratch_on(int m, int n, int k, int sm_count) {
+  return std::max(weight_gradient_scratch<TileW>(m, n, k, sm_count), weight_gradient_scratch<TileM>(m, n, k, sm_count));
+}
+
+/// weight_gradient on the mainloop `t` prefers: dW (m x n) = sum over k of A(m, k) B(n, k), db the
+/// row sums of A when not null, split over k and reduced in a fixed order. On the tensor cores when
+/// takes_mma says so for the whole product (its split plan has whole 32-deep slices, so the splits run
+/// too: weight_gradient_mma), else exactly weight_gradient, WMMA's plan and all.
+/// `scratch`: weight_gradient_scratch_on<TileW, TileM>(m, n, k, t.sm_count) floats.
+template <class TileW, class TileM, class P, class A, class B>
+void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
+                        float* scratch) {
+  if constexpr (!std::is_same_v<P, precision::Fp32> && CopyOperand<A> && CopyOperand<B>) {
+    if (takes_mma<TileM, P>(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, {}, nullptr}, t)) {
+      weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch);
+      return;
+    }
+  }
+  weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
+}
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA
