@@ -19,6 +19,7 @@
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
+#include "fusedp/kernels/host/winograd.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -54,7 +55,10 @@ struct ConvScratch {
     return g.pad == 0 ? 0 : align_elements(std::size_t(g.in_channels) * (g.in_h + 2 * g.pad) * (g.in_w + 2 * g.pad));
   }
   [[nodiscard]] constexpr std::size_t per_thread() const {
-    return packed_weights() + 2 * col() + dz_panels() + dw() + align_elements(std::size_t(g.out_channels)) + padded();
+    const std::size_t gemms =
+        packed_weights() + 2 * col() + dz_panels() + dw() + align_elements(std::size_t(g.out_channels)) + padded();
+    if (!winograd::applies(g)) return gemms;
+    return std::max({gemms, winograd::Plan{g}.per_thread(), winograd::Plan{winograd::transposed(g)}.per_thread()});
   }
 };
 
@@ -221,6 +225,15 @@ void reduce_threads_transposed(const Host& host, const T* scratch, std::size_t s
   const std::size_t blocks = (rows + R - 1) / R;
   if (rows * cols < (std::size_t(1) << 16)) body(0, blocks, 0);
   else host.parallel_for(blocks, body);
+}
+
+// True where a 3x3 conv runs by Winograd's F(4x4, 3x3) (winograd.hpp): its geometry, and fp32 or
+// double (bf16 keeps its GEMMs on im2col).
+template <class T>
+bool winograd_runs(const Host& host, const ConvGeometry& g) {
+  if constexpr (std::is_same_v<T, float>)
+    if (host.precision() != HostPrecision::fp32) return false;
+  return winograd::applies(g);
 }
 
 // --- Direct convolution with the output channels in the vector lanes -----------------------------
@@ -454,6 +467,12 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
       }
     };
   };
+  if (detail::winograd_runs<T>(host, g)) {
+    winograd::conv3x3(host, g, batch, w, false, x, y, scratch, [&](std::size_t n) {
+      return epilogue(y + n * g.out_size(), z ? z + n * g.out_size() : nullptr);
+    });
+    return;
+  }
   if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
     if (detail::use_direct<T>(g)) {
       detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() {
@@ -538,6 +557,9 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   // at bf16; the direct path keeps a dW^T with channels in the lanes. `width`: the columns of a dW^T,
   // 0 for a dW.
   const bool nt = use_nt(outs, patch, pixels);
+  // The input gradient of a 3x3 'same' conv by Winograd, over the whole batch after the per-sample
+  // pass (which then leaves dx alone).
+  const bool winograd_dx = dx != nullptr && detail::winograd_runs<T>(host, g);
   const bool col_in_place = !direct && fp32 && !nt && pixels >= 64;
   std::size_t width = col_in_place ? outs : 0;
   auto weight_gradient = [&](const T* dzn, const T* xn, T* col, T* dz_panels, T* padded, T* dw_t) {
@@ -595,7 +617,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
         for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
         const T* xn = x + n * g.in_size();
         weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
-        if (dx) {
+        if (dx && !winograd_dx) {
           T* dxn = dx + n * g.in_size();
           T* target = g.direct() ? dxn : dcol;
           input_gradient(dzn, dz_panels, target);
@@ -610,7 +632,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     if (host.precision() != HostPrecision::fp32) {
       bf16::with_tile(bf16::choose_tile(patch, pixels), [&]<class S>() {
         auto* packed_wt = reinterpret_cast<bf16::Pair*>(scratch);
-        if (dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+        if (dx && !winograd_dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
         per_thread([&](const T* dzn, T* dz_panels, T* target) {
           auto* panels = reinterpret_cast<bf16::Pair*>(dz_panels);
           bf16::pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, panels);
@@ -623,7 +645,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   if (!done)
     with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
       T* packed_wt = scratch;
-      if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+      if (dx && !winograd_dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
       per_thread([&](const T* dzn, T* dz_panels, T* target) {
         pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
         gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
@@ -632,6 +654,10 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   if (width > 0) detail::reduce_threads_transposed(host, scratch, stride, dw_at, width, outs, patch, dw);
   else detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
   if (db) detail::reduce_threads(host, scratch, stride, db_at, outs, db);
+  // The per-thread partials are summed: the scratch is free for the transforms.
+  if (winograd_dx)
+    winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
+                      [](std::size_t) { return NoEpilogue{}; });
 }
 
 }  // namespace fusedp::kernels::host
