@@ -58,7 +58,8 @@ struct ConvScratch {
     const std::size_t gemms =
         packed_weights() + 2 * col() + dz_panels() + dw() + align_elements(std::size_t(g.out_channels)) + padded();
     if (!winograd::applies(g)) return gemms;
-    return std::max({gemms, winograd::Plan{g}.per_thread(), winograd::Plan{winograd::transposed(g)}.per_thread()});
+    const winograd::Plan forward{g}, input_gradient{winograd::transposed(g)};
+    return std::max({gemms, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
   }
 };
 
@@ -542,6 +543,30 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread(), weights = layout.packed_weights();
+  if (detail::winograd_runs<T>(host, g)) {
+    // By Winograd over the whole batch: dz and the bias gradient per sample first, then the weight
+    // and input gradients over blocks of tiles.
+    const auto threads = std::size_t(host.threads());
+    host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
+      T* db_t = scratch + std::size_t(thread) * stride;
+      simd::zero(db_t, outs);
+      for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
+        T* dzn = dy + n * g.out_size();
+        if constexpr (!Epi::empty) {
+          const T* yn = y + n * g.out_size();
+          const T* zn = z ? z + n * g.out_size() : yn;
+          for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
+        }
+        for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
+      }
+    });
+    if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
+    winograd::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
+    if (dx)
+      winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
+                        [](std::size_t) { return NoEpilogue{}; });
+    return;
+  }
   const std::size_t col_at = weights, dcol_at = col_at + layout.col(), dz_at = dcol_at + layout.col();
   const std::size_t dw_at = dz_at + layout.dz_panels(), db_at = dw_at + layout.dw();
   const int threads = host.threads();
@@ -557,9 +582,6 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   // at bf16; the direct path keeps a dW^T with channels in the lanes. `width`: the columns of a dW^T,
   // 0 for a dW.
   const bool nt = use_nt(outs, patch, pixels);
-  // The input gradient of a 3x3 'same' conv by Winograd, over the whole batch after the per-sample
-  // pass (which then leaves dx alone).
-  const bool winograd_dx = dx != nullptr && detail::winograd_runs<T>(host, g);
   const bool col_in_place = !direct && fp32 && !nt && pixels >= 64;
   std::size_t width = col_in_place ? outs : 0;
   auto weight_gradient = [&](const T* dzn, const T* xn, T* col, T* dz_panels, T* padded, T* dw_t) {
@@ -617,7 +639,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
         for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
         const T* xn = x + n * g.in_size();
         weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
-        if (dx && !winograd_dx) {
+        if (dx) {
           T* dxn = dx + n * g.in_size();
           T* target = g.direct() ? dxn : dcol;
           input_gradient(dzn, dz_panels, target);
@@ -632,7 +654,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     if (host.precision() != HostPrecision::fp32) {
       bf16::with_tile(bf16::choose_tile(patch, pixels), [&]<class S>() {
         auto* packed_wt = reinterpret_cast<bf16::Pair*>(scratch);
-        if (dx && !winograd_dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+        if (dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
         per_thread([&](const T* dzn, T* dz_panels, T* target) {
           auto* panels = reinterpret_cast<bf16::Pair*>(dz_panels);
           bf16::pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, panels);
@@ -645,7 +667,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   if (!done)
     with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
       T* packed_wt = scratch;
-      if (dx && !winograd_dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
+      if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
       per_thread([&](const T* dzn, T* dz_panels, T* target) {
         pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
         gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
@@ -654,10 +676,6 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   if (width > 0) detail::reduce_threads_transposed(host, scratch, stride, dw_at, width, outs, patch, dw);
   else detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
   if (db) detail::reduce_threads(host, scratch, stride, db_at, outs, db);
-  // The per-thread partials are summed: the scratch is free for the transforms.
-  if (winograd_dx)
-    winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
-                      [](std::size_t) { return NoEpilogue{}; });
 }
 
 }  // namespace fusedp::kernels::host

@@ -15,6 +15,7 @@
 // Numerics: the transforms have coefficients up to 5 and 1/24, so fp32 results differ from a direct
 // sum by a few more ulps than im2col's (tests/kernels/host/conv2d.cpp bounds them against double).
 #include "fusedp/core/config.hpp"
+#include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
@@ -23,6 +24,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #if FUSEDP_VECTOR_EXTENSIONS && defined(__AVX512F__)
 #include <immintrin.h>
@@ -73,6 +76,18 @@ struct Plan {
   [[nodiscard]] constexpr std::size_t m() const { return align_elements(points * m_plane()); }
   /// One thread's scratch: U (thread 0's is the one used), then its V and M blocks.
   [[nodiscard]] constexpr std::size_t per_thread() const { return u() + v() + m(); }
+
+  // The weight gradient's: V (C x block) and Z (O x block) row-major per point, and the thread's sum
+  // over its tiles of Z V^T (O x C) per point.
+  [[nodiscard]] constexpr std::size_t wv_plane() const { return std::size_t(g.in_channels) * block + skew; }
+  [[nodiscard]] constexpr std::size_t wz_plane() const { return std::size_t(g.out_channels) * block + skew; }
+  [[nodiscard]] constexpr std::size_t wm_plane() const {
+    return std::size_t(g.out_channels) * std::size_t(g.in_channels) + skew;
+  }
+  [[nodiscard]] constexpr std::size_t wv() const { return align_elements(points * wv_plane()); }
+  [[nodiscard]] constexpr std::size_t wz() const { return align_elements(points * wz_plane()); }
+  [[nodiscard]] constexpr std::size_t wm() const { return align_elements(points * wm_plane()); }
+  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const { return wv() + wz() + wm(); }
 };
 
 namespace detail {
@@ -104,14 +119,25 @@ FUSEDP_ALWAYS_INLINE void output_1d(const V* a, V* o) {
   o[3] = d12 + eight * d34 + a[5];
 }
 
+// The element type of a scalar or of a vector-extension vector.
+template <class V, bool = std::is_arithmetic_v<V>>
+struct element {
+  using type = V;
+};
+template <class V>
+struct element<V, false> {
+  using type = std::remove_cvref_t<decltype(std::declval<V>()[0])>;
+};
+
 // G a: the weight transform of 3 values to 6 (rows of G: 1/4 0 0 / -1/6 -1/6 -1/6 / -1/6 1/6 -1/6 /
-// 1/24 1/12 1/6 / 1/24 -1/12 1/6 / 0 0 1).
-template <class T>
-FUSEDP_ALWAYS_INLINE void weight_1d(const T* a, std::size_t stride, T* o) {
-  const T a0 = a[0], a1 = a[stride], a2 = a[2 * stride];
-  const T s = (a0 + a2) / T(-6), t = a1 / T(6);
-  const T u = a0 / T(24) + a2 / T(6), v = a1 / T(12);
-  o[0] = a0 / T(4);
+// 1/24 1/12 1/6 / 1/24 -1/12 1/6 / 0 0 1), for a scalar or a vector V.
+template <class V>
+FUSEDP_ALWAYS_INLINE void weight_1d(const V* a, std::size_t stride, V* o) {
+  using E = typename element<V>::type;
+  const V a0 = a[0], a1 = a[stride], a2 = a[2 * stride];
+  const V s = (a0 + a2) * E(-1.0 / 6), t = a1 * E(1.0 / 6);
+  const V u = a0 * E(1.0 / 24) + a2 * E(1.0 / 6), v = a1 * E(1.0 / 12);
+  o[0] = a0 * E(0.25);
   o[1] = s - t;
   o[2] = s + t;
   o[3] = u + v;
@@ -173,15 +199,17 @@ TileGroup tile_group(const Plan& p, std::size_t t0, std::size_t count) {
   return tg;
 }
 
-// V_xn for the tiles [t0, t0 + count) of the whole batch, x (N, C, H, W): written into the packed B
-// panels of shape S (NR columns per panel, C deep) of v, one plane per point, v_plane apart.
-template <class S, class T>
-void transform_input(const Plan& p, const T* x, std::size_t t0, std::size_t count, T* v) {
-  constexpr std::size_t NR = S::template nr<T>, W = L<T>;
-  static_assert(NR % W == 0, "winograd: a packed panel holds whole groups of tiles");
+// V_xn for the tiles [t0, t0 + count) of the whole batch, x (N, C, H, W), one plane per point, vp
+// apart: tile j of channel c at (j / nr) (C nr) + c nr + j % nr, the packed B panels of a tile shape
+// with nr columns (nr a multiple of the lanes), or with nr = Plan::block the row-major (C x block).
+template <class T>
+void transform_input(const Plan& p, const T* x, std::size_t t0, std::size_t count, std::size_t nr, std::size_t vp,
+                     T* v) {
+  constexpr std::size_t W = L<T>;
   const ConvGeometry& g = p.g;
   const std::size_t C = std::size_t(g.in_channels), H = std::size_t(g.in_h), Wd = std::size_t(g.in_w);
-  const std::size_t plane = H * Wd, sample = C * plane, vp = p.v_plane();
+  const std::size_t plane = H * Wd, sample = C * plane;
+  const std::size_t NR = nr;
   for (std::size_t j = 0; j < count; j += W) {
     const std::size_t cnt = std::min(W, count - j);
     const TileGroup tg = tile_group<T>(p, t0 + j, cnt);
@@ -221,36 +249,137 @@ void transform_input(const Plan& p, const T* x, std::size_t t0, std::size_t coun
   }
 }
 
+// dst[l] = v[l] for the lanes l in [l0, l1) (dst + l0 the first element written).
+template <class T>
+FUSEDP_ALWAYS_INLINE void store_lanes(T* dst, const Vec<T>& v, std::size_t l0, std::size_t l1) {
+#if FUSEDP_VECTOR_EXTENSIONS && defined(__AVX512F__)
+  const std::uint32_t mask = ((l1 >= 32 ? 0u : (1u << l1)) - 1u) & ~((1u << l0) - 1u);
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_mask_storeu_ps(dst, __mmask16(mask), __m512(v));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    _mm512_mask_storeu_pd(dst, __mmask8(mask), __m512d(v));
+    return;
+  }
+#endif
+  alignas(sizeof(Vec<T>)) T tmp[L<T>];
+  simd::store(tmp, v);
+  for (std::size_t l = l0; l < l1; ++l) dst[l] = tmp[l];
+}
+
 // U_xn = G w G^T for every (row, k) of the product: w(row, k) the 3x3 kernel at w + row * row_step +
 // k * k_step, rotated by 180 degrees when `rotate` (the input gradient), written as shape S's packed
 // A (panels of MR rows, k-major), one plane per point, u_plane apart. Rows [r0, r1) only; r0 and r1
-// multiples of MR or r1 = rows (the padding rows of the last panel are zeroed).
+// multiples of MR or r1 = rows (the padding rows of the last panel are zeroed). The lanes take
+// consecutive rows: 9 gathers per group of rows and k, and each point's values stored as runs of a
+// panel's rows (a scalar store per value was 5% of a ResNet-18 step).
 template <class S, class T>
 void transform_weights(const T* w, std::size_t rows, std::size_t ks, std::size_t row_step, std::size_t k_step,
                        bool rotate, std::size_t r0, std::size_t r1, std::size_t u_plane, T* u) {
-  constexpr std::size_t MR = S::mr;
+  constexpr std::size_t MR = S::mr, W = L<T>;
   const std::size_t r_end = r1 == rows ? host::detail::round_up(rows, MR) : r1;
-  for (std::size_t r = r0; r < r_end; ++r) {
-    T* dst = u + r / MR * (ks * MR) + r % MR;
-    if (r >= rows) {
-      for (std::size_t pt = 0; pt < points; ++pt)
-        for (std::size_t k = 0; k < ks; ++k) dst[pt * u_plane + k * MR] = T(0);
-      continue;
+  for (std::size_t r = r0; r < r_end; r += W) {
+    const std::size_t rn = std::min(W, r_end - r);
+    std::int32_t idx[W];
+    std::uint32_t valid = 0;
+    for (std::size_t l = 0; l < W; ++l) {
+      idx[l] = std::int32_t(l * row_step);
+      if (l < rn && r + l < rows) valid |= 1u << l;
     }
     for (std::size_t k = 0; k < ks; ++k) {
       const T* src = w + r * row_step + k * k_step;
-      T kern[9];
-      for (std::size_t e = 0; e < 9; ++e) kern[e] = rotate ? src[8 - e] : src[e];
-      T gw[alpha][3];  // G w: 6 x 3
+      Vec<T> kern[9];
+      FUSEDP_UNROLL(9)
+      for (std::size_t e = 0; e < 9; ++e) kern[e] = gather(src, idx, std::int32_t(rotate ? 8 - e : e), valid);
+      Vec<T> gw[alpha][3];  // G w: 6 x 3
+      FUSEDP_UNROLL(3)
       for (std::size_t col = 0; col < 3; ++col) {
-        T o[alpha];
+        Vec<T> o[alpha];
         weight_1d(kern + col, 3, o);
+        FUSEDP_UNROLL(6)
         for (std::size_t i = 0; i < alpha; ++i) gw[i][col] = o[i];
       }
+      FUSEDP_UNROLL(6)
       for (std::size_t xi = 0; xi < alpha; ++xi) {
-        T o[alpha];
+        Vec<T> o[alpha];
         weight_1d(gw[xi], 1, o);
-        for (std::size_t nu = 0; nu < alpha; ++nu) dst[(xi * alpha + nu) * u_plane + k * MR] = o[nu];
+        FUSEDP_UNROLL(6)
+        for (std::size_t nu = 0; nu < alpha; ++nu) {
+          T* plane = u + (xi * alpha + nu) * u_plane + k * MR;
+          // Lanes [l, l + run) are rows of one panel, at consecutive places of its k-th MR values.
+          for (std::size_t l = 0; l < rn;) {
+            const std::size_t row = r + l, run = std::min(rn - l, MR - row % MR);
+            store_lanes(plane + row / MR * (ks * MR) + row % MR - l, o[nu], l, l + run);
+            l += run;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A y: the transform of 4 output-gradient values to 6 (the adjoint of output_1d).
+template <class V>
+FUSEDP_ALWAYS_INLINE void gradient_1d(const V* y, V* o) {
+  const V two = V{} + 2, four = V{} + 4, eight = V{} + 8;
+  const V e = y[0] + y[2], f = y[1] + y[3], e4 = y[0] + four * y[2], f8 = two * y[1] + eight * y[3];
+  o[0] = y[0];
+  o[1] = e + f;
+  o[2] = e - f;
+  o[3] = e4 + f8;
+  o[4] = e4 - f8;
+  o[5] = y[3];
+}
+
+// G^T m: the adjoint of weight_1d, 6 values to 3.
+template <class V>
+FUSEDP_ALWAYS_INLINE void weight_gradient_1d(const V* m, V* o) {
+  const V s12 = m[1] + m[2], d12 = m[2] - m[1], s34 = m[3] + m[4], d34 = m[3] - m[4];
+  o[0] = m[0] / 4 - s12 / 6 + s34 / 24;
+  o[1] = d12 / 6 + d34 / 12;
+  o[2] = s34 / 6 - s12 / 6 + m[5];
+}
+
+// Z_xn = A dz A^T for the tiles [t0, t0 + count), dz (N, O, OH, OW) (zero past the edges): row-major
+// (O x Plan::block) per point, zp apart.
+template <class T>
+void transform_gradient(const Plan& p, const T* dz, std::size_t t0, std::size_t count, std::size_t zp, T* z) {
+  constexpr std::size_t W = L<T>;
+  const ConvGeometry& g = p.g;
+  const std::size_t O = std::size_t(g.out_channels), OH = std::size_t(g.out_h), OW = std::size_t(g.out_w);
+  const std::size_t plane = OH * OW, sample = O * plane;
+  for (std::size_t j = 0; j < count; j += W) {
+    const std::size_t cnt = std::min(W, count - j);
+    const TileGroup tg = tile_group<T>(p, t0 + j, cnt);
+    std::int32_t idx[W];
+    std::uint32_t row_ok[tile] = {}, col_ok[tile] = {};
+    const T* base = dz + tg.n[0] * sample;
+    for (std::size_t l = 0; l < W; ++l) {
+      const std::size_t y0 = tg.ty[l] * tile, x0 = tg.tx[l] * tile;
+      idx[l] = std::int32_t((tg.n[l] - tg.n[0]) * sample + y0 * OW + x0);
+      for (std::size_t i = 0; i < tile; ++i) {
+        if (y0 + i < OH) row_ok[i] |= 1u << l;
+        if (x0 + i < OW) col_ok[i] |= 1u << l;
+      }
+    }
+    for (std::size_t o = 0; o < O; ++o) {
+      const T* src = base + o * plane;
+      Vec<T> r[tile][alpha];  // rows of the tile after the transform along x
+      FUSEDP_UNROLL(4)
+      for (std::size_t i = 0; i < tile; ++i) {
+        Vec<T> d[tile];
+        FUSEDP_UNROLL(4)
+        for (std::size_t k = 0; k < tile; ++k) d[k] = gather(src, idx, std::int32_t(i * OW + k), row_ok[i] & col_ok[k]);
+        gradient_1d(d, r[i]);
+      }
+      FUSEDP_UNROLL(6)
+      for (std::size_t nu = 0; nu < alpha; ++nu) {
+        Vec<T> col[tile], out[alpha];
+        FUSEDP_UNROLL(4)
+        for (std::size_t i = 0; i < tile; ++i) col[i] = r[i][nu];
+        gradient_1d(col, out);
+        FUSEDP_UNROLL(6)
+        for (std::size_t xi = 0; xi < alpha; ++xi) simd::store(z + (xi * alpha + nu) * zp + o * Plan::block + j, out[xi]);
       }
     }
   }
@@ -287,15 +416,36 @@ void transform_output(const Plan& p, const T* m, std::size_t t0, std::size_t cou
         FUSEDP_UNROLL(4)
         for (std::size_t i = 0; i < tile; ++i) simd::store(out[i * tile + c], r[i]);
       }
+      // Each lane's tile as its 16 values in a row: transposed in registers where the lanes are 16 (a
+      // scalar copy of each value was half of this pass).
+      const T* by_tile = &out[0][0];
+      std::size_t lane_step = 1, value_step = W;
+      bool transposed = false;
+      alignas(sizeof(Vec<T>)) T tiles_out[W][tile * tile];
+      if constexpr (W == tile * tile) {
+        Vec<T> rows[W];
+        for (std::size_t v = 0; v < W; ++v) rows[v] = simd::load(out[v]);
+        simd::transpose<T>(rows);
+        for (std::size_t l = 0; l < W; ++l) simd::store(tiles_out[l], rows[l]);
+        by_tile = &tiles_out[0][0];
+        lane_step = tile * tile;
+        value_step = 1;
+        transposed = true;
+      }
       for (std::size_t l = 0; l < cnt; ++l) {
         const std::size_t n = tg.n[l], oy0 = tg.ty[l] * tile, ox0 = tg.tx[l] * tile;
         const std::size_t run = std::min(tile, OW - ox0);
         T* yn = y + n * O * opix;
         const auto epi = make_epi(n);
+        const T* mine = by_tile + l * lane_step;
         for (std::size_t i = 0; i < tile && oy0 + i < OH; ++i) {
           const std::size_t p0 = (oy0 + i) * OW + ox0;
           T* dst = yn + o * opix + p0;
-          for (std::size_t e = 0; e < run; ++e) dst[e] = out[i * tile + e][l];
+          if (transposed && run == tile) {
+            simd::store(dst, simd::load_as<simd::vec_n<T, tile>>(mine + i * tile));
+          } else {
+            for (std::size_t e = 0; e < run; ++e) dst[e] = mine[(i * tile + e) * value_step];
+          }
           epi(o, p0, dst, run);
         }
       }
@@ -315,11 +465,17 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const T
   const Plan plan{g};
   const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels);
   const std::size_t stride = plan.per_thread(), tiles = batch * plan.tiles_per_sample();
-  const std::size_t blocks = (tiles + Plan::block - 1) / Plan::block;
+  // Blocks of at most Plan::block tiles, and at least one per thread where there are enough tiles
+  // (ResNet-18's last stage at batch 64 has 64).
+  const std::size_t threads = std::size_t(host.threads());
+  const std::size_t block = std::min(Plan::block, std::max(detail::L<T>, host::detail::round_up((tiles + threads - 1) / threads, detail::L<T>)));
+  const std::size_t blocks = (tiles + block - 1) / block;
   // Row r of the product is an output channel, k an input channel. Forward: w(r, k) at w + (r C + k) 9.
   // Input gradient: w is stored (C, O, 3, 3) by the conv whose input gradient this is (its O is this
   // C), so w(r, k) lies at w + (k O + r) 9, rotated.
   const std::size_t row_step = input_gradient ? 9 : C * 9, k_step = input_gradient ? O * 9 : 9;
+  // The tile shape is chosen for whole blocks, whatever this call's block: with the same shape (and so
+  // the same k-blocks) every output has the same bits for any batch and thread count.
   with_tile(choose_tile<T>(O, Plan::block), [&]<class S>() {
     T* u = scratch;  // thread 0's, read by all
     const std::size_t panels = (O + S::mr - 1) / S::mr;
@@ -332,14 +488,84 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const T
       T* v = own + plan.u();
       T* m = v + plan.v();
       for (std::size_t b = b0; b < b1; ++b) {
-        const std::size_t t0 = b * Plan::block, count = std::min(Plan::block, tiles - t0);
-        detail::transform_input<S>(plan, x, t0, count, v);
+        const std::size_t t0 = b * block, count = std::min(block, tiles - t0);
+        detail::transform_input(plan, x, t0, count, S::template nr<T>, plan.v_plane(), v);
         for (std::size_t pt = 0; pt < points; ++pt)
           gemm_packed<S>(O, count, C, u + pt * plan.u_plane(), v + pt * plan.v_plane(), m + pt * plan.m_plane(),
                          Plan::block, false);
         detail::transform_output(plan, m, t0, count, y, make_epi);
       }
     });
+  });
+}
+
+/// dw (O, C, 3, 3) = the weight gradient of conv `g` (one that `applies`) over `batch` samples: x its
+/// input, dz the gradient of its output (before any epilogue). Each thread sums Z V^T over its share
+/// of the tiles (M' per point, O x C); the shares are added in thread order as G^T M' G is taken, so
+/// the result depends on the thread count only. scratch: host.threads() x
+/// Plan{g}.weight_gradient_per_thread().
+template <class T>
+void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const T* x, const T* dz, T* dw,
+                        T* scratch) {
+  const Plan plan{g};
+  const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels);
+  const std::size_t stride = plan.weight_gradient_per_thread(), tiles = batch * plan.tiles_per_sample();
+  const auto threads = std::size_t(host.threads());
+  host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
+    T* own = scratch + std::size_t(thread) * stride;
+    T* v = own;
+    T* z = v + plan.wv();
+    T* m = z + plan.wz();
+    const std::size_t first = tiles * std::size_t(thread) / threads, last = tiles * (std::size_t(thread) + 1) / threads;
+    if (first == last) {
+      for (std::size_t pt = 0; pt < points; ++pt) simd::zero(m + pt * plan.wm_plane(), O * C);
+      return;
+    }
+    for (std::size_t t0 = first; t0 < last; t0 += Plan::block) {
+      const std::size_t count = std::min(Plan::block, last - t0);
+      detail::transform_input(plan, x, t0, count, Plan::block, plan.wv_plane(), v);
+      detail::transform_gradient(plan, dz, t0, count, plan.wz_plane(), z);
+      // M'_xn (O x C) += Z_xn (O x count) V_xn^T (count x C)
+      for (std::size_t pt = 0; pt < points; ++pt)
+        gemm(O, C, count, row_major<T>(z + pt * plan.wz_plane(), Plan::block),
+             MatrixRef<T>{v + pt * plan.wv_plane(), 1, Plan::block}, m + pt * plan.wm_plane(), C, t0 != first);
+    }
+  });
+  // dw = G^T (sum over threads of M') G, vectorized over runs of channels c.
+  constexpr std::size_t W = detail::L<T>;
+  host.parallel_for(O, [&](std::size_t o0, std::size_t o1, int) {
+    for (std::size_t o = o0; o < o1; ++o)
+      for (std::size_t c0 = 0; c0 < C; c0 += W) {
+        const std::size_t cn = std::min(W, C - c0);
+        detail::Vec<T> r[alpha][3];  // G^T m along nu, per xi
+        FUSEDP_UNROLL(6)
+        for (std::size_t xi = 0; xi < alpha; ++xi) {
+          detail::Vec<T> mv[alpha];
+          FUSEDP_UNROLL(6)
+          for (std::size_t nu = 0; nu < alpha; ++nu) {
+            const T* at = scratch + plan.wv() + plan.wz() + (xi * alpha + nu) * plan.wm_plane() + o * C + c0;
+            detail::Vec<T> acc = cn == W ? simd::load(at) : simd::load_first(at, cn);
+            for (std::size_t t = 1; t < threads; ++t) {
+              const T* q = at + t * stride;
+              acc += cn == W ? simd::load(q) : simd::load_first(q, cn);
+            }
+            mv[nu] = acc;
+          }
+          detail::weight_gradient_1d(mv, r[xi]);
+        }
+        alignas(sizeof(detail::Vec<T>)) T out[9][W];
+        FUSEDP_UNROLL(3)
+        for (std::size_t b = 0; b < 3; ++b) {
+          detail::Vec<T> col[alpha], k[3];
+          FUSEDP_UNROLL(6)
+          for (std::size_t xi = 0; xi < alpha; ++xi) col[xi] = r[xi][b];
+          detail::weight_gradient_1d(col, k);
+          FUSEDP_UNROLL(3)
+          for (std::size_t a = 0; a < 3; ++a) simd::store(out[a * 3 + b], k[a]);
+        }
+        for (std::size_t l = 0; l < cn; ++l)
+          for (std::size_t e = 0; e < 9; ++e) dw[(o * C + c0 + l) * 9 + e] = out[e][l];
+      }
   });
 }
 
