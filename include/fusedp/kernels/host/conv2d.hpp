@@ -6,7 +6,10 @@
 //             products where a side is narrow and by the bf16 GEMM at precision bf16; the direct
 //             path's dW^T has padded channels)
 //             dcol (K x P) = W^T (K x O) dz (O x P), then col2im into dx
-// with K = C*kh*kw the patch and P the output pixels. The weights are packed once per call and shared
+// with K = C*kh*kw the patch and P the output pixels. A 3x3 conv with stride 1 and padding 1 and at
+// least 16 channels in and out (every conv of ResNet's stages but the strided ones and the stem) runs
+// all three products by Winograd's F(4x4, 3x3) over the whole batch instead (winograd.hpp: 4x fewer
+// multiply-adds; ResNet-18's train step on 2 cores -40%, benchmarks/RESULTS.md), in fp32 and double. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
 // im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
 // (gemm_bf16.hpp): im2col writes the row-major matrix, which is packed into pairs; the direct path

@@ -56,15 +56,15 @@ struct Plan {
   [[nodiscard]] constexpr std::size_t tiles_h() const { return (std::size_t(g.out_h) + tile - 1) / tile; }
   [[nodiscard]] constexpr std::size_t tiles_w() const { return (std::size_t(g.out_w) + tile - 1) / tile; }
   [[nodiscard]] constexpr std::size_t tiles_per_sample() const { return tiles_h() * tiles_w(); }
-  // Tiles per block: a multiple of every tile shape's columns (16, 32, 48 and 64 floats under AVX-512)
-  // would be 192; 96 keeps the V and M blocks of 64-channel layers in L2 and wastes at most a third of
-  // a 64-wide panel. (Measured on the 2-core Xeon, benchmarks/RESULTS.md.)
-  static constexpr std::size_t block = 96;
+  // Tiles per block, at most: a multiple of the 32- and 64-column tile shapes the products take
+  // (shape_for), so a thread's share of ResNet-18's tiles at batch 64 (2048, 512, 128, 32 on two
+  // threads) is cut into whole panels.
+  static constexpr std::size_t block = 128;
   // The 36 planes of V and M are `plane + skew` apart: a skew of one cache line keeps the 36 stores
   // (or loads) of one transformed tile out of a single L1 set when a plane is a multiple of 4 KiB.
   static constexpr std::size_t skew = 16;
   [[nodiscard]] constexpr std::size_t v_plane() const {
-    return host::detail::round_up(block, max_tile_cols) * std::size_t(g.in_channels) + skew;
+    return (block + max_tile_cols) * std::size_t(g.in_channels) + skew;  // a block rounded up to any panel width
   }
   [[nodiscard]] constexpr std::size_t m_plane() const { return std::size_t(g.out_channels) * block + skew; }
   // U_xn packed as A for any tile shape: (O rounded up to the shape's rows) x C, plus slack.
@@ -503,6 +503,22 @@ void transform_output(const Plan& p, const T* m, std::size_t t0, std::size_t cou
   }
 }
 
+// Tiles per block for a thread's share of n tiles: as few blocks as Plan::block allows, of equal size
+// in whole units of `unit` tiles (a panel's columns, or the lanes), the last one shorter.
+constexpr std::size_t block_for(std::size_t n, std::size_t unit) {
+  const std::size_t blocks = std::max<std::size_t>(1, (n + Plan::block - 1) / Plan::block);
+  return std::min(Plan::block, host::detail::round_up((n + blocks - 1) / blocks, unit));
+}
+
+// The register tile of the products of a conv with `outs` output channels: the least padded for
+// 64-tile blocks among the shapes, so a 32- or 64-column one (12x2 or 6x4 under AVX-512), whatever
+// the batch and the thread count: the same shape gives every output the same bits in any split.
+// (8x3's 48 columns padded ResNet-18's 64- and 32-tile blocks of its last stages by a third.)
+template <class T>
+constexpr std::size_t shape_for(std::size_t outs) {
+  return choose_tile<T>(outs, 64);
+}
+
 }  // namespace detail
 
 /// y = epi(conv(x, w)) for `batch` samples of a conv that `applies`: x (N, C, H, W), w as stored
@@ -515,30 +531,28 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const T
   const Plan plan{g};
   const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels);
   const std::size_t stride = plan.per_thread(), tiles = batch * plan.tiles_per_sample();
-  // Blocks of at most Plan::block tiles, and at least one per thread where there are enough tiles
-  // (ResNet-18's last stage at batch 64 has 64).
-  const std::size_t threads = std::size_t(host.threads());
-  const std::size_t block = std::min(Plan::block, std::max(detail::L<T>, host::detail::round_up((tiles + threads - 1) / threads, detail::L<T>)));
-  const std::size_t blocks = (tiles + block - 1) / block;
+  const auto threads = std::size_t(host.threads());
   // Row r of the product is an output channel, k an input channel. Forward: w(r, k) at w + (r C + k) 9.
   // Input gradient: w is stored (C, O, 3, 3) by the conv whose input gradient this is (its O is this
   // C), so w(r, k) lies at w + (k O + r) 9, rotated.
   const std::size_t row_step = input_gradient ? 9 : C * 9, k_step = input_gradient ? O * 9 : 9;
-  // The tile shape is chosen for whole blocks, whatever this call's block: with the same shape (and so
-  // the same k-blocks) every output has the same bits for any batch and thread count.
-  with_tile(choose_tile<T>(O, Plan::block), [&]<class S>() {
+  with_tile(detail::shape_for<T>(O), [&]<class S>() {
     T* u = scratch;  // thread 0's, read by all
     const std::size_t panels = (O + S::mr - 1) / S::mr;
     host.parallel_for(panels, [&](std::size_t q0, std::size_t q1, int) {
       detail::transform_weights<S>(w, O, C, row_step, k_step, input_gradient, q0 * S::mr, std::min(O, q1 * S::mr),
                                    plan.u_plane(), u);
     });
-    host.parallel_for(blocks, [&](std::size_t b0, std::size_t b1, int thread) {
+    // Each thread an equal share of the tiles, in blocks of at most Plan::block (whole blocks dealt
+    // out left ResNet-18's third stage, 256 tiles, at 192 against 64).
+    host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
       T* own = scratch + std::size_t(thread) * stride;
       T* v = own + plan.u();
       T* m = v + plan.v();
-      for (std::size_t b = b0; b < b1; ++b) {
-        const std::size_t t0 = b * block, count = std::min(block, tiles - t0);
+      const std::size_t first = tiles * std::size_t(thread) / threads, last = tiles * (std::size_t(thread) + 1) / threads;
+      const std::size_t block = detail::block_for(last - first, S::template nr<T>);
+      for (std::size_t t0 = first; t0 < last; t0 += block) {
+        const std::size_t count = std::min(block, last - t0);
         detail::transform_input(plan, x, t0, count, S::template nr<T>, plan.v_plane(), v);
         for (std::size_t pt = 0; pt < points; ++pt)
           gemm_packed<S>(O, count, C, u + pt * plan.u_plane(), v + pt * plan.v_plane(), m + pt * plan.m_plane(),
@@ -571,8 +585,9 @@ void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t bat
       for (std::size_t pt = 0; pt < points; ++pt) simd::zero(m + pt * plan.wm_plane(), O * C);
       return;
     }
-    for (std::size_t t0 = first; t0 < last; t0 += Plan::block) {
-      const std::size_t count = std::min(Plan::block, last - t0);
+    const std::size_t block = detail::block_for(last - first, detail::L<T>);
+    for (std::size_t t0 = first; t0 < last; t0 += block) {
+      const std::size_t count = std::min(block, last - t0);
       detail::transform_input(plan, x, t0, count, Plan::block, plan.wv_plane(), v);
       detail::transform_gradient(plan, dz, t0, count, plan.wz_plane(), z);
       // M'_xn (O x C) += Z_xn (O x count) V_xn^T (count x C)
