@@ -185,6 +185,21 @@ T sum(const T* FUSEDP_RESTRICT p, std::size_t n) {
   return s;
 }
 
+// Sample n's gradient before the epilogue, in place of dy's (dy * Epi'(z or y)), its channel sums
+// added to db (the bias gradient); returns it.
+template <class Epi, class T>
+T* sample_dz(const ConvGeometry& g, std::size_t n, const T* y, const T* z, T* dy, T* db) {
+  const std::size_t outs = std::size_t(g.out_channels), pixels = g.out_pixels();
+  T* dzn = dy + n * g.out_size();
+  if constexpr (!Epi::empty) {
+    const T* yn = y + n * g.out_size();
+    const T* zn = z ? z + n * g.out_size() : yn;
+    for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
+  }
+  for (std::size_t o = 0; o < outs; ++o) db[o] += sum(dzn + o * pixels, pixels);
+  return dzn;
+}
+
 // Sums `count` values at `offset` of every thread's scratch (stride apart) into out, in thread order:
 // the result is the same on every run with the same thread count.
 template <class T>
@@ -554,13 +569,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       T* db_t = scratch + std::size_t(thread) * stride;
       simd::zero(db_t, outs);
       for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
-        T* dzn = dy + n * g.out_size();
-        if constexpr (!Epi::empty) {
-          const T* yn = y + n * g.out_size();
-          const T* zn = z ? z + n * g.out_size() : yn;
-          for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
-        }
-        for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
+        detail::sample_dz<Epi>(g, n, y, z, dy, db_t);
       }
     });
     if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
@@ -633,13 +642,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);
       const std::size_t n1 = batch * (std::size_t(thread) + 1) / std::size_t(threads);
       for (std::size_t n = n0; n < n1; ++n) {
-        T* dzn = dy + n * g.out_size();
-        if constexpr (!Epi::empty) {
-          const T* yn = y + n * g.out_size();
-          const T* zn = z ? z + n * g.out_size() : yn;
-          for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
-        }
-        for (std::size_t o = 0; o < outs; ++o) db_t[o] += detail::sum(dzn + o * pixels, pixels);
+        T* dzn = detail::sample_dz<Epi>(g, n, y, z, dy, db_t);
         const T* xn = x + n * g.in_size();
         weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
         if (dx) {
