@@ -14,7 +14,8 @@
 #      reported as not measured), then times PyTorch one configuration and mode at a time with nothing
 #      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
-#      2^18, ResNet-18 at 256; then the GEMM problems of the seed networks on the tensor-core mainloop
+#      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
+#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1); then the GEMM problems of the seed networks on the tensor-core mainloop
 #      and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and compute-sanitizer memcheck and racecheck on
 #      test_gpu_gemm_mma where the toolkit has it;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
@@ -24,7 +25,7 @@
 # python3), FUSEDP_CHECK_BUDGET (seconds, default 460), FUSEDP_COMPILE_MODE (torch.compile mode,
 # default "default"), FUSEDP_FASHION_MNIST_DIR (real data for the training test; synthetic otherwise),
 # FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi),
-# FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu built elsewhere for this GPU's
+# FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu[_mma] built elsewhere for this GPU's
 # architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU: nothing is built here,
 # which saves the minutes of device time nvcc takes), FUSEDP_TORCH_MODES (PyTorch modes run on every
 # configuration, default "eager graph compile"), FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10
@@ -127,6 +128,7 @@ if [[ -n "$PREBUILT" ]]; then
   log "using the binaries in $PREBUILT (built elsewhere; nothing is compiled here)"
   ls "$PREBUILT"/test_gpu_* >/dev/null 2>&1 && TEST_MODE=prebuilt || log "no test_gpu_* in $PREBUILT"
   [[ -x "$PREBUILT/train_step_gpu" ]] && cp "$PREBUILT/train_step_gpu" "$OUT/train_step_gpu"
+  [[ -x "$PREBUILT/train_step_gpu_mma" ]] && cp "$PREBUILT/train_step_gpu_mma" "$OUT/train_step_gpu_mma"
   [[ -x "$PREBUILT/gemm_gpu" ]] && cp "$PREBUILT/gemm_gpu" "$OUT/gemm_gpu"
 else
 DOCTEST_DIR=""
@@ -144,7 +146,9 @@ log "building benchmarks/gpu/train_step_gpu.cu for $ARCH_FLAG"
 { "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
     "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu" &&
   "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
-    "$ROOT/benchmarks/gpu/gemm_gpu.cu" -o "$OUT/gemm_gpu"; } > "$OUT/bench_build.log" 2>&1 &
+    "$ROOT/benchmarks/gpu/gemm_gpu.cu" -o "$OUT/gemm_gpu" &&
+  "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread -DFUSEDP_CUDA_MMA_LAYERS=1 \
+    "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu_mma"; } > "$OUT/bench_build.log" 2>&1 &
 BENCH_BUILD=$!
 
 if [[ -n "$DOCTEST_DIR" ]]; then
@@ -156,7 +160,7 @@ if [[ -n "$DOCTEST_DIR" ]]; then
     if cmake -S "$ROOT" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
          -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DFUSEDP_BUILD_TESTS=ON -DFUSEDP_BUILD_EXAMPLES=OFF \
          -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_TEST_CONSUMERS=OFF -DFUSEDP_HEADER_TEST_CUDA=OFF \
-         -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF "${doctest_flag[@]}" > "$OUT/configure.log" 2>&1; then
+         -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF -DFUSEDP_GPU_MMA_TESTS=ON "${doctest_flag[@]}" > "$OUT/configure.log" 2>&1; then
       mapfile -t GPU_TESTS < <(ctest --test-dir "$OUT/build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p')
       if (( ${#GPU_TESTS[@]} > 0 )); then
         cmake_ok=1
@@ -273,6 +277,13 @@ if [[ -x "$OUT/train_step_gpu" ]]; then
   bench_limit=$(clamp $(( $(left) - 10 )) 20 150)
   log "fusedp train steps (time limit ${bench_limit}s)"
   timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
+fi
+# The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).
+if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
+  bench_limit=$(clamp $(( $(left) - 40 )) 20 150)
+  log "fusedp train steps, layers on the tensor-core mainloop (time limit ${bench_limit}s)"
+  FUSEDP_CUDA_GEMM=mma timeout "$bench_limit" "$OUT/train_step_gpu_mma" --all --steps 100 --warmup 10 |
+    tee -a "$OUT/fusedp.txt"
 fi
 
 # The tensor-core mainloop against the WMMA one, per GEMM problem of the seed networks (issue 14), and

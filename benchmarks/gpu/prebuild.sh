@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, train_step_gpu, gemm_gpu, allreduce_bench
+# benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, the layer tests once more on the
+# tensor-core mainloop as test_gpu_*_mma, train_step_gpu and train_step_gpu_mma, gemm_gpu, allreduce_bench
 # and the examples) for one
 # GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
 # not compiling. They need an x86-64 Linux with a driver at least as new as this nvcc, libstdc++, zlib,
@@ -16,13 +17,16 @@ BUILD=build/gpu$ARCH
 JOBS=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DFUSEDP_BUILD_TESTS=ON -DFUSEDP_BUILD_EXAMPLES=OFF -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_TEST_CONSUMERS=OFF \
-  -DFUSEDP_HEADER_TEST_CUDA=OFF -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF > /dev/null
+  -DFUSEDP_HEADER_TEST_CUDA=OFF -DFUSEDP_ENABLE_MPI=OFF -DFUSEDP_INSTALL=OFF -DFUSEDP_GPU_MMA_TESTS=ON > /dev/null
 mapfile -t tests < <(ninja -C "$BUILD" -t targets all | sed -n 's/^\(test_gpu_[A-Za-z0-9_]*\): phony$/\1/p')
 echo "prebuild: ${tests[*]} and train_step_gpu for sm_$ARCH with $JOBS jobs"
 ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
 mkdir -p "$DIR"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
+# The same train steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma).
+nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_CUDA_MMA_LAYERS=1 \
+  benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
 nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl \
   -o "$DIR/allreduce_bench"
@@ -34,5 +38,5 @@ ninja -C build/gpu$ARCH-examples -j "$JOBS"
 for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
-strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
+strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"

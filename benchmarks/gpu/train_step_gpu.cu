@@ -8,6 +8,10 @@
 //   train_step_gpu --all                       the set check.sh runs
 //   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
 //
+// Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
+// GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
+// impl=fusedp-mma; FUSEDP_CUDA_GEMM=wmma runs the same binary on WMMA (impl=fusedp).
+//
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
 // -DFUSEDP_BENCH_ALL_PRECISIONS=1 adds fp32 and bf16.
 //
@@ -85,8 +89,10 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   }
   const float l = model.last_loss();
   const double med = median(ms);
-  std::printf("RESULT impl=fusedp net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
-              name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
+  const bool mma = fp::kernels::cuda::layers_have_mma &&
+                   fp::kernels::cuda::gemm_mainloop_from_environment() == fp::kernels::cuda::GemmMainloop::mma;
+  std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
+              mma ? "fusedp-mma" : "fusedp", name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
               model.last_step_replayed() ? 1 : 0, double(l));
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);

@@ -340,6 +340,11 @@ TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back t
   CHECK(kc::parse_gemm_mainloop("") == kc::GemmMainloop::wmma);
   CHECK(kc::parse_gemm_mainloop("wmma") == kc::GemmMainloop::wmma);
   CHECK(kc::parse_gemm_mainloop("mma") == kc::GemmMainloop::mma);
+  // A build whose layers have the tensor-core mainloop (FUSEDP_CUDA_MMA_LAYERS=1) prefers it when unset.
+  CHECK(kc::parse_gemm_mainloop(nullptr, kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
+  CHECK(kc::parse_gemm_mainloop("", kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
+  CHECK(kc::parse_gemm_mainloop("wmma", kc::GemmMainloop::mma) == kc::GemmMainloop::wmma);
+  CHECK(kc::default_gemm_mainloop == (kc::layers_have_mma ? kc::GemmMainloop::mma : kc::GemmMainloop::wmma));
   for (const char* bad : {"MMA", "tensor", "mma "}) {
     std::string message;
     try {

@@ -76,22 +76,24 @@ struct Conv2d {
 #if FUSEDP_HAS_CUDA
   // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed.
   template <class In>
-  using cuda_tile_x = kernels::cuda::tile_for<In::channels>;
+  using cuda_tile_x = kernels::cuda::GemmTiles<In::channels>;
   template <class In>
-  using cuda_tile_w = kernels::cuda::tile_for<In::channels * K * K>;
+  using cuda_tile_w = kernels::cuda::GemmTiles<In::channels * K * K>;
 
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    kernels::cuda::conv2d_forward<Epi, kernels::cuda::tile_for<Out>, P>(
-        a.space.stream(), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold, a.add);
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::GemmTarget::of(a.space),
+                                                                         geometry<In>, int(a.batch), a.w,
+                                                                         Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold,
+                                                                         a.add);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     using O = output<In>;
     const kernels::cuda::ConvGradient<Epi> dz{a.dy, a.y, a.z, Out, O::height * O::width, O::width};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::GemmTarget::of(a.space),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
                                                                         a.dw, Bias ? a.db : nullptr, a.scratch);
   }
@@ -99,8 +101,9 @@ struct Conv2d {
   /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
   template <class In, class Epi, int Kp, class T, class P>
   static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
-    kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::tile_for<Out>, P>(
-        a.space.stream(), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled, argmax);
+    kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::GemmTiles<Out>, P>(
+        kernels::cuda::GemmTarget::of(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled,
+        argmax);
   }
   /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
   template <class In, class Epi, int Kp, class T, class P>
@@ -108,7 +111,7 @@ struct Conv2d {
                                const std::uint8_t* argmax) {
     using O = output<In>;
     const kernels::cuda::PooledConvGradient<Epi, Kp> dz{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(a.space.stream(), a.space.sm_count(),
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::GemmTarget::of(a.space),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
                                                                         a.dw, Bias ? a.db : nullptr, a.scratch);
   }

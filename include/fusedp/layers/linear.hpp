@@ -56,24 +56,24 @@ struct Linear {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
-    kernels::cuda::linear_forward<Epi, kernels::cuda::tile_for<Out>, P>(a.space.stream(), a.space.sm_count(),
-                                                                        int(a.batch), int(In::size), Out, a.w, a.b,
-                                                                        a.x, a.y, a.z, a.scratch);
+    kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::GemmTarget::of(a.space),
+                                                                         int(a.batch), int(In::size), Out, a.w, a.b,
+                                                                         a.x, a.y, a.z, a.scratch);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
-    kernels::cuda::linear_backward<Epi, kernels::cuda::tile_for<int(In::size)>, P>(
-        a.space.stream(), a.space.sm_count(), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
+    kernels::cuda::linear_backward<Epi, kernels::cuda::GemmTiles<int(In::size)>, P>(
+        kernels::cuda::GemmTarget::of(a.space), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
         a.db, a.scratch);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>
   static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
-    return std::max(kernels::cuda::linear_backward_scratch<kernels::cuda::tile_for<int(In::size)>>(
+    return std::max(kernels::cuda::linear_backward_scratch<kernels::cuda::GemmTiles<int(In::size)>>(
                         int(batch), int(In::size), Out, space.sm_count()),
-                    kernels::cuda::linear_forward_scratch<kernels::cuda::tile_for<Out>>(int(batch), int(In::size), Out,
-                                                                                      space.sm_count()));
+                    kernels::cuda::linear_forward_scratch<kernels::cuda::GemmTiles<Out>>(int(batch), int(In::size),
+                                                                                       Out, space.sm_count()));
   }
 #endif
 };

@@ -14,7 +14,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
-#include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/cuda/gemm_dispatch.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
 
 #include <concepts>
@@ -459,28 +459,28 @@ ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch,
   return {s.o, s.patch, batch * s.ohw, ConvGradientRows<Dz>{dz, s}, Im2colColumns{x, s}};
 }
 
-/// Forward of Conv2d (no pooling fused). TileT: tile_for<out channels>. With `fold` (evaluation), the
-/// BatchNorm after it and `add` (a residual block's shortcut, or null) run in its epilogue.
-template <class Epi, class TileT, class P>
-void conv2d_forward(cudaStream_t stream, const ConvGeometry& g, int batch, const float* w, const float* b,
+/// Forward of Conv2d (no pooling fused) on `t`. Tiles: GemmTiles<out channels>. With `fold`
+/// (evaluation), the BatchNorm after it and `add` (a residual block's shortcut, or null) run in its
+/// epilogue.
+template <class Epi, class Tiles, class P>
+void conv2d_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
                     const float* x, float* y, float* z, const BatchNormFold<float>* fold = nullptr,
                     const float* add = nullptr) {
   require(add == nullptr || fold != nullptr, "conv2d_forward on Cuda: an add needs a folded BatchNorm");
   check_conv_extent(g, std::size_t(batch));
-  launch_gemm<TileT, P, false>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add), 1,
-                               stream);
+  launch_layer_gemm<Tiles, P>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add), 1, t);
 }
 
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
-/// position of each window's maximum. TileT: tile_for<out channels>, whose BM must hold whole windows.
-template <class Epi, int Kp, class TileT, class P>
-void conv2d_maxpool_forward(cudaStream_t stream, const ConvGeometry& g, int batch, const float* w, const float* b,
+/// position of each window's maximum. Tiles: GemmTiles<out channels>, whose BM must hold whole windows.
+template <class Epi, int Kp, class Tiles, class P>
+void conv2d_maxpool_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
                             const float* x, float* pooled, std::uint8_t* argmax) {
-  static_assert(TileT::bm % (Kp * Kp) == 0, "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
+  static_assert(Tiles::wmma::bm % (Kp * Kp) == 0 && Tiles::mma::bm % (Kp * Kp) == 0,
+                "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
   static_assert(Kp * Kp <= 256, "conv2d_maxpool_forward: the window index must fit a byte");
   check_conv_extent(g, std::size_t(batch));
-  launch_gemm<TileT, P, false>(conv2d_maxpool_problem<Epi, Kp>(ConvShape(g), batch, w, b, x, pooled, argmax), 1,
-                               stream);
+  launch_layer_gemm<Tiles, P>(conv2d_maxpool_problem<Epi, Kp>(ConvShape(g), batch, w, b, x, pooled, argmax), 1, t);
 }
 
 /// Floats of scratch the dense dz of a backward pass takes (rounded up to keep what follows aligned).
@@ -489,46 +489,46 @@ inline std::size_t conv2d_dz_floats(const ConvGeometry& g, int batch) {
   return (n + 63) / 64 * 64;
 }
 
-/// Scratch (floats) of the conv backward passes. TileW: tile_for<C*K*K>.
-template <class TileW>
+/// Scratch (floats) of the conv backward passes. TilesW: GemmTiles<C*K*K>.
+template <class TilesW>
 std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_count) {
-  return conv2d_dz_floats(g, batch) +
-         weight_gradient_scratch<TileW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
+  return conv2d_dz_floats(g, batch) + layer_weight_gradient_scratch<TilesW>(g.out_channels, int(g.patch()),
+                                                                            batch * int(g.out_pixels()), sm_count);
 }
 
 /// The two GEMMs of a conv backward pass reading dz from `dz`.
-template <class TileX, class TileW, class P, class Dz>
-void conv2d_backward_gemms(cudaStream_t stream, int sm_count, const ConvShape& s, int batch, const Dz& dz,
-                           const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
-  if (dx != nullptr) launch_gemm<TileX, P, false>(conv2d_dx_problem(s, batch, dz, w, dx), 1, stream);
+template <class TilesX, class TilesW, class P, class Dz>
+void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, const Dz& dz, const float* w,
+                           const float* x, float* dx, float* dw, float* db, float* scratch) {
+  if (dx != nullptr) launch_layer_gemm<TilesX, P>(conv2d_dx_problem(s, batch, dz, w, dx), 1, t);
   const auto ops = conv2d_dw_operands(s, batch, dz, x);
-  weight_gradient<TileW, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  layer_weight_gradient<TilesW, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
 }
 
 /// Backward of Conv2d given its dz source (ConvGradient or PooledConvGradient): dx (when not null) and
 /// dW, db (set, not accumulated). dz is first written densely into `scratch` by one coalesced pass
 /// (unpooling, ReLU mask and activation derivative evaluated once per element, not once per GEMM tile
 /// that reads it); a ConvGradient without an activation is dy itself and is read in place.
-/// TileX: tile_for<C>, TileW: tile_for<C*K*K>.
-template <class TileX, class TileW, class P, class Dz>
-void conv2d_backward(cudaStream_t stream, int sm_count, const ConvGeometry& g, int batch, const Dz& dz,
-                     const float* w, const float* x, float* dx, float* dw, float* db, float* scratch) {
+/// TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>.
+template <class TilesX, class TilesW, class P, class Dz>
+void conv2d_backward(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
+                     const float* x, float* dx, float* dw, float* db, float* scratch) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
   if constexpr (requires { Dz::epilogue_is_identity; }) {
     if constexpr (Dz::epilogue_is_identity) {
-      conv2d_backward_gemms<TileX, TileW, P>(stream, sm_count, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w,
-                                             x, dx, dw, db, scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr);
+      conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, dx, dw,
+                                               db, scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr);
       return;
     }
   }
   require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
   const int n = batch * s.o * s.ohw;
   const int blocks = std::min((n + 255) / 256, 65535);
-  materialize_dz_kernel<<<blocks, 256, 0, stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
+  materialize_dz_kernel<<<blocks, 256, 0, t.stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
   FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
-  conv2d_backward_gemms<TileX, TileW, P>(stream, sm_count, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w,
-                                         x, dx, dw, db, scratch + conv2d_dz_floats(g, batch));
+  conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w, x, dx, dw, db,
+                                           scratch + conv2d_dz_floats(g, batch));
 }
 
 }  // namespace fusedp::kernels::cuda

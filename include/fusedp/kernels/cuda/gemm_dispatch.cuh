@@ -7,8 +7,13 @@
 // a precision it does not have (exact Fp32) falls back to WMMA, problem by problem.
 //
 // The switch: GemmTarget::mainloop, which GemmTarget::of takes from the environment variable
-// FUSEDP_CUDA_GEMM ("wmma", the default until an H200 has measured both, or "mma"), so
-// benchmarks/gpu/check.sh runs the same binaries both ways.
+// FUSEDP_CUDA_GEMM ("wmma" or "mma"), so benchmarks/gpu/check.sh runs the same binaries both ways.
+//
+// The layers (conv2d.cuh, linear.cuh) launch through launch_layer_gemm and layer_weight_gradient.
+// They compile the tensor-core mainloop in only where FUSEDP_CUDA_MMA_LAYERS is 1 (then an unset
+// FUSEDP_CUDA_GEMM means mma): each conv layer then instantiates three more kernels and each Linear
+// two, for every architecture built, a compile-time cost paid once an H200 has measured the gain.
+// With it 0 (the default) the layers run exactly the WMMA kernels, as before.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -24,7 +29,14 @@
 #include <string_view>
 #include <type_traits>
 
+#ifndef FUSEDP_CUDA_MMA_LAYERS
+#define FUSEDP_CUDA_MMA_LAYERS 0
+#endif
+
 namespace fusedp::kernels::cuda {
+
+/// Whether the layers' GEMMs have the tensor-core mainloop compiled in (FUSEDP_CUDA_MMA_LAYERS).
+inline constexpr bool layers_have_mma = FUSEDP_CUDA_MMA_LAYERS != 0;
 
 /// The mainloop a GemmTarget prefers.
 enum class GemmMainloop {
@@ -32,18 +44,23 @@ enum class GemmMainloop {
   mma,   ///< gemm_mma.cuh's gemm_mma_kernel where it can run, else wmma
 };
 
-/// The mainloop named by `value`, FUSEDP_CUDA_GEMM's text: "wmma" or "mma"; null or empty is wmma.
+/// The mainloop a build prefers when FUSEDP_CUDA_GEMM is unset: mma where the layers have it.
+inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMainloop::mma : GemmMainloop::wmma;
+
+/// The mainloop named by `value`, FUSEDP_CUDA_GEMM's text: "wmma" or "mma"; null or empty is `unset`.
 /// Anything else is an InvalidArgument naming the variable and the value.
-[[nodiscard]] inline GemmMainloop parse_gemm_mainloop(const char* value) {
+[[nodiscard]] inline GemmMainloop parse_gemm_mainloop(const char* value, GemmMainloop unset = GemmMainloop::wmma) {
   const std::string_view v = value ? value : "";
-  if (v.empty() || v == "wmma") return GemmMainloop::wmma;
+  if (v.empty()) return unset;
+  if (v == "wmma") return GemmMainloop::wmma;
   if (v == "mma") return GemmMainloop::mma;
-  throw InvalidArgument("FUSEDP_CUDA_GEMM is '" + std::string(v) + "'; it must be 'wmma' or 'mma' (or unset: wmma)");
+  throw InvalidArgument("FUSEDP_CUDA_GEMM is '" + std::string(v) + "'; it must be 'wmma' or 'mma' (or unset: " +
+                        (unset == GemmMainloop::mma ? "mma" : "wmma") + ")");
 }
 
-/// FUSEDP_CUDA_GEMM's mainloop (wmma when unset).
+/// FUSEDP_CUDA_GEMM's mainloop (default_gemm_mainloop when unset).
 [[nodiscard]] inline GemmMainloop gemm_mainloop_from_environment() {
-  return parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"));
+  return parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"), default_gemm_mainloop);
 }
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
@@ -106,6 +123,46 @@ void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, co
     }
   }
   weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
+}
+
+/// The tiles of a layer's GEMM whose n (columns of C) is N, on either mainloop.
+template <int N>
+struct GemmTiles {
+  using wmma = tile_for<N>;
+  using mma = mma::mma_tile_for<N>;
+};
+
+/// A layer's GEMM: launch_gemm_on's choice where the layers have the tensor-core mainloop, else
+/// launch_gemm on WMMA (no tensor-core kernel instantiated). Tiles: GemmTiles<n>.
+template <class Tiles, class P, bool RowSums = false, class A, class B, class Epi>
+void launch_layer_gemm(const GemmProblem<A, B, Epi>& p, int splits, const GemmTarget& t) {
+  if constexpr (layers_have_mma) {
+    launch_gemm_on<typename Tiles::wmma, typename Tiles::mma, P, RowSums>(p, splits, t);
+  } else {
+    launch_gemm<typename Tiles::wmma, P, RowSums>(p, splits, t.stream);
+  }
+}
+
+/// Scratch (floats) of layer_weight_gradient for this shape.
+template <class Tiles>
+[[nodiscard]] std::size_t layer_weight_gradient_scratch(int m, int n, int k, int sm_count) {
+  if constexpr (layers_have_mma) {
+    return weight_gradient_scratch_on<typename Tiles::wmma, typename Tiles::mma>(m, n, k, sm_count);
+  } else {
+    return weight_gradient_scratch<typename Tiles::wmma>(m, n, k, sm_count);
+  }
+}
+
+/// A layer's weight gradient: weight_gradient_on where the layers have the tensor-core mainloop, else
+/// weight_gradient on WMMA. `scratch`: layer_weight_gradient_scratch<Tiles>(m, n, k, t.sm_count) floats.
+template <class Tiles, class P, class A, class B>
+void layer_weight_gradient(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
+                           float* scratch) {
+  if constexpr (layers_have_mma) {
+    weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch);
+  } else {
+    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
+  }
 }
 
 }  // namespace fusedp::kernels::cuda

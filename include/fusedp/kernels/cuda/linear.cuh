@@ -8,7 +8,7 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
-#include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/cuda/gemm_dispatch.cuh"
 
 #include <algorithm>
 #include <cstddef>
@@ -110,48 +110,56 @@ __global__ void linear_forward_reduce_kernel(const float* partial, int splits, s
   }
 }
 
+/// The split of linear_forward (WMMA's tile's plan, whichever mainloop runs it: its parts are whole
+/// 32-deep slices, so the tensor-core mainloop can run them too).
+template <class Tiles>
+SplitPlan linear_forward_split(int batch, int in, int out, int sm_count) {
+  using T = typename Tiles::wmma;
+  return plan_split(batch, out, in, T::bm, T::bn, T::bk, sm_count);
+}
+
 /// Scratch (floats) of linear_forward: the split parts, when the forward is split.
-template <class TileT>
+template <class Tiles>
 std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
-  const SplitPlan s = plan_split(batch, out, in, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, sm_count);
   return s.splits == 1 ? 0 : std::size_t(s.splits) * std::size_t(batch) * std::size_t(out);
 }
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
-/// linear_forward_scratch floats). TileT: tile_for<out>.
-template <class Epi, class TileT, class P>
-void linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
-                    const float* x, float* y, float* z, float* scratch) {
-  const SplitPlan s = plan_split(batch, out, in, TileT::bm, TileT::bn, TileT::bk, sm_count);
+/// linear_forward_scratch floats) on `t`. Tiles: GemmTiles<out>.
+template <class Epi, class Tiles, class P>
+void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const float* x,
+                    float* y, float* z, float* scratch) {
+  const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, t.sm_count);
   if (s.splits == 1 || scratch == nullptr) {
-    launch_gemm<TileT, P, false>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, stream);
+    launch_layer_gemm<Tiles, P>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, t);
     return;
   }
   const std::size_t count = std::size_t(batch) * out;
   const GemmProblem<Rows, Rows, StoreRowMajor> p{batch, out, in, s.k_chunk, Rows{x, in}, Rows{w, in},
                                                  StoreRowMajor{scratch, batch, out, count}, nullptr};
-  launch_gemm<TileT, P, false>(p, s.splits, stream);
+  launch_layer_gemm<Tiles, P>(p, s.splits, t);
   const unsigned blocks = unsigned(std::min<std::size_t>((count + 255) / 256, 65535));
-  linear_forward_reduce_kernel<Epi><<<blocks, 256, 0, stream>>>(scratch, s.splits, count, out, b, y, z);
+  linear_forward_reduce_kernel<Epi><<<blocks, 256, 0, t.stream>>>(scratch, s.splits, count, out, b, y, z);
   FUSEDP_CUDA_CHECK_LAUNCH("linear_forward_reduce_kernel");
 }
 
-/// Scratch (floats) of linear_backward. TileT: tile_for<in>.
-template <class TileT>
+/// Scratch (floats) of linear_backward. Tiles: GemmTiles<in>.
+template <class Tiles>
 std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
-  return weight_gradient_scratch<TileT>(out, in, batch, sm_count);
+  return layer_weight_gradient_scratch<Tiles>(out, in, batch, sm_count);
 }
 
 /// Backward of Linear: dx = dz W (skipped when dx is null), dW = dz^T x, db = column sums of dz, with
 /// dz = dy * Epi' computed as each GEMM loads it; dy is not changed. dW and db are set, not
-/// accumulated. TileT: tile_for<in> (the n of both GEMMs).
-template <class Epi, class TileT, class P>
-void linear_backward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* x,
-                     const float* y, const float* z, const float* dy, float* dx, float* dw, float* db, float* scratch) {
+/// accumulated. Tiles: GemmTiles<in> (the n of both GEMMs).
+template <class Epi, class Tiles, class P>
+void linear_backward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x, const float* y,
+                     const float* z, const float* dy, float* dx, float* dw, float* db, float* scratch) {
   const EpilogueGradient<Epi> g{dy, y, z};
-  if (dx != nullptr) launch_gemm<TileT, P, false>(linear_dx_problem<Epi>(batch, in, out, w, g, dx), 1, stream);
+  if (dx != nullptr) launch_layer_gemm<Tiles, P>(linear_dx_problem<Epi>(batch, in, out, w, g, dx), 1, t);
   const auto ops = linear_dw_operands<Epi>(batch, in, out, g, x);
-  weight_gradient<TileT, P>(stream, sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
 }
 
 }  // namespace fusedp::kernels::cuda
