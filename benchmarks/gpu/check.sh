@@ -244,7 +244,9 @@ if (( torch_ok )); then
   # Nothing is timed while any process still compiles or autotunes (max-autotune times kernels on the
   # GPU): wait until every one is warm or gone, keeping about 3 s per timing run, fusedp's benchmark
   # and the report; those still cold then are stopped and reported as not measured.
-  keep=$(( 75 + 3 * ${#TORCH_IDS[@]} ))
+  after=75  # seconds kept for fusedp's benchmarks and the report
+  [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
+  keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
     for id in "${TORCH_IDS[@]}"; do
@@ -263,7 +265,7 @@ if (( torch_ok )); then
   for id in "${TORCH_IDS[@]}"; do
     pid=${TORCH_PID[$id]}
     [[ -e "$OUT/torch/$id.ready" ]] || continue
-    (( $(left) > 75 )) || { log "PyTorch $id: not timed (time limit)"; kill "$pid" 2>/dev/null; continue; }
+    (( $(left) > after )) || { log "PyTorch $id: not timed (time limit)"; kill "$pid" 2>/dev/null; continue; }
     touch "$OUT/torch/$id.go"
     for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill "$pid" 2>/dev/null
