@@ -36,9 +36,15 @@ constexpr float nan_value = std::numeric_limits<float>::quiet_NaN();
 
 // One block of gemm_kernel on the host: the tile as the kernel would hold it after its k-loop (sums in
 // double, then rounded), the row sums, then the epilogue called once per thread.
+// TileT: a WMMA tile (gemm.cuh, pitch bn + 4) or a tensor-core one (mma_layout.hpp, its own ldc), so
+// the epilogues are checked against either tile's block shape, thread count and pitch.
 template <class TileT, bool RowSums, class A, class B, class Epi>
 void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
-  constexpr int bm = TileT::bm, bn = TileT::bn, ldc = bn + 4;
+  constexpr int bm = TileT::bm, bn = TileT::bn;
+  constexpr int ldc = [] {
+    if constexpr (requires { TileT::ldc; }) return TileT::ldc;
+    else return bn + 4;
+  }();
   std::vector<float> c(std::size_t(bm) * ldc);
   const int bx_count = (p.m + bm - 1) / bm, by_count = (p.n + bn - 1) / bn;
   for (int z = 0; z < splits; ++z) {
@@ -317,6 +323,26 @@ TEST_CASE("Conv2d + MaxPool2d fused problems reproduce the Host conv and pool st
   check_conv_maxpool<Epilogue<Relu>, 2, kc::tile_for<6>, kc::tile_for<1>, kc::tile_for<25>>(b, 3, 132);
   constexpr fp::kernels::ConvGeometry c{2, 17, 18, 2, 1, 0, 40, 16, 17};
   check_conv_maxpool<Epilogue<Tanh>, 4, kc::tile_for<40>, kc::tile_for<2>, kc::tile_for<8>>(c, 2, 8);
+}
+
+// The layers' GEMMs with the tiles they take on the tensor cores (FUSEDP_CUDA_MMA_LAYERS=1: GemmTiles<n>::mma,
+// 128-row blocks of 256 threads, pitch BN + 8): the same epilogues (bias, activation, the pooling window's
+// maximum and argmax, the split weight gradient's partials and row sums) reproduce the Host kernels.
+TEST_CASE("the layers' GEMM problems with the tensor-core tiles reproduce the Host kernels (CPU emulation)") {
+  using kc::GemmTiles;
+  check_linear<Epilogue<Relu>, GemmTiles<45>::mma>(77, 45, 37, 132);
+  check_linear<Epilogue<>, GemmTiles<13>::mma>(300, 13, 70, 132);
+  check_linear<Epilogue<Relu, Tanh>, GemmTiles<130>::mma>(33, 130, 65, 132);
+  const fp::kernels::ConvGeometry a{3, 9, 11, 3, 1, 1, 5, 9, 11};
+  check_conv<Epilogue<Relu>, GemmTiles<5>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(a, 7, 132);
+  const fp::kernels::ConvGeometry c{2, 12, 10, 1, 1, 0, 33, 12, 10};
+  check_conv<Epilogue<>, GemmTiles<33>::mma, GemmTiles<2>::mma, GemmTiles<2>::mma>(c, 9, 132);
+  const fp::kernels::ConvGeometry d{16, 8, 8, 3, 2, 1, 72, 4, 4};  // strided, n > 64: the 128 x 128 tile
+  check_conv<Epilogue<Relu>, GemmTiles<72>::mma, GemmTiles<16>::mma, GemmTiles<144>::mma>(d, 5, 8);
+  const fp::kernels::ConvGeometry e{3, 12, 12, 3, 1, 1, 7, 12, 12};
+  check_conv_maxpool<Epilogue<Relu>, 2, GemmTiles<7>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(e, 5, 132);
+  const fp::kernels::ConvGeometry f{2, 16, 16, 3, 1, 1, 40, 16, 16};
+  check_conv_maxpool<Epilogue<Tanh>, 4, GemmTiles<40>::mma, GemmTiles<2>::mma, GemmTiles<18>::mma>(f, 2, 8);
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {

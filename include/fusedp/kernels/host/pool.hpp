@@ -207,33 +207,33 @@ void pool_backward(const Host& host, const ConvGeometry& g, std::size_t batch, c
           }
           detail::max2x2_backward_row(plane + row_at, plane + row_at + g.in_w, d, dplane + row_at,
                                       dplane + row_at + g.in_w, g.out_w);
-          continue;
-        }
-        for (int ox = 0; ox < g.out_w; ++ox) {
-          T d = drow[ox];
-          if constexpr (!Epi::empty) d *= Epi::derivative(zrow[ox], yrow[ox]);
-          const T* w0 = plane + row_at + ox * S;
-          T* d0 = dplane + row_at + ox * S;
-          if constexpr (Op == PoolOp::max) {
-            int at;
-            (void)detail::window_max<K>(w0, g.in_w, at);
-            if constexpr (S == K) {
+        } else {
+          for (int ox = 0; ox < g.out_w; ++ox) {
+            T d = drow[ox];
+            if constexpr (!Epi::empty) d *= Epi::derivative(zrow[ox], yrow[ox]);
+            const T* w0 = plane + row_at + ox * S;
+            T* d0 = dplane + row_at + ox * S;
+            if constexpr (Op == PoolOp::max) {
+              int at;
+              (void)detail::window_max<K>(w0, g.in_w, at);
+              if constexpr (S == K) {
+                FUSEDP_UNROLL(8)
+                for (int ky = 0; ky < K; ++ky)
+                  FUSEDP_UNROLL(8)
+                  for (int kx = 0; kx < K; ++kx) d0[ky * g.in_w + kx] = ky * g.in_w + kx == at ? d : T(0);
+              } else {
+                d0[at] += d;
+              }
+            } else {
+              const T share = d * (T(1) / T(K * K));
               FUSEDP_UNROLL(8)
               for (int ky = 0; ky < K; ++ky)
                 FUSEDP_UNROLL(8)
-                for (int kx = 0; kx < K; ++kx) d0[ky * g.in_w + kx] = ky * g.in_w + kx == at ? d : T(0);
-            } else {
-              d0[at] += d;
+                for (int kx = 0; kx < K; ++kx) {
+                  if constexpr (S == K) d0[ky * g.in_w + kx] = share;
+                  else d0[ky * g.in_w + kx] += share;
+                }
             }
-          } else {
-            const T share = d * (T(1) / T(K * K));
-            FUSEDP_UNROLL(8)
-            for (int ky = 0; ky < K; ++ky)
-              FUSEDP_UNROLL(8)
-              for (int kx = 0; kx < K; ++kx) {
-                if constexpr (S == K) d0[ky * g.in_w + kx] = share;
-                else d0[ky * g.in_w + kx] += share;
-              }
           }
         }
       }
