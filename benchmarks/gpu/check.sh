@@ -27,7 +27,7 @@
 # FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi),
 # FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu[_mma] built elsewhere for this GPU's
 # architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU: nothing is built here,
-# which saves the minutes of device time nvcc takes), FUSEDP_TORCH_MODES (PyTorch modes run on every
+# which saves the minutes of device time nvcc takes; or the .tar.xz prebuild.sh packs them into), FUSEDP_TORCH_MODES (PyTorch modes run on every
 # configuration, default "eager graph compile"), FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10
 # CNN only, default "autotune eager:bf16 graph:bf16 autotune:bf16"; "" for none). A mode is
 # eager|graph|compile|autotune, with :bf16 for bf16 autocast (benchmarks/gpu/torch_bench.py).
@@ -58,6 +58,18 @@ clamp() { local v=$1 lo=$2 hi=$3; (( v < lo )) && v=$lo; (( v > hi )) && v=$hi; 
 mkdir -p "$OUT"
 rm -rf "$OUT/torch" "$OUT/fusedp.txt" "$OUT/header.txt"
 mkdir -p "$OUT/torch"
+# FUSEDP_PREBUILT_DIR may name prebuild.sh's archive (.tar.xz): unpacked here into $OUT/prebuilt (by
+# python3's tarfile, so the machine needs no xz).
+if [[ "$PREBUILT" == *.tar.xz ]]; then
+  [[ -f "$PREBUILT" ]] || { log "FUSEDP_PREBUILT_DIR: $PREBUILT does not exist"; exit 2; }
+  rm -rf "$OUT/prebuilt" && mkdir -p "$OUT/prebuilt"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$PREBUILT" "$OUT/prebuilt" ||
+    { log "could not unpack $PREBUILT"; exit 2; }
+  PREBUILT=$(find "$OUT/prebuilt" -mindepth 1 -maxdepth 1 -type d | head -1)
+  log "unpacked the prebuilt binaries into $PREBUILT"
+fi
+# The prebuilt binaries find libcudart.so.13 beside them (prebuild.sh copies it there).
+[[ -n "$PREBUILT" ]] && export LD_LIBRARY_PATH="$PREBUILT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # --- 1. the machine ---------------------------------------------------------------------------------
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)

@@ -9,6 +9,8 @@
 #   benchmarks/gpu/prebuild.sh [ARCH] [DIR]     ARCH default 90 (H100/H200), DIR default build/gpu-prebuilt
 #
 # then, on the GPU machine:  FUSEDP_PREBUILT_DIR=DIR benchmarks/gpu/check.sh
+# or, with the device tool's 64 MiB limit, carry build/gpu-carry and give check.sh the archive written
+# below:                      FUSEDP_PREBUILT_DIR=$PWD/build/gpu-carry/prebuilt-sm90.tar.xz benchmarks/gpu/check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARCH=${1:-90}
@@ -40,3 +42,11 @@ cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
 strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"
+# The device tool carries at most 64 MiB with the working tree, and the binaries take about 100 MB:
+# also pack them (xz, about 18 MB), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the
+# archive. Carry the archive's folder (git-ignored under build/), not DIR.
+PACK=${PACK:-build/gpu-carry/prebuilt-sm$ARCH.tar.xz}
+mkdir -p "$(dirname "$PACK")"
+tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -9 -T"$JOBS" > "$PACK"
+echo "prebuild: packed into $PACK ($(du -h "$PACK" | cut -f1)); on the GPU machine:"
+echo "  FUSEDP_PREBUILT_DIR=\$PWD/$PACK benchmarks/gpu/check.sh"

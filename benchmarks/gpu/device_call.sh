@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# benchmarks/gpu/device_call.sh: the whole GPU check as one call of a lent GPU machine that has no
+# network and takes at most 64 MiB of files along (this workplace's device tool). Prepare here, on a
+# machine without a GPU:
+#
+#   benchmarks/gpu/prebuild.sh 90                      # ~15 min on 2 cores; writes build/gpu-carry/prebuilt-sm90.tar.xz
+#   mkdir -p build/gpu-carry/fmnist && cp /usr/share/datasets/fashion-mnist/*.gz build/gpu-carry/fmnist/
+#                                                      # real data for the examples and the training test (30 MB)
+#
+# (archive ~18 MB + Fashion-MNIST 30 MB + the tree ~2 MB: inside the 64 MiB).
+#
+# then run there, in the repository root, carrying build/gpu-carry:
+#
+#   FUSEDP_COMMIT=<commit> bash benchmarks/gpu/device_call.sh
+#
+# It puts the NCCL of PyTorch's wheel on LD_LIBRARY_PATH, prints the card's state, runs check.sh on the
+# prebuilt archive within FUSEDP_CHECK_BUDGET seconds (default 490: give the call a limit of ~580), and
+# leaves in $OUT (the folder that comes back; ./gpu-check-out where $OUT is unset) the log, the table,
+# fusedp's and the GEMM lines, the trace picture and one archive of every other log and PyTorch result.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$(pwd)
+DEST=${OUT:-$ROOT/gpu-check-out}
+mkdir -p "$DEST"
+CARRY=${FUSEDP_CARRY_DIR:-$ROOT/build/gpu-carry}
+ARCHIVE=$(ls "$CARRY"/prebuilt-sm*.tar.xz 2>/dev/null | head -1)
+[[ -n "$ARCHIVE" ]] || { echo "device_call: no $CARRY/prebuilt-sm*.tar.xz (run benchmarks/gpu/prebuild.sh here first)"; exit 2; }
+NCCL_LIB=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0] + '/lib')" 2>/dev/null)
+[[ -n "$NCCL_LIB" ]] && export LD_LIBRARY_PATH="$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu,memory.used --format=csv
+echo "tools: ncu=$(command -v ncu || echo none) compute-sanitizer=$(command -v compute-sanitizer || echo none)"
+DATA=()
+[[ -f "$CARRY/fmnist/t10k-images-idx3-ubyte.gz" ]] && DATA=(FUSEDP_FASHION_MNIST_DIR="$CARRY/fmnist")
+WORK=${FUSEDP_CHECK_DIR:-/tmp/fusedp-gpu-check}
+env "${DATA[@]}" FUSEDP_PREBUILT_DIR="$ARCHIVE" FUSEDP_CHECK_DIR="$WORK" \
+  FUSEDP_CHECK_BUDGET="${FUSEDP_CHECK_BUDGET:-490}" bash benchmarks/gpu/check.sh > "$DEST/check.log" 2>&1
+rc=$?
+echo "check.sh exit status $rc" >> "$DEST/check.log"
+cp "$WORK"/results.md "$WORK"/fusedp.txt "$WORK"/gemm.txt "$WORK"/*.png "$DEST"/ 2>/dev/null
+tar -C "$WORK" -czf "$DEST/logs.tgz" --exclude=prebuilt --exclude=train_step_gpu --exclude=train_step_gpu_mma \
+  --exclude=gemm_gpu --exclude='*.png' . 2>/dev/null
+tail -c 9000 "$DEST/check.log"
+exit $rc
