@@ -371,6 +371,20 @@ TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back t
   CHECK(kc::parse_gemm_mainloop("", kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
   CHECK(kc::parse_gemm_mainloop("wmma", kc::GemmMainloop::mma) == kc::GemmMainloop::wmma);
   CHECK(kc::default_gemm_mainloop == (kc::layers_have_mma ? kc::GemmMainloop::mma : kc::GemmMainloop::wmma));
+  // Asking a build whose layers have only WMMA for mma is an error, not a silent WMMA run.
+  CHECK(kc::checked_layer_mainloop(kc::GemmMainloop::wmma) == kc::GemmMainloop::wmma);
+  if (kc::layers_have_mma) {
+    CHECK(kc::checked_layer_mainloop(kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
+  } else {
+    std::string message;
+    try {
+      (void)kc::checked_layer_mainloop(kc::GemmMainloop::mma);
+    } catch (const fp::InvalidArgument& e) {
+      message = e.what();
+    }
+    CHECK(message.find("FUSEDP_CUDA_GEMM is 'mma', but this build's layers have only the WMMA mainloop") !=
+          std::string::npos);
+  }
   for (const char* bad : {"MMA", "tensor", "mma "}) {
     std::string message;
     try {

@@ -83,7 +83,7 @@ struct Conv2d {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::GemmTarget::of(a.space),
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
                                                                          geometry<In>, int(a.batch), a.w,
                                                                          Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold,
                                                                          a.add);
@@ -93,7 +93,7 @@ struct Conv2d {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     using O = output<In>;
     const kernels::cuda::ConvGradient<Epi> dz{a.dy, a.y, a.z, Out, O::height * O::width, O::width};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::GemmTarget::of(a.space),
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
                                                                         a.dw, Bias ? a.db : nullptr, a.scratch);
   }
@@ -102,7 +102,7 @@ struct Conv2d {
   template <class In, class Epi, int Kp, class T, class P>
   static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
     kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::GemmTiles<Out>, P>(
-        kernels::cuda::GemmTarget::of(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled,
+        kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled,
         argmax);
   }
   /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
@@ -111,7 +111,7 @@ struct Conv2d {
                                const std::uint8_t* argmax) {
     using O = output<In>;
     const kernels::cuda::PooledConvGradient<Epi, Kp> dz{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::GemmTarget::of(a.space),
+    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
                                                                         geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
                                                                         a.dw, Bias ? a.db : nullptr, a.scratch);
   }

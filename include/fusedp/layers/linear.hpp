@@ -56,7 +56,7 @@ struct Linear {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
-    kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::GemmTarget::of(a.space),
+    kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
                                                                          int(a.batch), int(In::size), Out, a.w, a.b,
                                                                          a.x, a.y, a.z, a.scratch);
   }
@@ -64,7 +64,7 @@ struct Linear {
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
     kernels::cuda::linear_backward<Epi, kernels::cuda::GemmTiles<int(In::size)>, P>(
-        kernels::cuda::GemmTarget::of(a.space), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
+        kernels::cuda::layer_target(a.space), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
         a.db, a.scratch);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).

@@ -125,6 +125,21 @@ void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, co
   weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
 }
 
+/// `m`, checked as the mainloop of a layer's GEMMs: mma from a build whose layers lack it
+/// (FUSEDP_CUDA_MMA_LAYERS 0) is an InvalidArgument saying how to get it, not a silent WMMA run.
+[[nodiscard]] inline GemmMainloop checked_layer_mainloop(GemmMainloop m) {
+  if (!layers_have_mma && m == GemmMainloop::mma)
+    throw InvalidArgument("FUSEDP_CUDA_GEMM is 'mma', but this build's layers have only the WMMA mainloop: build "
+                          "with -DFUSEDP_CUDA_MMA_LAYERS=1 for the tensor-core one, or unset FUSEDP_CUDA_GEMM");
+  return m;
+}
+
+/// The GemmTarget of a layer's GEMMs on `space` (its mainloop checked_layer_mainloop's).
+template <class P>
+[[nodiscard]] GemmTarget layer_target(const CudaSpace<P>& space) {
+  return GemmTarget::of(space, checked_layer_mainloop(gemm_mainloop_from_environment()));
+}
+
 /// The tiles of a layer's GEMM whose n (columns of C) is N, on either mainloop.
 template <int N>
 struct GemmTiles {
