@@ -15,9 +15,9 @@
 #      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
 #      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
-#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1); then the GEMM problems of the seed networks on the tensor-core mainloop
-#      and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and compute-sanitizer memcheck and racecheck on
-#      test_gpu_gemm_mma where the toolkit has it;
+#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1); then the GEMM problems of the
+#      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
+#      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -25,11 +25,12 @@
 # python3), FUSEDP_CHECK_BUDGET (seconds, default 460), FUSEDP_COMPILE_MODE (torch.compile mode,
 # default "default"), FUSEDP_FASHION_MNIST_DIR (real data for the training test; synthetic otherwise),
 # FUSEDP_CHECK_ARCH (compute capability to build for, e.g. 90, instead of asking nvidia-smi),
-# FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu[_mma] built elsewhere for this GPU's
-# architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU: nothing is built here,
-# which saves the minutes of device time nvcc takes; or the .tar.xz prebuild.sh packs them into), FUSEDP_TORCH_MODES (PyTorch modes run on every
-# configuration, default "eager graph compile"), FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10
-# CNN only, default "autotune eager:bf16 graph:bf16 autotune:bf16"; "" for none). A mode is
+# FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu[_mma] built elsewhere for this
+# GPU's architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU, or the .tar.xz it
+# packs them into: nothing is built here, which saves the minutes of device time nvcc takes),
+# FUSEDP_TORCH_MODES (PyTorch modes run on every configuration, default "eager graph compile"),
+# FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10 CNN only, default "autotune eager:bf16
+# graph:bf16 autotune:bf16"; "" for none). A mode is
 # eager|graph|compile|autotune, with :bf16 for bf16 autocast (benchmarks/gpu/torch_bench.py).
 #
 # Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test

@@ -25,13 +25,12 @@ echo "prebuild: ${tests[*]} and train_step_gpu for sm_$ARCH with $JOBS jobs"
 ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
 mkdir -p "$DIR"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
-nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
+bench() { nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread "$@"; }
+bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
 # The same train steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma).
-nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_CUDA_MMA_LAYERS=1 \
-  benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
-nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
-nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl \
-  -o "$DIR/allreduce_bench"
+bench -DFUSEDP_CUDA_MMA_LAYERS=1 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
+bench benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
+bench -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl -o "$DIR/allreduce_bench"
 # The examples (each with its _cuda twin), without MPI: GPU machines may have none.
 cmake -S . -B build/gpu$ARCH-examples -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DFUSEDP_BUILD_TESTS=OFF -DFUSEDP_BUILD_EXAMPLES=ON -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_INSTALL=OFF \

@@ -370,7 +370,6 @@ TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back t
   CHECK(kc::parse_gemm_mainloop(nullptr, kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
   CHECK(kc::parse_gemm_mainloop("", kc::GemmMainloop::mma) == kc::GemmMainloop::mma);
   CHECK(kc::parse_gemm_mainloop("wmma", kc::GemmMainloop::mma) == kc::GemmMainloop::wmma);
-  CHECK(kc::default_gemm_mainloop == (kc::layers_have_mma ? kc::GemmMainloop::mma : kc::GemmMainloop::wmma));
   // Asking a build whose layers have only WMMA for mma is an error, not a silent WMMA run.
   CHECK(kc::checked_layer_mainloop(kc::GemmMainloop::wmma) == kc::GemmMainloop::wmma);
   if (kc::layers_have_mma) {
