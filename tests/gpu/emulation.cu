@@ -280,6 +280,162 @@ using fp::kernels::Gelu;
 using fp::kernels::Relu;
 using fp::kernels::Tanh;
 
+// --- fused gradient boundaries (gradient_sink.cuh) ----------------------------------------------------
+// The input-gradient GEMM of the layer above writes the layer below's dz through a sink; the unfused
+// path stores that GEMM's values plainly and forms dz in a pass of its own (materialize_dz_kernel's
+// functor, or the loaders' EpilogueGradient). Both start from the same GEMM values, so the results must
+// be the same bits, every element written (the fused buffers start as NaN).
+
+void check_same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+  CHECK_MESSAGE(bad == 0, std::string(what) << ": " << bad << " of " << got.size() << " values differ, the first at " << first
+                               << " (" << got[first] << " against " << want[first] << ")");
+}
+
+// dz of a conv output (batch, o, oh, ow) from a dz functor, as materialize_dz_kernel writes it.
+template <class Dz>
+std::vector<float> materialized(const Dz& dz, int batch, int o, int oh, int ow) {
+  std::vector<float> out(std::size_t(batch) * o * oh * ow);
+  std::size_t i = 0;
+  for (int img = 0; img < batch; ++img)
+    for (int ch = 0; ch < o; ++ch)
+      for (int oy = 0; oy < oh; ++oy)
+        for (int ox = 0; ox < ow; ++ox) out[i++] = dz(img, ch, oy, ox);
+  return out;
+}
+
+// The lower stage of a boundary: a conv with MaxPool2d<Kp> fused (geometry g), its forward emulated.
+template <class Epi, int Kp>
+struct PooledConvBelow {
+  fp::kernels::ConvGeometry g;
+  int batch, ph, pw;
+  std::vector<float> pooled;
+  std::vector<std::uint8_t> argmax;
+  PooledConvBelow(const fp::kernels::ConvGeometry& geometry, int b)
+      : g(geometry), batch(b), ph(geometry.out_h / Kp), pw(geometry.out_w / Kp),
+        pooled(std::size_t(b) * geometry.out_channels * ph * pw, nan_value), argmax(pooled.size(), 0xff) {
+    const auto x = random_values(batch * g.in_size(), 31), w = random_values(g.out_channels * g.patch(), 32);
+    const auto bias = random_values(std::size_t(g.out_channels), 33);
+    emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_maxpool_problem<Epi, Kp>(kc::ConvShape(g), batch, w.data(),
+                                                                              bias.data(), x.data(), pooled.data(),
+                                                                              argmax.data()),
+                                          1);
+  }
+  [[nodiscard]] int features() const { return g.out_channels * ph * pw; }
+  // What the unfused backward of the lower conv reads, from the pooled gradient the GEMM above stored.
+  [[nodiscard]] std::vector<float> dz_from(const std::vector<float>& dpool) const {
+    const kc::PooledConvGradient<Epi, Kp> dz{dpool.data(), pooled.data(), argmax.data(), g.out_channels, ph, pw};
+    return materialized(dz, batch, g.out_channels, g.out_h, g.out_w);
+  }
+  [[nodiscard]] kc::UnpoolSink<Epi, Kp> sink(float* dz) const {
+    return {dz, pooled.data(), argmax.data(), g.out_h, g.out_w};
+  }
+  [[nodiscard]] std::size_t dz_size() const { return std::size_t(batch) * g.out_size(); }
+};
+
+// A Conv2d above a conv + max-pool: its dx GEMM through an UnpoolSink gives the dense dz that
+// unpooling the stored dx gives.
+template <class Epi, int Kp, class TileX>
+void check_conv_unpools(const fp::kernels::ConvGeometry& below_g, int upper_out, int batch) {
+  CAPTURE(below_g.out_h);
+  CAPTURE(below_g.out_w);
+  CAPTURE(Kp);
+  const PooledConvBelow<Epi, Kp> below(below_g, batch);
+  const fp::kernels::ConvGeometry up{below_g.out_channels, below.ph, below.pw, 3, 1, 1, upper_out, below.ph, below.pw};
+  const kc::ConvShape s(up);
+  const auto w = random_values(up.out_channels * up.patch(), 34), dz_up = random_values(batch * up.out_size(), 35);
+  const kc::StoredGradient dz{dz_up.data(), s.o, s.ohw, s.ow};
+  std::vector<float> dpool(below.pooled.size(), nan_value), fused(below.dz_size(), nan_value);
+  emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dpool.data()), 1);
+  emulate_gemm<TileX, false>(kc::conv2d_dx_problem_to(s, batch, dz, w.data(), below.sink(fused.data())), 1);
+  check_same_bits(fused, below.dz_from(dpool), "conv dx unpooled into the conv below");
+}
+
+// A Linear above a Flatten and a conv + max-pool (CIFAR's fc1): its dx GEMM, with dz formed as loaded
+// (Epi above) or stored, through an UnpoolSink.
+template <class EpiBelow, int Kp, class EpiAbove, class TileX>
+void check_linear_unpools(const fp::kernels::ConvGeometry& below_g, int out, int batch) {
+  const PooledConvBelow<EpiBelow, Kp> below(below_g, batch);
+  const int in = below.features();
+  const auto w = random_values(std::size_t(out) * in, 41), dy = random_values(std::size_t(batch) * out, 42);
+  const auto y = random_values(std::size_t(batch) * out, 43, -0.5f, 1.0f), z = random_values(y.size(), 44);
+  const kc::EpilogueGradient<EpiAbove> g{dy.data(), y.data(), z.data()};
+  std::vector<float> dpool(std::size_t(batch) * in, nan_value), fused(below.dz_size(), nan_value),
+      fused_stored(fused.size(), nan_value);
+  emulate_gemm<TileX, false>(kc::linear_dx_problem<EpiAbove>(batch, in, out, w.data(), g, dpool.data()), 1);
+  emulate_gemm<TileX, false>(kc::linear_dx_problem_to(batch, in, out, w.data(), g, below.sink(fused.data())), 1);
+  const std::vector<float> want = below.dz_from(dpool);
+  check_same_bits(fused, want, "linear dx unpooled into the conv below");
+  // the Linear's own dz stored first (what it reads when it received it): the same GEMM values
+  std::vector<float> dz_above(dy.size());
+  for (std::size_t i = 0; i < dz_above.size(); ++i) dz_above[i] = g(i);
+  emulate_gemm<TileX, false>(
+      kc::linear_stored_dx_problem(batch, in, out, w.data(), dz_above.data(), below.sink(fused_stored.data())), 1);
+  check_same_bits(fused_stored, want, "stored linear dz, dx unpooled into the conv below");
+}
+
+// A Conv2d above a Conv2d with an activation: dx through an ActivationSink is ConvGradient's dz.
+template <class Epi, class TileX>
+void check_conv_activates(const fp::kernels::ConvGeometry& below_g, int upper_out, int batch) {
+  const kc::ConvShape sb(below_g);
+  const auto xb = random_values(batch * below_g.in_size(), 51), wb = random_values(below_g.out_channels * below_g.patch(), 52);
+  const auto bb = random_values(std::size_t(below_g.out_channels), 53);
+  std::vector<float> y(batch * below_g.out_size(), nan_value), z(y.size(), nan_value);
+  float* const zp = Epi::saves_input ? z.data() : nullptr;
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::conv2d_forward_problem<Epi>(sb, batch, wb.data(), bb.data(), xb.data(), y.data(), zp), 1);
+  const fp::kernels::ConvGeometry up{below_g.out_channels, below_g.out_h, below_g.out_w, 3, 2, 1, upper_out,
+                                     (below_g.out_h - 1) / 2 + 1, (below_g.out_w - 1) / 2 + 1};
+  const kc::ConvShape s(up);
+  const auto w = random_values(up.out_channels * up.patch(), 54), dz_up = random_values(batch * up.out_size(), 55);
+  const kc::StoredGradient dz{dz_up.data(), s.o, s.ohw, s.ow};
+  std::vector<float> dy(y.size(), nan_value), fused(y.size(), nan_value);
+  emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dy.data()), 1);
+  emulate_gemm<TileX, false>(
+      kc::conv2d_dx_problem_to(s, batch, dz, w.data(), kc::ActivationSink<Epi>{fused.data(), y.data(), zp}), 1);
+  const kc::ConvGradient<Epi> want{dy.data(), y.data(), zp, sb.o, sb.ohw, sb.ow};
+  check_same_bits(fused, materialized(want, batch, sb.o, sb.oh, sb.ow), "conv dx times the activation below");
+}
+
+// A Linear above a Linear with an activation: dx through an ActivationSink is the dz the lower Linear's
+// loaders form; its backward from that stored dz (linear_backward_stored's operands) gives the same dx,
+// dW and db bits as from dy with the derivative applied as loaded.
+template <class Epi, class TileIn>
+void check_linear_activates(int batch, int in, int mid, int out, int sm_count) {
+  const auto x = random_values(std::size_t(batch) * in, 61), w1 = random_values(std::size_t(mid) * in, 62);
+  const auto b1 = random_values(std::size_t(mid), 63), w2 = random_values(std::size_t(out) * mid, 64);
+  const auto dy2 = random_values(std::size_t(batch) * out, 65);
+  std::vector<float> y(std::size_t(batch) * mid, nan_value), z(y.size(), nan_value);
+  float* const zp = Epi::saves_input ? z.data() : nullptr;
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_forward_problem<Epi>(batch, in, mid, w1.data(), b1.data(), x.data(), y.data(), zp), 1);
+  const kc::EpilogueGradient<Epilogue<>> g2{dy2.data(), nullptr, nullptr};
+  std::vector<float> dy(y.size(), nan_value), fused(y.size(), nan_value);
+  emulate_gemm<kc::tile_for<64>, false>(kc::linear_dx_problem<Epilogue<>>(batch, mid, out, w2.data(), g2, dy.data()), 1);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_dx_problem_to(batch, mid, out, w2.data(), g2, kc::ActivationSink<Epi>{fused.data(), y.data(), zp}), 1);
+  const kc::EpilogueGradient<Epi> g{dy.data(), y.data(), zp};
+  std::vector<float> want(y.size());
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = g(i);
+  check_same_bits(fused, want, "linear dx times the activation below");
+
+  std::vector<float> dx(x.size(), nan_value), dx_stored(x.size(), nan_value), dw(w1.size(), nan_value),
+      dw_stored(w1.size(), nan_value), db(b1.size(), nan_value), db_stored(b1.size(), nan_value);
+  emulate_gemm<TileIn, false>(kc::linear_dx_problem<Epi>(batch, in, mid, w1.data(), g, dx.data()), 1);
+  emulate_gemm<TileIn, false>(
+      kc::linear_stored_dx_problem(batch, in, mid, w1.data(), fused.data(), kc::StoreSink{dx_stored.data()}), 1);
+  check_same_bits(dx_stored, dx, "linear dx from stored dz");
+  const auto ops = kc::linear_dw_operands<Epi>(batch, in, mid, g, x.data());
+  emulate_weight_gradient<TileIn>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data());
+  emulate_weight_gradient<TileIn>(sm_count, mid, in, batch, kc::Columns{fused.data(), mid}, kc::Columns{x.data(), in},
+                                  dw_stored.data(), db_stored.data());
+  check_same_bits(dw_stored, dw, "linear dW from stored dz");
+  check_same_bits(db_stored, db, "linear db from stored dz");
+}
+
 }  // namespace
 
 TEST_CASE("FastDiv divides like / for every divisor the loaders use") {
@@ -343,6 +499,33 @@ TEST_CASE("the layers' GEMM problems with the tensor-core tiles reproduce the Ho
   check_conv_maxpool<Epilogue<Relu>, 2, GemmTiles<7>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(e, 5, 132);
   const fp::kernels::ConvGeometry f{2, 16, 16, 3, 1, 1, 40, 16, 16};
   check_conv_maxpool<Epilogue<Tanh>, 4, GemmTiles<40>::mma, GemmTiles<2>::mma, GemmTiles<18>::mma>(f, 2, 8);
+}
+
+TEST_CASE("fused gradient boundaries: a dx GEMM's sink gives the unfused pass's bits (CPU emulation)") {
+  using kc::GemmTiles;
+  // in_channels, h, w, kernel, stride, pad, out_channels, out_h, out_w
+  constexpr fp::kernels::ConvGeometry lenet1{1, 28, 28, 5, 1, 0, 6, 24, 24};     // LeNet's conv1 + pool
+  check_conv_unpools<Epilogue<Relu>, 2, kc::tile_for<6>>(lenet1, 16, 3);
+  check_conv_unpools<Epilogue<Relu>, 2, GemmTiles<6>::mma>(lenet1, 16, 3);
+  constexpr fp::kernels::ConvGeometry odd{3, 13, 11, 3, 1, 1, 7, 13, 11};       // windows leave a row and a column
+  check_conv_unpools<Epilogue<Relu>, 2, kc::tile_for<7>>(odd, 9, 4);
+  constexpr fp::kernels::ConvGeometry wide{2, 17, 18, 2, 1, 0, 40, 16, 17};     // 4x4 windows, a column left
+  check_conv_unpools<Epilogue<Tanh>, 4, GemmTiles<40>::mma>(wide, 5, 2);
+  constexpr fp::kernels::ConvGeometry no_act{4, 10, 10, 3, 1, 1, 33, 10, 10};
+  check_conv_unpools<Epilogue<>, 2, kc::tile_for<33>>(no_act, 8, 3);
+
+  constexpr fp::kernels::ConvGeometry cifar2{8, 16, 16, 3, 1, 1, 12, 16, 16};   // CIFAR's conv2 + pool, narrower
+  check_linear_unpools<Epilogue<Relu>, 2, Epilogue<Relu>, kc::tile_for<768>>(cifar2, 37, 5);
+  check_linear_unpools<Epilogue<Relu>, 2, Epilogue<>, GemmTiles<768>::mma>(cifar2, 10, 3);
+  check_linear_unpools<Epilogue<Tanh>, 2, Epilogue<Gelu>, kc::tile_for<231>>(odd, 20, 2);
+
+  constexpr fp::kernels::ConvGeometry plain{3, 9, 11, 3, 1, 1, 6, 9, 11};
+  check_conv_activates<Epilogue<Relu>, kc::tile_for<6>>(plain, 7, 3);
+  check_conv_activates<Epilogue<Gelu>, GemmTiles<6>::mma>(plain, 5, 2);  // saves z
+
+  check_linear_activates<Epilogue<Relu>, kc::tile_for<45>>(77, 45, 37, 21, 132);
+  check_linear_activates<Epilogue<Gelu>, GemmTiles<45>::mma>(33, 45, 64, 10, 8);
+  check_linear_activates<Epilogue<Relu, Tanh>, kc::tile_for<130>>(300, 130, 19, 7, 132);
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {

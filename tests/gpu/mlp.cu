@@ -63,6 +63,33 @@ static_assert(plan_is<fp::CudaPlan<Mixed, fp::precision::Tf32>>(std::array<fp::C
 static_assert(fp::CudaPlan<Tail, fp::precision::Tf32>::mlp_gradient_elements ==
               fp::align_elements(50) + fp::align_elements(37) + fp::align_elements(10));
 
+// Fused gradient boundaries: which groups receive their dz from the input-gradient GEMM of the group
+// above (past a Flatten), and which group each one writes; count: a plain dx.
+template <class Plan, std::size_t N>
+constexpr bool dz_fusion_is(const std::array<bool, N>& receives, const std::array<std::size_t, N>& receiver) {
+  if (Plan::group_count != N) return false;
+  bool ok = true;
+  [&]<std::size_t... G>(std::index_sequence<G...>) {
+    ((ok = ok && Plan::template receives_dz<G> == receives[G] && Plan::template dz_receiver<G> == receiver[G]), ...);
+  }(std::make_index_sequence<N>{});
+  return ok;
+}
+// LeNet: conv2's dx unpools conv1's dz, Linear<120>'s dx unpools conv2's (through the Flatten); the
+// fused MLP writes plain dx, so Linear<120> (ReLU) forms its own dz.
+static_assert(dz_fusion_is<fp::CudaPlan<LeNet, fp::precision::Tf32>>(std::array<bool, 5>{true, true, false, false, false},
+                                                                    std::array<std::size_t, 5>{5, 0, 5, 1, 5}));
+// fp32: the Linear layers apart, each one's dx is the ReLU'd dz of the one below.
+static_assert(dz_fusion_is<fp::CudaPlan<LeNet, fp::precision::Fp32>>(
+    std::array<bool, 6>{true, true, false, true, true, false}, std::array<std::size_t, 6>{6, 0, 6, 1, 3, 4}));
+static_assert(dz_fusion_is<fp::CudaPlan<CifarCnn, fp::precision::Tf32>>(
+    std::array<bool, 5>{true, true, false, true, false}, std::array<std::size_t, 5>{5, 0, 5, 1, 3}));
+// Mixed: the conv's dz comes from a MaxPool2d<3> stage (no GEMM): unfused; Linear+ReLU takes its dz from
+// Linear+GELU's dx; the MLP writes plain dx.
+static_assert(dz_fusion_is<fp::CudaPlan<Mixed, fp::precision::Tf32>>(
+    std::array<bool, 6>{false, false, false, true, false, false}, std::array<std::size_t, 6>{6, 6, 6, 6, 3, 6}));
+static_assert(dz_fusion_is<fp::CudaPlan<Mlp64, fp::precision::Tf32>>(std::array<bool, 1>{false},
+                                                                    std::array<std::size_t, 1>{1}));
+
 // The fused kernels of Spec against Host Linear stages in double: forward from the same inputs;
 // backward from the same saved outputs (the kernel's own y of each layer), so ReLU masks agree.
 template <class Spec>

@@ -90,12 +90,24 @@ struct Conv2d {
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx});
+  }
+  /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
+  /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
+  /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp).
+  template <class In, class Epi, bool DzIn, class T, class P, class Sink>
+  static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     using O = output<In>;
-    const kernels::cuda::ConvGradient<Epi> dz{a.dy, a.y, a.z, Out, O::height * O::width, O::width};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
-                                                                        geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
-                                                                        a.dw, Bias ? a.db : nullptr, a.scratch);
+    constexpr int ohw = O::height * O::width;
+    auto run = [&](const auto& dz) {
+      kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
+                                                                             geometry<In>, int(a.batch), dz, a.w, a.x,
+                                                                             sink, a.dw, Bias ? a.db : nullptr,
+                                                                             a.scratch);
+    };
+    if constexpr (DzIn) run(kernels::cuda::StoredGradient{a.dy, Out, ohw, O::width});
+    else run(kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width});
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
   /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
@@ -109,11 +121,22 @@ struct Conv2d {
   template <class In, class Epi, int Kp, class T, class P>
   static void backward_maxpool(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                const std::uint8_t* argmax) {
+    backward_maxpool_to<In, Epi, Kp, false>(a, dpool, pooled, argmax, kernels::cuda::StoreSink{a.dx});
+  }
+  /// backward_maxpool with the input gradient to `sink`. DzIn: `dpool` holds instead the conv's dense
+  /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink.
+  template <class In, class Epi, int Kp, bool DzIn, class T, class P, class Sink>
+  static void backward_maxpool_to(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
+                                  const std::uint8_t* argmax, const Sink& sink) {
     using O = output<In>;
-    const kernels::cuda::PooledConvGradient<Epi, Kp> dz{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp};
-    kernels::cuda::conv2d_backward<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
-                                                                        geometry<In>, int(a.batch), dz, a.w, a.x, a.dx,
-                                                                        a.dw, Bias ? a.db : nullptr, a.scratch);
+    auto run = [&](const auto& dz) {
+      kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
+                                                                             geometry<In>, int(a.batch), dz, a.w, a.x,
+                                                                             sink, a.dw, Bias ? a.db : nullptr,
+                                                                             a.scratch);
+    };
+    if constexpr (DzIn) run(kernels::cuda::StoredGradient{dpool, Out, O::height * O::width, O::width});
+    else run(kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp});
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>

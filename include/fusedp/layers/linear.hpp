@@ -52,7 +52,8 @@ struct Linear {
 
 #if FUSEDP_HAS_CUDA
   // Cuda: one GEMM forward (bias and Epi in its epilogue); backward a dx GEMM and a weight-gradient
-  // GEMM that load dz = dy * Epi' on the fly, the bias gradient summed by the latter. dy is not changed.
+  // GEMM that load dz = dy * Epi' on the fly (or read dz stored), the bias gradient summed by the
+  // latter. dy is not changed.
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
@@ -62,10 +63,22 @@ struct Linear {
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx});
+  }
+  /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
+  /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds dz (batch, Out),
+  /// written by the stage above through an ActivationSink (net/cuda_plan.hpp).
+  template <class In, class Epi, bool DzIn, class T, class P, class Sink>
+  static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
-    kernels::cuda::linear_backward<Epi, kernels::cuda::GemmTiles<int(In::size)>, P>(
-        kernels::cuda::layer_target(a.space), int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
-        a.db, a.scratch);
+    using Tiles = kernels::cuda::GemmTiles<int(In::size)>;
+    const auto target = kernels::cuda::layer_target(a.space);
+    if constexpr (DzIn)
+      kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.dy, sink,
+                                                      a.dw, a.db, a.scratch);
+    else
+      kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z,
+                                                       a.dy, sink, a.dw, a.db, a.scratch);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>

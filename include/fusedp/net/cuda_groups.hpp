@@ -3,12 +3,15 @@
 // model's parameter store and stage binding: a plain stage through its layer's Cuda overloads (the
 // StageBinding the Host model uses), conv + max-pooling as one fused kernel writing the pooled values
 // and a one-byte argmax, a run of narrow Linear layers as one fused MLP kernel forward and one
-// backward (or stage by stage where the device cannot run it). Made on the fly by Model<Net, Cuda>
-// for each pass; it owns nothing.
+// backward (or stage by stage where the device cannot run it). Where CudaPlan says a group receives
+// its dz from the group above, that group's input-gradient GEMM writes it through the sink dx_sink
+// makes, and the group reads it stored. Made on the fly by Model<Net, Cuda> for each pass; it owns
+// nothing.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/gradient_sink.cuh"
 #include "fusedp/kernels/cuda/mlp.cuh"
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/net/cuda_plan.hpp"
@@ -155,8 +158,30 @@ struct CudaGroups {
   void backward(const T* x, std::size_t batch, StageDone& on_stage_done) {
     int current = 0;
     [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (backward_group<typename plan::template group<plan::group_count - 1 - G>>(x, batch, current, on_stage_done), ...);
+      (backward_group<plan::group_count - 1 - G>(x, batch, current, on_stage_done), ...);
     }(std::make_index_sequence<plan::group_count>{});
+  }
+
+  /// Where the input gradient of group G goes (into `dx`, the gradient buffer the group below reads):
+  /// the sink of the group below when it receives its dz from G (CudaPlan::dz_receiver), else dx itself.
+  template <std::size_t G>
+  auto dx_sink(const T* x, std::size_t batch, T* dx) {
+    constexpr std::size_t r = plan::template dz_receiver<G>;
+    if constexpr (r == plan::group_count) {
+      return kernels::cuda::StoreSink{dx};
+    } else {
+      using Below = typename plan::template group<r>;
+      using S = typename Net::template stage<Below::first>;
+      if constexpr (Below::kind == CudaGroupKind::conv_maxpool) {
+        constexpr int k = detail::max_pool_window_of<typename Net::template stage<Below::first + 1>::layer>;
+        return kernels::cuda::UnpoolSink<typename S::epilogue, k>(dx, binding.template output_of<Below::first + 1>(x, batch),
+                                                                  argmax_of<Below::first>(x, batch), int(S::out::height),
+                                                                  int(S::out::width));
+      } else {
+        const StageArgs<space_type, T> below = args_of<Below::first>(x, batch, true);
+        return kernels::cuda::ActivationSink<typename S::epilogue>{dx, below.y, below.z};
+      }
+    }
   }
 
   template <class StageDone, std::size_t... I>
@@ -164,9 +189,24 @@ struct CudaGroups {
     (binding.template backward_stage<I>(space, store, x, batch, current, on_stage_done, scratch), ...);
   }
 
-  template <class Gr, class StageDone>
+  template <std::size_t G, class StageDone>
   void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
-    if constexpr (Gr::kind == CudaGroupKind::stage) {
+    using Gr = typename plan::template group<G>;
+    constexpr bool fused = plan::template receives_dz<G> || plan::template dz_receiver<G> != plan::group_count;
+    if constexpr (Gr::kind == CudaGroupKind::stage && fused) {
+      // A Conv2d or Linear at a fused boundary: as StageBinding::backward_stage, through backward_to.
+      using S = typename Net::template stage<Gr::first>;
+      StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
+      a.dy = binding.gradient_buffer(current, batch);
+      a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+      {
+        const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
+        S::layer::template backward_to<typename S::in, typename S::epilogue, plan::template receives_dz<G>>(
+            a, dx_sink<G>(x, batch, a.dx));
+      }
+      current = 1 - current;
+      on_stage_done(Gr::first);
+    } else if constexpr (Gr::kind == CudaGroupKind::stage) {
       backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
@@ -174,10 +214,11 @@ struct CudaGroups {
       StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
       {
+        // With receives_dz, gradient buffer `current` holds the conv's dense dz, not the pooled gradient.
         const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
-        S::layer::template backward_maxpool<typename S::in, typename S::epilogue, k>(
+        S::layer::template backward_maxpool_to<typename S::in, typename S::epilogue, k, plan::template receives_dz<G>>(
             a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
-            argmax_of<Gr::first>(x, batch));
+            argmax_of<Gr::first>(x, batch), dx_sink<G>(x, batch, a.dx));
       }
       current = 1 - current;
       on_stage_done(Gr::first + 1);

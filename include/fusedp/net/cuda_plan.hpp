@@ -17,10 +17,18 @@
 //
 // The grouping depends only on the network and the precision, so it is a type: tests static_assert
 // it, and each group's kernels are instantiated once per network.
+//
+// Fused gradient boundaries (issue 17): a group that needs its output gradient transformed before its
+// GEMMs (a conv + max-pool: unpooled through the argmax; a Conv2d or Linear stage with an activation:
+// times Epi') receives it already transformed when the group above it (past any Flatten, which moves
+// no memory) is a Conv2d or Linear stage or a conv + max-pool: that group's input-gradient GEMM writes
+// it through a sink (kernels/cuda/gradient_sink.cuh), and no pass of its own runs (receives_dz,
+// dz_receiver).
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/pool_op.hpp"
 #include "fusedp/layers/conv2d.hpp"
+#include "fusedp/layers/layer.hpp"
 #include "fusedp/layers/linear.hpp"
 #include "fusedp/layers/pooling.hpp"
 #include "fusedp/net/sequential.hpp"
@@ -140,12 +148,69 @@ constexpr std::size_t mlp_dz_elements() {
   else
     return 0;
 }
+// A group that is only a reshape (Flatten): backward moves nothing through it.
+template <class Net, class Gr>
+constexpr bool reshape_group() {
+  if constexpr (Gr::kind == CudaGroupKind::stage) return Net::template stage<Gr::first>::kind == LayerKind::reshape;
+  else return false;
+}
+// A group whose input-gradient GEMM can hand its values to a sink: a Conv2d or Linear stage, a conv + max-pool.
+template <class Net, class Gr>
+constexpr bool dx_through_sink() {
+  if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+    return true;
+  } else if constexpr (Gr::kind == CudaGroupKind::stage) {
+    using L = typename Net::template stage<Gr::first>::layer;
+    return is_conv2d<L>::value || is_linear<L>::value;
+  } else {
+    return false;
+  }
+}
+// A group whose backward would transform its output gradient first: a conv + max-pool, or a Conv2d or
+// Linear stage with an activation (without one, dy is dz already).
+template <class Net, class Gr>
+constexpr bool transforms_dy() {
+  if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+    return true;
+  } else if constexpr (Gr::kind == CudaGroupKind::stage) {
+    using S = typename Net::template stage<Gr::first>;
+    return (is_conv2d<typename S::layer>::value || is_linear<typename S::layer>::value) && !S::epilogue::empty;
+  } else {
+    return false;
+  }
+}
 template <class Net, class Groups>
 struct plan_facts;
 template <class Net, class... Gs>
 struct plan_facts<Net, type_list<Gs...>> {
-  static constexpr std::array<CudaGroupInfo, sizeof...(Gs)> summary{CudaGroupInfo{Gs::kind, Gs::first, Gs::last}...};
+  static constexpr std::size_t count = sizeof...(Gs);
+  static constexpr std::array<CudaGroupInfo, count> summary{CudaGroupInfo{Gs::kind, Gs::first, Gs::last}...};
   static constexpr std::size_t mlp_gradient_elements = std::max({std::size_t(0), mlp_dz_elements<Net, Gs>()...});
+  static constexpr std::array<bool, count> reshape{reshape_group<Net, Gs>()...};
+  static constexpr std::array<bool, count> sink{dx_through_sink<Net, Gs>()...};
+  static constexpr std::array<bool, count> transforms{transforms_dy<Net, Gs>()...};
+  // receives[g]: the first group after g that is not a reshape writes g's dz through a sink.
+  static constexpr std::array<bool, count> receives = [] {
+    std::array<bool, count> r{};
+    for (std::size_t g = 0; g < count; ++g) {
+      std::size_t a = g + 1;
+      while (a < count && reshape[a]) ++a;
+      r[g] = transforms[g] && a < count && sink[a];
+    }
+    return r;
+  }();
+  // receiver[g]: the group whose dz g's input gradient writes (g writes through a sink, and the last
+  // group before it that is not a reshape receives), else count.
+  static constexpr std::array<std::size_t, count> receiver = [] {
+    std::array<std::size_t, count> r{};
+    for (std::size_t g = 0; g < count; ++g) {
+      r[g] = count;
+      std::size_t b = g;
+      while (b > 0 && reshape[b - 1]) --b;
+      if (sink[g] && b > 0 && receives[b - 1]) r[g] = b - 1;
+    }
+    return r;
+  }();
 };
 }  // namespace detail
 
@@ -163,6 +228,15 @@ struct CudaPlan {
   /// Elements per sample of the extra workspace the MLP groups need: each layer's dz, kept between
   /// the fused backward kernel and the weight-gradient GEMMs (the largest group's sum).
   static constexpr std::size_t mlp_gradient_elements = detail::plan_facts<Net, groups>::mlp_gradient_elements;
+  /// Whether group G receives its dz from the input-gradient GEMM of the group above it (written through
+  /// the sink its kind calls for: an UnpoolSink for a conv + max-pool, an ActivationSink for a Conv2d or
+  /// Linear with an activation), so that its backward reads dz stored and runs no pass of its own.
+  template <std::size_t G>
+  static constexpr bool receives_dz = detail::plan_facts<Net, groups>::receives[G];
+  /// The group whose dz the input-gradient GEMM of group G writes, or group_count when G stores its
+  /// input gradient plainly.
+  template <std::size_t G>
+  static constexpr std::size_t dz_receiver = detail::plan_facts<Net, groups>::receiver[G];
 };
 
 }  // namespace fusedp

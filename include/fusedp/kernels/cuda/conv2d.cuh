@@ -8,18 +8,22 @@
 // With a following MaxPool2d<K> (stride K) the forward GEMM enumerates output pixels window by window,
 // so a block tile holds whole windows and the epilogue writes only the pooled value and the index of
 // the maximum inside its window (one byte). Backward first writes dz densely from those (one coalesced
-// pass), then both GEMMs read it as plain values.
+// pass), then both GEMMs read it as plain values; where the stage above is a Conv2d or Linear, its
+// input-gradient GEMM writes that dense dz itself through a sink (gradient_sink.cuh) and this pass
+// does not run (conv2d_backward_to with a StoredGradient).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
+#include "fusedp/kernels/cuda/gradient_sink.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace fusedp::kernels::cuda {
 
@@ -386,9 +390,10 @@ struct Im2colColumns {
   }
 };
 
-/// Epilogue of dx: dx[img, ch, pixel] = C.
+/// Epilogue of dx: the sink receives C at dx's flat index (img, ch, pixel); StoreSink stores it there.
+template <class Sink = StoreSink>
 struct ConvInputStore {
-  float* dx;
+  Sink sink;
   int m, n, hw;
   FastDiv div_hw;
   template <class TileT>
@@ -396,7 +401,7 @@ struct ConvInputStore {
     for_each_in_tile<TileT, true>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
       int img = 0, pix = 0;
       div_hw.divmod(gm, img, pix);
-      dx[(std::size_t(img) * n + gn) * hw + pix] = c[lm * ldc + ln];
+      sink.put((std::size_t(img) * n + gn) * hw + pix, c[lm * ldc + ln]);
     });
   }
 };
@@ -437,14 +442,21 @@ GemmProblem<PooledIm2colRows<Kp>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv
   return {windows * Kp * Kp, s.o, s.patch, s.patch, a, Rows{w, s.patch}, epi, nullptr};
 }
 
-/// The implicit GEMM of a Conv2d input gradient: rows are input pixels, columns input channels.
-template <class Dz>
-GemmProblem<ConvGradientGather<Dz>, ConvWeightsByInput, ConvInputStore> conv2d_dx_problem(const ConvShape& s,
-                                                                                           int batch, const Dz& dz,
-                                                                                           const float* w, float* dx) {
+/// The implicit GEMM of a Conv2d input gradient: rows are input pixels, columns input channels; each
+/// value goes to `sink` (gradient_sink.cuh) at its flat index in the (batch, C, H, W) input gradient.
+template <class Dz, class Sink>
+GemmProblem<ConvGradientGather<Dz>, ConvWeightsByInput, ConvInputStore<Sink>> conv2d_dx_problem_to(
+    const ConvShape& s, int batch, const Dz& dz, const float* w, const Sink& sink) {
   const int m = batch * s.hw;
   return {m, s.c, s.o * s.kk, s.o * s.kk, ConvGradientGather<Dz>{dz, s}, ConvWeightsByInput{w, s},
-          ConvInputStore{dx, m, s.c, s.hw, s.div_hw}, nullptr};
+          ConvInputStore<Sink>{sink, m, s.c, s.hw, s.div_hw}, nullptr};
+}
+/// The implicit GEMM of a Conv2d input gradient stored to dx (batch, C, H, W).
+template <class Dz>
+GemmProblem<ConvGradientGather<Dz>, ConvWeightsByInput, ConvInputStore<>> conv2d_dx_problem(const ConvShape& s,
+                                                                                             int batch, const Dz& dz,
+                                                                                             const float* w, float* dx) {
+  return conv2d_dx_problem_to(s, batch, dz, w, StoreSink{dx});
 }
 
 /// The operands of a Conv2d weight gradient: dW (O, C*K*K) = sum over (img, oy, ox) of dz im2col(x).
@@ -496,39 +508,56 @@ std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_cou
                                                                             batch * int(g.out_pixels()), sm_count);
 }
 
-/// The two GEMMs of a conv backward pass reading dz from `dz`.
-template <class TilesX, class TilesW, class P, class Dz>
+/// The two GEMMs of a conv backward pass reading dz from `dz`, the input gradient to `sink` (none when
+/// the sink is not active: the first layer).
+template <class TilesX, class TilesW, class P, class Dz, class Sink>
 void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, const Dz& dz, const float* w,
-                           const float* x, float* dx, float* dw, float* db, float* scratch) {
-  if (dx != nullptr) launch_layer_gemm<TilesX, P>(conv2d_dx_problem(s, batch, dz, w, dx), 1, t);
+                           const float* x, const Sink& sink, float* dw, float* db, float* scratch) {
+  if (sink.active()) launch_layer_gemm<TilesX, P>(conv2d_dx_problem_to(s, batch, dz, w, sink), 1, t);
   const auto ops = conv2d_dw_operands(s, batch, dz, x);
   layer_weight_gradient<TilesW, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
 }
 
-/// Backward of Conv2d given its dz source (ConvGradient or PooledConvGradient): dx (when not null) and
-/// dW, db (set, not accumulated). dz is first written densely into `scratch` by one coalesced pass
-/// (unpooling, ReLU mask and activation derivative evaluated once per element, not once per GEMM tile
-/// that reads it); a ConvGradient without an activation is dy itself and is read in place.
-/// TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>.
+/// Backward of Conv2d given its dz source: the input gradient to `sink` (StoreSink{dx}, or the stage
+/// below's ActivationSink / UnpoolSink, which then receives its dz), dW and db set, not accumulated.
+///   StoredGradient (dz already dense: the stage above wrote it through a sink) and a ConvGradient
+///   without an activation (dz is dy) are read in place;
+///   ConvGradient and PooledConvGradient are first written densely into `scratch` by one coalesced
+///   pass (unpooling, ReLU mask and activation derivative evaluated once per element, not once per
+///   GEMM tile that reads it).
+/// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>.
+template <class TilesX, class TilesW, class P, class Dz, class Sink>
+void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
+                        const float* x, const Sink& sink, float* dw, float* db, float* scratch) {
+  check_conv_extent(g, std::size_t(batch));
+  const ConvShape s(g);
+  float* gemm_scratch = scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr;
+  if constexpr (std::is_same_v<Dz, StoredGradient>) {
+    conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, gemm_scratch);
+    return;
+  } else {
+    if constexpr (requires { Dz::epilogue_is_identity; }) {
+      if constexpr (Dz::epilogue_is_identity) {
+        conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, sink, dw,
+                                                 db, gemm_scratch);
+        return;
+      }
+    }
+    require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
+    const int n = batch * s.o * s.ohw;
+    const int blocks = std::min((n + 255) / 256, 65535);
+    materialize_dz_kernel<<<blocks, 256, 0, t.stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
+    FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
+    conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w, x, sink, dw,
+                                             db, gemm_scratch);
+  }
+}
+
+/// conv2d_backward_to with the input gradient stored to dx (none when dx is null).
 template <class TilesX, class TilesW, class P, class Dz>
 void conv2d_backward(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
                      const float* x, float* dx, float* dw, float* db, float* scratch) {
-  check_conv_extent(g, std::size_t(batch));
-  const ConvShape s(g);
-  if constexpr (requires { Dz::epilogue_is_identity; }) {
-    if constexpr (Dz::epilogue_is_identity) {
-      conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, dx, dw,
-                                               db, scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr);
-      return;
-    }
-  }
-  require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
-  const int n = batch * s.o * s.ohw;
-  const int blocks = std::min((n + 255) / 256, 65535);
-  materialize_dz_kernel<<<blocks, 256, 0, t.stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
-  FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
-  conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w, x, dx, dw, db,
-                                           scratch + conv2d_dz_floats(g, batch));
+  conv2d_backward_to<TilesX, TilesW, P>(t, g, batch, dz, w, x, StoreSink{dx}, dw, db, scratch);
 }
 
 }  // namespace fusedp::kernels::cuda

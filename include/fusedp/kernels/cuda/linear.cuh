@@ -4,11 +4,14 @@
 // fill the GPU (a small batch through a wide layer), the reduction is split over blocks and a second
 // kernel sums the parts in a fixed order and applies bias and activation. Backward as two GEMMs that
 // load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
-// gradient.
+// gradient; where dy already holds dz (no activation, or the stage above wrote dz through a sink:
+// gradient_sink.cuh), both read it as plain rows and columns, which the tensor-core mainloop copies.
+// The input gradient goes to a sink too, so the stage below can receive its dz from this GEMM.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
+#include "fusedp/kernels/cuda/gradient_sink.cuh"
 
 #include <algorithm>
 #include <cstddef>
@@ -73,11 +76,41 @@ GemmProblem<Rows, Rows, BiasActivationRows<Epi>> linear_forward_problem(int batc
   return {batch, out, in, in, Rows{x, in}, Rows{w, in}, BiasActivationRows<Epi>{y, z, b, batch, out}, nullptr};
 }
 
-/// The GEMM of a Linear's input gradient: dx (batch, in) = dz (batch, out) W (out, in).
+/// Epilogue of an input gradient (m, n) row-major: the sink receives C at index row * n + col.
+template <class Sink>
+struct SinkRowMajor {
+  Sink sink;
+  int m, n;
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
+    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      sink.put(std::size_t(gm) * n + gn, c[lm * ldc + ln]);
+    });
+  }
+};
+
+/// The GEMM of a Linear's input gradient: dx (batch, in) = dz (batch, out) W (out, in), dz formed as
+/// it is loaded, each value to `sink`.
+template <class Epi, class Sink>
+GemmProblem<GradientRows<Epi>, Columns, SinkRowMajor<Sink>> linear_dx_problem_to(int batch, int in, int out,
+                                                                                  const float* w,
+                                                                                  const EpilogueGradient<Epi>& g,
+                                                                                  const Sink& sink) {
+  return {batch, in, out, out, GradientRows<Epi>{g, out}, Columns{w, in}, SinkRowMajor<Sink>{sink, batch, in}, nullptr};
+}
+/// linear_dx_problem_to storing dx.
 template <class Epi>
-GemmProblem<GradientRows<Epi>, Columns, StoreRowMajor> linear_dx_problem(int batch, int in, int out, const float* w,
-                                                                        const EpilogueGradient<Epi>& g, float* dx) {
-  return {batch, in, out, out, GradientRows<Epi>{g, out}, Columns{w, in}, StoreRowMajor{dx, batch, in, 0}, nullptr};
+GemmProblem<GradientRows<Epi>, Columns, SinkRowMajor<StoreSink>> linear_dx_problem(int batch, int in, int out,
+                                                                                   const float* w,
+                                                                                   const EpilogueGradient<Epi>& g,
+                                                                                   float* dx) {
+  return linear_dx_problem_to(batch, in, out, w, g, StoreSink{dx});
+}
+/// The input-gradient GEMM from dz stored (batch, out): plain rows, which the tensor-core mainloop copies.
+template <class Sink>
+GemmProblem<Rows, Columns, SinkRowMajor<Sink>> linear_stored_dx_problem(int batch, int in, int out, const float* w,
+                                                                        const float* dz, const Sink& sink) {
+  return {batch, in, out, out, Rows{dz, out}, Columns{w, in}, SinkRowMajor<Sink>{sink, batch, in}, nullptr};
 }
 
 /// The operands of a weight-gradient GEMM: dW (m, n) = sum over k of a(m, k) b(n, k).
@@ -150,16 +183,39 @@ std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
   return layer_weight_gradient_scratch<Tiles>(out, in, batch, sm_count);
 }
 
-/// Backward of Linear: dx = dz W (skipped when dx is null), dW = dz^T x, db = column sums of dz, with
-/// dz = dy * Epi' computed as each GEMM loads it; dy is not changed. dW and db are set, not
-/// accumulated. Tiles: GemmTiles<in> (the n of both GEMMs).
+/// Backward of Linear from dz stored (batch, out): dy itself when there is no activation, or what the
+/// stage above wrote through an ActivationSink. Both GEMMs read it as plain rows and columns; the input
+/// gradient goes to `sink`. Tiles: GemmTiles<in>.
+template <class Tiles, class P, class Sink>
+void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
+                            const float* dz, const Sink& sink, float* dw, float* db, float* scratch) {
+  if (sink.active()) launch_layer_gemm<Tiles, P>(linear_stored_dx_problem(batch, in, out, w, dz, sink), 1, t);
+  layer_weight_gradient<Tiles, P>(t, out, in, batch, Columns{dz, out}, Columns{x, in}, dw, db, scratch);
+}
+
+/// Backward of Linear: the input gradient dz W to `sink` (StoreSink{dx}, or the stage below's sink;
+/// none when the sink is not active: the first layer), dW = dz^T x, db = column sums of dz, with dz =
+/// dy * Epi' computed as each GEMM loads it (read in place when Epi is empty); dy is not changed. dW
+/// and db are set, not accumulated. Tiles: GemmTiles<in> (the n of both GEMMs).
+template <class Epi, class Tiles, class P, class Sink>
+void linear_backward_to(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
+                        const float* y, const float* z, const float* dy, const Sink& sink, float* dw, float* db,
+                        float* scratch) {
+  if constexpr (Epi::empty) {
+    linear_backward_stored<Tiles, P>(t, batch, in, out, w, x, dy, sink, dw, db, scratch);
+  } else {
+    const EpilogueGradient<Epi> g{dy, y, z};
+    if (sink.active()) launch_layer_gemm<Tiles, P>(linear_dx_problem_to(batch, in, out, w, g, sink), 1, t);
+    const auto ops = linear_dw_operands<Epi>(batch, in, out, g, x);
+    layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  }
+}
+
+/// linear_backward_to storing the input gradient to dx (none when dx is null).
 template <class Epi, class Tiles, class P>
 void linear_backward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x, const float* y,
                      const float* z, const float* dy, float* dx, float* dw, float* db, float* scratch) {
-  const EpilogueGradient<Epi> g{dy, y, z};
-  if (dx != nullptr) launch_layer_gemm<Tiles, P>(linear_dx_problem<Epi>(batch, in, out, w, g, dx), 1, t);
-  const auto ops = linear_dw_operands<Epi>(batch, in, out, g, x);
-  layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  linear_backward_to<Epi, Tiles, P>(t, batch, in, out, w, x, y, z, dy, StoreSink{dx}, dw, db, scratch);
 }
 
 }  // namespace fusedp::kernels::cuda

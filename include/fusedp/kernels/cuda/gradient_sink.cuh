@@ -1,0 +1,89 @@
+#pragma once
+// Where an input-gradient GEMM puts its values: the stage below a Conv2d or Linear needs, from the
+// gradient dy of its output, the gradient dz before its epilogue (dy * Epi'), unpooled through the
+// one-byte argmax when its max-pooling was fused into its forward. Without a sink that is a pass of
+// its own over the whole gradient (conv2d.cuh's materialize_dz_kernel, or the on-the-fly expansion in
+// linear.cuh's loaders); with one, the dx GEMM's epilogue writes dz directly and the stage below reads
+// it as plain stored values (issue 17: one pass and one launch fewer per such boundary, and stored dz
+// is what the tensor-core mainloop's copies can read).
+//
+// A sink is a small FUSEDP_HD functor: put(i, v) receives the GEMM's value v for flat element i of
+// the lower stage's output gradient in that stage's layout (NCHW, or (batch, features)). Each sink
+// computes exactly what the unfused pass computes from the same v (the same float operations), so the
+// two paths give the same bits (tests/gpu/emulation.cu).
+//
+//   StoreSink            dy itself (no fusion: what the stage below then reads as its dy)
+//   ActivationSink<Epi>  dz = v * Epi'(z, y) at i (a Conv2d or Linear below with an activation)
+//   UnpoolSink<Epi, Kp>  the K x K window of dz around pooled element i: v * Epi'(pooled) at the
+//                        window's argmax, 0 at its other pixels and at the pixels no window covers
+//                        (a Conv2d below whose MaxPool2d<Kp> was fused into its forward)
+#include "fusedp/core/config.hpp"
+
+#if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/cuda/fast_div.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedp::kernels::cuda {
+
+/// The value itself, stored at i: the input gradient as the layer below receives it unfused.
+struct StoreSink {
+  float* out;
+  [[nodiscard]] FUSEDP_HD bool active() const { return out != nullptr; }
+  FUSEDP_HD void put(std::size_t i, float v) const { out[i] = v; }
+};
+
+/// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, z
+/// its pre-activation values where Epi saves them), as EpilogueGradient and ConvGradient compute it.
+template <class Epi>
+struct ActivationSink {
+  float* dz;
+  const float* y;
+  const float* z;
+  [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
+  FUSEDP_HD void put(std::size_t i, float v) const {
+    if constexpr (Epi::empty) dz[i] = v;
+    else if constexpr (Epi::saves_input) dz[i] = v * Epi::derivative(z[i], y[i]);
+    else dz[i] = v * Epi::derivative(y[i], y[i]);
+  }
+};
+
+/// The dense dz (batch, C, OH, OW) of a conv whose max-pooling (window and stride Kp) was fused, from
+/// the gradient v of pooled element i = (plane, py, px): as PooledConvGradient reads it, v * Epi'(pooled)
+/// at the window's argmax and 0 at its other pixels. The last window of a row (column) also zeroes
+/// the pixels after it that no window covers (OW % Kp of them), so every element of dz is written once.
+template <class Epi, int Kp>
+struct UnpoolSink {
+  float* dz;
+  const float* pooled;
+  const std::uint8_t* argmax;
+  int oh, ow, ph, pw;  // the conv's output and the pooled planes
+  FastDiv div_phw, div_pw;
+
+  UnpoolSink() = default;
+  FUSEDP_HD UnpoolSink(float* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_)
+      : dz(dz_), pooled(pooled_), argmax(argmax_), oh(oh_), ow(ow_), ph(oh_ / Kp), pw(ow_ / Kp),
+        div_phw((oh_ / Kp) * (ow_ / Kp)), div_pw(ow_ / Kp) {}
+
+  [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
+  FUSEDP_HD void put(std::size_t i, float v) const {
+    int plane = 0, r = 0, py = 0, px = 0;
+    div_phw.divmod(int(i), plane, r);
+    div_pw.divmod(r, py, px);
+    float g = v;
+    if constexpr (!Epi::empty) g = v * Epi::derivative(pooled[i], pooled[i]);
+    const int at = argmax[i];
+    const int y0 = py * Kp, x0 = px * Kp;
+    const int y1 = py + 1 == ph ? oh : y0 + Kp, x1 = px + 1 == pw ? ow : x0 + Kp;
+    float* base = dz + std::size_t(plane) * oh * ow;
+    for (int y = y0; y < y1; ++y)
+      for (int x = x0; x < x1; ++x) {
+        const bool inside = y - y0 < Kp && x - x0 < Kp;
+        base[std::size_t(y) * ow + x] = inside && (y - y0) * Kp + (x - x0) == at ? g : 0.0f;
+      }
+  }
+};
+
+}  // namespace fusedp::kernels::cuda
+#endif  // FUSEDP_HAS_CUDA
