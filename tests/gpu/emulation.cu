@@ -430,8 +430,9 @@ void check_linear_activates(int batch, int in, int mid, int out, int sm_count) {
   check_same_bits(dx_stored, dx, "linear dx from stored dz");
   const auto ops = kc::linear_dw_operands<Epi>(batch, in, mid, g, x.data());
   emulate_weight_gradient<TileIn>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw.data(), db.data());
-  emulate_weight_gradient<TileIn>(sm_count, mid, in, batch, kc::Columns{fused.data(), mid}, kc::Columns{x.data(), in},
-                                  dw_stored.data(), db_stored.data());
+  const auto stored = kc::linear_stored_dw_operands(batch, in, mid, fused.data(), x.data());
+  emulate_weight_gradient<TileIn>(sm_count, stored.m, stored.n, stored.k, stored.a, stored.b, dw_stored.data(),
+                                  db_stored.data());
   check_same_bits(dw_stored, dw, "linear dW from stored dz");
   check_same_bits(db_stored, db, "linear db from stored dz");
 }
@@ -517,7 +518,12 @@ TEST_CASE("fused gradient boundaries: a dx GEMM's sink gives the unfused pass's 
   constexpr fp::kernels::ConvGeometry cifar2{8, 16, 16, 3, 1, 1, 12, 16, 16};   // CIFAR's conv2 + pool, narrower
   check_linear_unpools<Epilogue<Relu>, 2, Epilogue<Relu>, kc::tile_for<768>>(cifar2, 37, 5);
   check_linear_unpools<Epilogue<Relu>, 2, Epilogue<>, GemmTiles<768>::mma>(cifar2, 10, 3);
-  check_linear_unpools<Epilogue<Tanh>, 2, Epilogue<Gelu>, kc::tile_for<231>>(odd, 20, 2);
+  check_linear_unpools<Epilogue<Tanh>, 2, Epilogue<Gelu>, kc::tile_for<210>>(odd, 20, 2);
+  check_linear_unpools<Epilogue<>, 2, Epilogue<Relu>, kc::tile_for<33>>(no_act, 12, 2);    // no activation below
+  constexpr fp::kernels::ConvGeometry tall{3, 11, 7, 3, 1, 0, 5, 9, 5};          // 4x4 windows: 2 x 1 pooled,
+  check_conv_unpools<Epilogue<Relu>, 4, kc::tile_for<5>>(tall, 6, 3);            // a row and a column left
+  constexpr fp::kernels::ConvGeometry single{2, 5, 5, 3, 1, 1, 4, 5, 5};         // one window a plane
+  check_conv_unpools<Epilogue<Relu>, 4, GemmTiles<4>::mma>(single, 3, 2);
 
   constexpr fp::kernels::ConvGeometry plain{3, 9, 11, 3, 1, 1, 6, 9, 11};
   check_conv_activates<Epilogue<Relu>, kc::tile_for<6>>(plain, 7, 3);

@@ -1,6 +1,7 @@
 // Whole models on Cuda against the Host model: a smooth CNN (Tanh, average pooling, GELU, a fused MLP
 // tail) where every gradient has a tight bound, LeNet (ReLU, fused conv + max-pooling) with bounds that
-// tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip; CUDA-graph replay
+// tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip, and a non-square
+// CNN whose backward runs the fused gradient boundaries (gradient_sink.cuh); CUDA-graph replay
 // against direct launches (bit for bit); asynchronous steps; parameter transfer; bad input. One test
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
 #include "gpu_test.hpp"
@@ -20,6 +21,11 @@ using Smooth = fp::Sequential<fp::Input<3, 12, 12>, fp::Conv2d<8, 3, 1, 1>, fp::
                               fp::Conv2d<12, 3>, fp::GELU, fp::Flatten, fp::Linear<40>, fp::Tanh, fp::Linear<30>,
                               fp::Sigmoid, fp::Linear<10>>;
 using LeNet = seed_networks::LeNet;
+// Fused gradient boundaries on a non-square plane: conv2's dx writes conv1's dz times ReLU'
+// (ActivationSink), the Linear's dx unpools conv2's dz through the argmax (UnpoolSink), with the 9th row
+// of conv2's 9 x 12 output left uncovered by the 2 x 2 windows.
+using Oblong = fp::Sequential<fp::Input<2, 11, 14>, fp::Conv2d<6, 3, 1, 1>, fp::ReLU, fp::Conv2d<8, 3>, fp::ReLU,
+                              fp::MaxPool2d<2>, fp::Flatten, fp::Linear<10>>;
 using Mlp = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
                            fp::Linear<64>>;
 
@@ -40,6 +46,14 @@ TEST_CASE_TEMPLATE("a smooth CNN matches the Host model in double", Space, FUSED
 TEST_CASE_TEMPLATE("LeNet matches the Host model in double", Space, FUSEDP_ALL_SPACES) {
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
   compare_with_host_double<Space, LeNet, fp::SoftmaxCrossEntropy>(70, labels_for(70, 10, 2), 5, true, 20);
+}
+
+TEST_CASE_TEMPLATE("a non-square CNN with fused gradient boundaries matches the Host model in double", Space,
+                   FUSEDP_ALL_SPACES) {
+  static_assert(fp::CudaPlan<Oblong, fp::precision::Tf32>::receives_dz<0> &&
+                fp::CudaPlan<Oblong, fp::precision::Tf32>::receives_dz<1>);
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, Oblong, fp::SoftmaxCrossEntropy>(37, labels_for(37, 10, 3), 5, true, 20);
 }
 
 TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute", Space, fp::CudaFp32, fp::Cuda) {

@@ -170,6 +170,7 @@ struct CudaGroups {
     if constexpr (r == plan::group_count) {
       return kernels::cuda::StoreSink{dx};
     } else {
+      static_assert(plan::template group<G>::first > 0, "CudaGroups: a group below the first one");
       using Below = typename plan::template group<r>;
       using S = typename Net::template stage<Below::first>;
       if constexpr (Below::kind == CudaGroupKind::conv_maxpool) {

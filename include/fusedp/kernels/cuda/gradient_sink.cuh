@@ -55,10 +55,10 @@ struct ActivationSink {
 /// the pixels after it that no window covers (OW % Kp of them), so every element of dz is written once.
 template <class Epi, int Kp>
 struct UnpoolSink {
-  float* dz;
-  const float* pooled;
-  const std::uint8_t* argmax;
-  int oh, ow, ph, pw;  // the conv's output and the pooled planes
+  float* dz = nullptr;
+  const float* pooled = nullptr;
+  const std::uint8_t* argmax = nullptr;
+  int oh = 0, ow = 0, ph = 0, pw = 0;  // the conv's output and the pooled planes
   FastDiv div_phw, div_pw;
 
   UnpoolSink() = default;

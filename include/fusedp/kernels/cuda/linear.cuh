@@ -129,6 +129,13 @@ WeightGradientOperands<GradientColumns<Epi>, Columns> linear_dw_operands(int bat
   return {out, in, batch, GradientColumns<Epi>{g, out}, Columns{x, in}};
 }
 
+/// dW (out, in) = dz^T x from dz stored (batch, out): a(o, b) and b(i, b) both plain columns (tensor-core
+/// copies); the row sums of a are db.
+inline WeightGradientOperands<Columns, Columns> linear_stored_dw_operands(int batch, int in, int out, const float* dz,
+                                                                          const float* x) {
+  return {out, in, batch, Columns{dz, out}, Columns{x, in}};
+}
+
 /// The second half of a split Linear forward: y = Epi(sum of the parts in split order + b), z before Epi.
 template <class Epi>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
@@ -190,7 +197,8 @@ template <class Tiles, class P, class Sink>
 void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
                             const float* dz, const Sink& sink, float* dw, float* db, float* scratch) {
   if (sink.active()) launch_layer_gemm<Tiles, P>(linear_stored_dx_problem(batch, in, out, w, dz, sink), 1, t);
-  layer_weight_gradient<Tiles, P>(t, out, in, batch, Columns{dz, out}, Columns{x, in}, dw, db, scratch);
+  const auto ops = linear_stored_dw_operands(batch, in, out, dz, x);
+  layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
 }
 
 /// Backward of Linear: the input gradient dz W to `sink` (StoreSink{dx}, or the stage below's sink;
