@@ -15,7 +15,8 @@
 #      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
 #      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
-#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1); then the GEMM problems of the
+#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1), LeNet and the CIFAR-10 CNN once
+#      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
@@ -142,6 +143,7 @@ if [[ -n "$PREBUILT" ]]; then
   ls "$PREBUILT"/test_gpu_* >/dev/null 2>&1 && TEST_MODE=prebuilt || log "no test_gpu_* in $PREBUILT"
   [[ -x "$PREBUILT/train_step_gpu" ]] && cp "$PREBUILT/train_step_gpu" "$OUT/train_step_gpu"
   [[ -x "$PREBUILT/train_step_gpu_mma" ]] && cp "$PREBUILT/train_step_gpu_mma" "$OUT/train_step_gpu_mma"
+  [[ -x "$PREBUILT/train_step_gpu_unfused" ]] && cp "$PREBUILT/train_step_gpu_unfused" "$OUT/train_step_gpu_unfused"
   [[ -x "$PREBUILT/gemm_gpu" ]] && cp "$PREBUILT/gemm_gpu" "$OUT/gemm_gpu"
 else
 DOCTEST_DIR=""
@@ -259,6 +261,7 @@ if (( torch_ok )); then
   # and the report; those still cold then are stopped and reported as not measured.
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
+  [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
@@ -292,6 +295,14 @@ if [[ -x "$OUT/train_step_gpu" ]]; then
   bench_limit=$(clamp $(( $(left) - 10 )) 20 150)
   log "fusedp train steps (time limit ${bench_limit}s)"
   timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
+fi
+# LeNet and the CIFAR-10 CNN without the fused gradient boundaries (impl=fusedp-unfused; prebuilt only):
+# what the fusion gives, in the same run.
+if [[ -x "$OUT/train_step_gpu_unfused" ]] && (( $(left) > 70 )); then
+  log "fusedp train steps without the fused gradient boundaries"
+  for net in lenet cifar; do
+    timeout 30 "$OUT/train_step_gpu_unfused" --net "$net" --batch 128 --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+  done
 fi
 # The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).
 if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then

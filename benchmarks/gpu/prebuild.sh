@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, the layer tests once more on the
-# tensor-core mainloop as test_gpu_*_mma, train_step_gpu and train_step_gpu_mma, gemm_gpu, allreduce_bench
+# tensor-core mainloop as test_gpu_*_mma, train_step_gpu, train_step_gpu_mma and train_step_gpu_unfused,
+# gemm_gpu, allreduce_bench
 # and the examples) for one
 # GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
 # not compiling. They need an x86-64 Linux with a driver at least as new as this nvcc, libstdc++, zlib,
@@ -29,6 +30,8 @@ bench() { nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread "$@
 bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
 # The same train steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma).
 bench -DFUSEDP_CUDA_MMA_LAYERS=1 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
+# Without the fused gradient boundaries (impl=fusedp-unfused): what they give, measured in the same run.
+bench -DFUSEDP_CUDA_FUSED_GRADIENTS=0 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_unfused"
 bench benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
 bench -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl -o "$DIR/allreduce_bench"
 # The examples (each with its _cuda twin), without MPI: GPU machines may have none.
@@ -39,7 +42,7 @@ ninja -C build/gpu$ARCH-examples -j "$JOBS"
 for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
-strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
+strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/train_step_gpu_unfused "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"
 # The device tool carries at most 64 MiB with the working tree, and the binaries take about 100 MB:
 # also pack them (xz, about 18 MB), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the

@@ -10,7 +10,9 @@
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
-// impl=fusedp-mma; FUSEDP_CUDA_GEMM=wmma runs the same binary on WMMA (impl=fusedp).
+// impl=fusedp-mma; FUSEDP_CUDA_GEMM=wmma runs the same binary on WMMA (impl=fusedp). Built with
+// -DFUSEDP_CUDA_FUSED_GRADIENTS=0 (train_step_gpu_unfused) every layer forms its own dz, as before the
+// fused gradient boundaries (net/cuda_plan.hpp), and the lines say impl=fusedp-unfused.
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
 // -DFUSEDP_BENCH_ALL_PRECISIONS=1 adds fp32 and bf16.
@@ -92,7 +94,7 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   const bool mma = fp::kernels::cuda::layers_have_mma &&
                    fp::kernels::cuda::gemm_mainloop_from_environment() == fp::kernels::cuda::GemmMainloop::mma;
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
-              mma ? "fusedp-mma" : "fusedp", name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
+              !fp::cuda_fused_gradients ? "fusedp-unfused" : mma ? "fusedp-mma" : "fusedp", name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
               model.last_step_replayed() ? 1 : 0, double(l));
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);

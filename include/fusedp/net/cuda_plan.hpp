@@ -23,7 +23,9 @@
 // times Epi') receives it already transformed when the group above it (past any Flatten, which moves
 // no memory) is a Conv2d or Linear stage or a conv + max-pool: that group's input-gradient GEMM writes
 // it through a sink (kernels/cuda/gradient_sink.cuh), and no pass of its own runs (receives_dz,
-// dz_receiver).
+// dz_receiver). -DFUSEDP_CUDA_FUSED_GRADIENTS=0 turns this off (every group forms its own dz, as
+// before), for measuring what it gives (benchmarks/gpu: train_step_gpu_unfused); like every option
+// that changes the plan, it must be the same in every translation unit of a program.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/pool_op.hpp"
@@ -39,7 +41,14 @@
 #include <type_traits>
 #include <utility>
 
+#ifndef FUSEDP_CUDA_FUSED_GRADIENTS
+#define FUSEDP_CUDA_FUSED_GRADIENTS 1
+#endif
+
 namespace fusedp {
+
+/// Whether the Cuda plan fuses gradient boundaries (FUSEDP_CUDA_FUSED_GRADIENTS, default 1).
+inline constexpr bool cuda_fused_gradients = FUSEDP_CUDA_FUSED_GRADIENTS != 0;
 
 enum class CudaGroupKind { stage, conv_maxpool, mlp };
 
@@ -195,7 +204,7 @@ struct plan_facts<Net, type_list<Gs...>> {
     for (std::size_t g = 0; g < count; ++g) {
       std::size_t a = g + 1;
       while (a < count && reshape[a]) ++a;
-      r[g] = transforms[g] && a < count && sink[a];
+      r[g] = cuda_fused_gradients && transforms[g] && a < count && sink[a];
     }
     return r;
   }();
