@@ -82,8 +82,11 @@ FUSEDP_ALWAYS_INLINE std::array<double, NS> channel_sums(std::size_t batch, std:
       FUSEDP_UNROLL(4)
       for (std::size_t q = 0; q < chains; ++q) chunk(acc[q], base + i + q * wide);
     for (std::size_t r = 0; r < chunks; ++r, i += wide) chunk(acc[0], base + i);
+    // The last plane % wide values, counted too: `for (; i < plane; ++i)` drew GCC 12's
+    // -Waggressive-loop-optimizations ("iteration 4611686018427387903 invokes undefined behavior") on
+    // AVX2 builds (seen in CI, 2026-12-04).
     if constexpr (wide > 1)  // (scalar builds: chunks of one value leave nothing)
-      for (; i < plane; ++i) one(rest.data(), base + i);
+      for (std::size_t r = 0; r < plane % wide; ++r) one(rest.data(), base + i + r);
   }
   std::array<double, NS> out{};
   for (std::size_t k = 0; k < NS; ++k) {
