@@ -100,14 +100,8 @@ struct Conv2d {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     using O = output<In>;
     constexpr int ohw = O::height * O::width;
-    auto run = [&](const auto& dz) {
-      kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
-                                                                             geometry<In>, int(a.batch), dz, a.w, a.x,
-                                                                             sink, a.dw, Bias ? a.db : nullptr,
-                                                                             a.scratch);
-    };
-    if constexpr (DzIn) run(kernels::cuda::StoredGradient{a.dy, Out, ohw, O::width});
-    else run(kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width});
+    if constexpr (DzIn) backward_from<In>(a, kernels::cuda::StoredGradient{a.dy, Out, ohw, O::width}, sink);
+    else backward_from<In>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
   /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
@@ -129,14 +123,18 @@ struct Conv2d {
   static void backward_maxpool_to(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                   const std::uint8_t* argmax, const Sink& sink) {
     using O = output<In>;
-    auto run = [&](const auto& dz) {
-      kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
-                                                                             geometry<In>, int(a.batch), dz, a.w, a.x,
-                                                                             sink, a.dw, Bias ? a.db : nullptr,
-                                                                             a.scratch);
-    };
-    if constexpr (DzIn) run(kernels::cuda::StoredGradient{dpool, Out, O::height * O::width, O::width});
-    else run(kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp});
+    if constexpr (DzIn)
+      backward_from<In>(a, kernels::cuda::StoredGradient{dpool, Out, O::height * O::width, O::width}, sink);
+    else
+      backward_from<In>(
+          a, kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp}, sink);
+  }
+  /// The backward GEMMs from a dz source (kernels/cuda/conv2d.cuh: conv2d_backward_to).
+  template <class In, class T, class P, class Dz, class Sink>
+  static void backward_from(const StageArgs<CudaSpace<P>, T>& a, const Dz& dz, const Sink& sink) {
+    kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
+                                                                           geometry<In>, int(a.batch), dz, a.w, a.x,
+                                                                           sink, a.dw, Bias ? a.db : nullptr, a.scratch);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>
