@@ -22,6 +22,7 @@
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
+#include "fusedp/kernels/host/instances.hpp"
 #include "fusedp/kernels/host/winograd.hpp"
 
 #include <algorithm>
@@ -683,5 +684,15 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   else detail::reduce_threads(host, scratch, stride, dw_at, outs * patch, dw);
   if (db) detail::reduce_threads(host, scratch, stride, db_at, outs, db);
 }
+
+// The instances a build may compile once (kernels/host/instances.hpp).
+#define FUSEDP_HOST_CONV2D_INSTANCE(prefix, Epi, T)                                                          \
+  prefix template void conv2d_forward<Epi, T>(const Host&, const ConvGeometry&, std::size_t, const T*, const T*, \
+                                              const T*, T*, T*, T*, const BatchNormFold<T>*, const T*);        \
+  prefix template void conv2d_backward<Epi, T>(const Host&, const ConvGeometry&, std::size_t, const T*, const T*, \
+                                               const T*, const T*, T*, T*, T*, T*, T*);
+#if FUSEDP_HOST_KERNELS_PREBUILT
+FUSEDP_HOST_KERNEL_INSTANCES(FUSEDP_HOST_CONV2D_INSTANCE, extern)
+#endif
 
 }  // namespace fusedp::kernels::host

@@ -7,6 +7,7 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
+#include "fusedp/kernels/host/instances.hpp"
 
 #include <cstddef>
 
@@ -82,5 +83,15 @@ void linear_backward(const Host& host, std::size_t batch, std::size_t in, std::s
   // dx (batch, in) = dz (batch, out) W (out, in)
   if (dx) gemm_at_precision(host, batch, in, out, row_major<T>(dy, out), row_major(w, in), dx, in, false);
 }
+
+// The instances a build may compile once (kernels/host/instances.hpp).
+#define FUSEDP_HOST_LINEAR_INSTANCE(prefix, Epi, T)                                                        \
+  prefix template void linear_forward<Epi, T>(const Host&, std::size_t, std::size_t, std::size_t, const T*, \
+                                              const T*, const T*, T*, T*);                                 \
+  prefix template void linear_backward<Epi, T>(const Host&, std::size_t, std::size_t, std::size_t, const T*, \
+                                               const T*, const T*, const T*, T*, T*, T*, T*);
+#if FUSEDP_HOST_KERNELS_PREBUILT
+FUSEDP_HOST_KERNEL_INSTANCES(FUSEDP_HOST_LINEAR_INSTANCE, extern)
+#endif
 
 }  // namespace fusedp::kernels::host
