@@ -32,6 +32,7 @@
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/layers/linear.hpp"
+#include "fusedp/layers/named.hpp"
 #include "fusedp/layers/pooling.hpp"
 #include "fusedp/net/sequential.hpp"
 
@@ -77,6 +78,11 @@ template <class L>
 struct is_conv2d : std::false_type {};
 template <int Out, int K, int S, int P, bool B>
 struct is_conv2d<Conv2d<Out, K, S, P, B>> : std::true_type {};
+// A named layer is its layer here too (a Named pooling converts to its base in max_pool_window).
+template <const auto& Name, class L>
+struct is_linear<Named<Name, L>> : is_linear<L> {};
+template <const auto& Name, class L>
+struct is_conv2d<Named<Name, L>> : is_conv2d<L> {};
 
 // The window of a max-pooling layer whose stride equals its window; 0 for any other layer.
 template <int K, int S>
