@@ -22,10 +22,10 @@
 
 /// X(prefix, Epi, T) for each epilogue of the set, element type T. prefix is `extern` (a declaration)
 /// or empty (the definition).
-#define FUSEDP_HOST_KERNEL_EPILOGUES(X, prefix, T)       \
-  X(prefix, ::fusedp::kernels::Epilogue<>, T)              \
-  X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Relu>, T) \
-  X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Tanh>, T) \
+#define FUSEDP_HOST_KERNEL_EPILOGUES(X, prefix, T)                      \
+  X(prefix, ::fusedp::kernels::Epilogue<>, T)                           \
+  X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Relu>, T)    \
+  X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Tanh>, T)    \
   X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Sigmoid>, T) \
   X(prefix, ::fusedp::kernels::Epilogue<::fusedp::kernels::Gelu>, T)
 
