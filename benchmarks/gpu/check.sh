@@ -262,6 +262,7 @@ if (( torch_ok )); then
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
+  after=$(( after + 10 ))  # and the separate-update runs (two nets)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
@@ -302,6 +303,15 @@ if [[ -x "$OUT/train_step_gpu_unfused" ]] && (( $(left) > 70 )); then
   log "fusedp train steps without the fused gradient boundaries"
   for net in lenet cifar; do
     timeout 30 "$OUT/train_step_gpu_unfused" --net "$net" --batch 128 --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+  done
+fi
+# LeNet and the CIFAR-10 CNN with the optimizer as a separate pass (impl=fusedp-separate-update): what
+# applying it in the weight-gradient GEMMs gives, in the same run (issue 17).
+if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
+  log "fusedp train steps with the optimizer as a separate pass"
+  for net in lenet cifar; do
+    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --separate-update |
+      tee -a "$OUT/fusedp.txt"
   done
 fi
 # The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).

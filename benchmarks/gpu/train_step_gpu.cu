@@ -7,6 +7,10 @@
 //
 //   train_step_gpu --all                       the set check.sh runs
 //   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
+//                  [--separate-update]
+//
+// --separate-update: the optimizer as one pass over every parameter after backward, not applied by
+// the weight-gradient GEMMs (Model::use_fused_update(false)); the lines say impl=fusedp-separate-update.
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
@@ -45,6 +49,7 @@ using ResNet18 = fp::models::ResNet18Cifar<10>;
 struct Options {
   int steps = 100;
   int warmup = 10;
+  bool separate_update = false;
 };
 
 double median(std::vector<double> v) {
@@ -57,6 +62,7 @@ template <class Net, class Space, class Loss, class Target>
 void run(const char* name, std::size_t batch, const Options& o, const Loss& loss, const std::vector<Target>& targets) {
   Space space{0};
   fp::Model<Net, Space> model{fp::seed(1), space};
+  model.use_fused_update(!o.separate_update);
   fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
   std::vector<float> x(batch * Net::input_shape::size);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(7, 0, i) - 1;
@@ -94,7 +100,11 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   const bool mma = fp::kernels::cuda::layers_have_mma &&
                    fp::kernels::cuda::gemm_mainloop_from_environment() == fp::kernels::cuda::GemmMainloop::mma;
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
-              !fp::cuda_fused_gradients ? "fusedp-unfused" : mma ? "fusedp-mma" : "fusedp", name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
+              !fp::cuda_fused_gradients ? "fusedp-unfused"
+              : o.separate_update       ? "fusedp-separate-update"
+              : mma                     ? "fusedp-mma"
+                                        : "fusedp",
+              name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
               model.last_step_replayed() ? 1 : 0, double(l));
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);
@@ -142,10 +152,11 @@ int main(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::atoi(value().c_str());
     else if (a == "--warmup") o.warmup = std::atoi(value().c_str());
     else if (a == "--precision") precision = value();
+    else if (a == "--separate-update") o.separate_update = true;
     else {
       std::fprintf(stderr,
                    "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128|resnet18 --batch N "
-                   "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]\n");
+                   "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16] [--separate-update]\n");
       return 2;
     }
   }

@@ -72,12 +72,15 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
   }
 }
 
-// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order.
+// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order, and an
+// active `update` applied where the kernels apply it (the unsplit GEMM's epilogue, else after the sum
+// as reduce_splits_kernel does).
 template <class TileT, class A, class B>
-void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db) {
+void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
+                             const fp::kernels::UpdateTarget<float>& update = {}) {
   const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   if (s.splits == 1) {
-    emulate_gemm<TileT, true>(kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0}, db}, 1);
+    emulate_gemm<TileT, true>(kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0, update}, db}, 1);
     return;
   }
   const std::size_t count = std::size_t(m) * n;
@@ -90,6 +93,7 @@ void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, cons
     float sum = 0;
     for (int z = 0; z < s.splits; ++z) sum += scratch[std::size_t(z) * count + i];
     dw[i] = sum;
+    if (update.active()) update.apply(i, sum);
   }
   for (int i = 0; i < m; ++i) {
     float sum = 0;
@@ -532,6 +536,72 @@ TEST_CASE("fused gradient boundaries: a dx GEMM's sink gives the unfused pass's 
   check_linear_activates<Epilogue<Relu>, kc::tile_for<45>>(77, 45, 37, 21, 132);
   check_linear_activates<Epilogue<Gelu>, GemmTiles<45>::mma>(33, 45, 64, 10, 8);
   check_linear_activates<Epilogue<Relu, Tanh>, kc::tile_for<130>>(300, 130, 19, 7, 132);
+}
+
+// The optimizer applied by a weight gradient's GEMM (issue 17) against the gradient stored and then
+// the separate pass (optimizer_kernel: op(params[i], grads[i], state[i]...)), bit for bit: the tensor
+// sits `offset` elements into flat buffers of `total`, state slots `total` apart (Adam's second).
+template <class TileT, class Op, class A, class B>
+void check_fused_update(const Op& op, int sm_count, int m, int n, int k, const A& a, const B& b) {
+  CAPTURE(m);
+  CAPTURE(n);
+  CAPTURE(k);
+  CAPTURE(sm_count);
+  constexpr int slots = std::is_same_v<Op, fp::kernels::SgdStep<float>> ? 1 : 2;
+  const std::size_t count = std::size_t(m) * n, offset = 7, total = offset + count + 5;
+  const auto params = random_values(total, 31), state0 = random_values(slots * total, 32, 0.0f, 1.0f);
+  std::vector<float> dw_sep(count, nan_value), db_sep(m, nan_value), p_sep = params, s_sep = state0;
+  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data());
+  for (std::size_t i = 0; i < count; ++i) {
+    if constexpr (slots == 1) op(p_sep[offset + i], dw_sep[i], s_sep[offset + i]);
+    else op(p_sep[offset + i], dw_sep[i], s_sep[offset + i], s_sep[total + offset + i]);
+  }
+
+  const auto any = fp::kernels::AnyStep<float>::of(op);
+  std::vector<float> dw(count, nan_value), db(m, nan_value), p = params, st = state0;
+  const fp::kernels::UpdateTarget<float> whole{&any, p.data(), st.data(), total};
+  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw.data(), db.data(), whole.at(offset));
+  CHECK(std::memcmp(dw.data(), dw_sep.data(), count * sizeof(float)) == 0);
+  CHECK(std::memcmp(db.data(), db_sep.data(), std::size_t(m) * sizeof(float)) == 0);
+  CHECK(std::memcmp(p.data(), p_sep.data(), total * sizeof(float)) == 0);  // nothing outside the tensor moves
+  CHECK(std::memcmp(st.data(), s_sep.data(), st.size() * sizeof(float)) == 0);
+  CHECK(p != params);  // the update ran
+}
+
+TEST_CASE("a weight gradient that applies the optimizer gives the separate pass's bits (CPU emulation)") {
+  using Sgd = fp::kernels::SgdStep<float>;
+  using Adam = fp::kernels::AdamStep<float>;
+  // lr, momentum, dampening, weight decay, nesterov, first step, decay everything
+  const Sgd sgds[] = {Sgd{0.05f, 0.9f, 0.0f, 5e-4f, false, true, true}, Sgd{0.05f, 0.9f, 0.0f, 5e-4f, true, false, false},
+                      Sgd{0.1f, 0.0f, 0.0f, 0.0f, false, false, true}, Sgd{0.02f, 0.8f, 0.1f, 1e-2f, false, false, true}};
+  // lr, beta1, beta2, eps, weight decay, decoupled (AdamW), 1 - beta1^t, 1 - beta2^t
+  const Adam adams[] = {Adam{1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, true, 1 - 0.9f * 0.9f, 1 - 0.999f * 0.999f, true},
+                        Adam{3e-3f, 0.8f, 0.99f, 1e-6f, 1e-4f, false, 0.2f, 0.01f, false}};
+
+  // A Linear's dW = dz^T x: one that the plan leaves unsplit (a wide layer, many SMs busy) and one that
+  // it splits (few outputs, a long batch).
+  const int batch = 300, in = 96, out = 40;
+  const auto x = random_values(std::size_t(batch) * in, 33), dz = random_values(std::size_t(batch) * out, 34);
+  const auto ops = kc::linear_stored_dw_operands(batch, in, out, dz.data(), x.data());
+  using TileL = kc::tile_for<96>;
+  const kc::SplitPlan one = kc::plan_split(ops.m, ops.n, ops.k, TileL::bm, TileL::bn, TileL::bk, 1);
+  const kc::SplitPlan many = kc::plan_split(ops.m, ops.n, ops.k, TileL::bm, TileL::bn, TileL::bk, 132);
+  REQUIRE(one.splits == 1);
+  REQUIRE(many.splits > 1);
+  for (int sms : {1, 132}) {
+    for (const Sgd& op : sgds) check_fused_update<TileL>(op, sms, ops.m, ops.n, ops.k, ops.a, ops.b);
+    for (const Adam& op : adams) check_fused_update<TileL>(op, sms, ops.m, ops.n, ops.k, ops.a, ops.b);
+  }
+  // A conv's dW over batch x pixels, on the tensor-core tile.
+  constexpr fp::kernels::ConvGeometry g{3, 9, 11, 3, 1, 1, 6, 9, 11};
+  const kc::ConvShape s(g);
+  const int cb = 5;
+  const auto cx = random_values(std::size_t(cb) * g.in_size(), 35), cdz = random_values(std::size_t(cb) * g.out_size(), 36);
+  const auto cops = kc::conv2d_dw_operands(s, cb, kc::StoredGradient{cdz.data(), s.o, s.ohw, s.ow}, cx.data());
+  for (int sms : {1, 132}) {
+    check_fused_update<kc::GemmTiles<27>::mma>(sgds[1], sms, cops.m, cops.n, cops.k, cops.a, cops.b);
+    check_fused_update<kc::GemmTiles<27>::mma>(adams[0], sms, cops.m, cops.n, cops.k, cops.a, cops.b);
+  }
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {

@@ -2,7 +2,8 @@
 // tail) where every gradient has a tight bound, LeNet (ReLU, fused conv + max-pooling) with bounds that
 // tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip, and a non-square
 // CNN whose backward runs the fused gradient boundaries (gradient_sink.cuh); CUDA-graph replay
-// against direct launches (bit for bit); asynchronous steps; parameter transfer; bad input. One test
+// against direct launches (bit for bit); the optimizer fused into the weight gradients against its
+// separate pass (bit for bit); asynchronous steps; parameter transfer; bad input. One test
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
 #include "gpu_test.hpp"
 
@@ -96,6 +97,44 @@ TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute
     direct.copy_optimizer_state_to_host(s2);
     CHECK(s1 == s2);
   }
+}
+
+// Issue 17: the optimizer applied by the weight-gradient GEMMs (and one pass over the rest) against the
+// separate pass over every parameter, bit for bit: parameters, gradients and optimizer state after
+// several steps (graphs on, so the replayed step reads the AnyStep slot), for SGD with Nesterov momentum
+// and decay on the weights only, and AdamW.
+template <class Net, class Space, class Opt>
+void check_fused_update(std::size_t batch, Opt opt, std::uint64_t stream) {
+  const auto x = random_values(batch * Net::input_shape::size, stream);
+  const auto y = labels_for(batch, Net::output_shape::size, stream + 1);
+  fp::Model<Net, Space> fused{fp::seed(5), make_space<Space>()}, separate{fp::seed(5), make_space<Space>()};
+  separate.use_fused_update(false);
+  CHECK(fused.uses_fused_update());
+  Opt o1 = opt, o2 = opt;
+  for (int s = 0; s < 4; ++s) {
+    const float a = fused.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    const float b = separate.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+    CHECK(a == b);
+  }
+  CHECK(fused.last_step_replayed());
+  CHECK(params_on_host(fused) == params_on_host(separate));
+  std::vector<float> g1(fused.grads().size()), g2(g1.size()), s1(fused.optimizer_state().size()), s2(s1.size());
+  fused.copy_grads_to_host(g1);
+  separate.copy_grads_to_host(g2);
+  CHECK(g1 == g2);
+  fused.copy_optimizer_state_to_host(s1);
+  separate.copy_optimizer_state_to_host(s2);
+  CHECK(s1 == s2);
+}
+
+TEST_CASE_TEMPLATE("weights updated in their gradients' GEMMs match the separate optimizer pass bit for bit", Space,
+                   fp::CudaFp32, fp::Cuda, fp::CudaBf16) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const fp::Sgd sgd{{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = true, .decay = fp::Decay::weights}};
+  const fp::AdamW adamw{{.lr = 1e-3f, .weight_decay = 1e-2f}};
+  check_fused_update<LeNet, Space>(50, sgd, 60);
+  check_fused_update<Oblong, Space>(33, adamw, 62);
+  check_fused_update<seed_networks::CifarCnn, Space>(64, sgd, 64);
 }
 
 TEST_CASE("asynchronous steps and the deferred loss give what train_step gives") {

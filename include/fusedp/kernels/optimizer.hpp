@@ -81,6 +81,70 @@ struct AdamStep {
   }
 };
 
+/// An SgdStep or an AdamStep, which one decided at run time: the update a weight-gradient GEMM applies
+/// in its epilogue on Cuda (issue 17: the optimizer fused into the gradient's final reduction). A
+/// kind that is data keeps the GEMMs compiled once, not once per optimizer; every thread of a launch
+/// takes the same branch, so the choice costs a uniform compare next to the memory the update waits
+/// for. Each kind runs its step's own operator(), so the bits are those of the separate pass.
+template <class T>
+struct AnyStep {
+  enum class Kind : unsigned { sgd, adam };
+  Kind kind = Kind::sgd;
+  SgdStep<T> sgd{};
+  AdamStep<T> adam{};
+
+  static AnyStep of(const SgdStep<T>& s) { return {Kind::sgd, s, {}}; }
+  static AnyStep of(const AdamStep<T>& a) { return {Kind::adam, {}, a}; }
+  /// Whether an optimizer whose update<T>() returns Op can be applied this way.
+  template <class Op>
+  static constexpr bool holds = requires(const Op& op) { AnyStep::of(op); };
+};
+
+/// Where a weight tensor's update goes when its gradient GEMM applies it: the step (device memory on
+/// Cuda, rewritten before every training step so that one recorded graph serves every step), the
+/// tensor's parameters and its optimizer state (slot s of element i at state[s * stride + i]). A
+/// default-constructed target is inactive: the GEMM only stores the gradient.
+template <class T>
+struct UpdateTarget {
+  const AnyStep<T>* step = nullptr;
+  T* params = nullptr;
+  T* state = nullptr;
+  std::size_t stride = 0;  // elements between state slots (the network's param_storage)
+
+  [[nodiscard]] FUSEDP_HD bool active() const { return step != nullptr; }
+  /// The same target for the tensor `offset` elements further into the flat buffers.
+  [[nodiscard]] FUSEDP_HD UpdateTarget at(std::size_t offset) const {
+    return step ? UpdateTarget{step, params + offset, state + offset, stride} : UpdateTarget{};
+  }
+  /// Element i has its finished gradient g: the optimizer's update of parameter i, with the tensor's
+  /// weight decay (the tensors updated this way are GEMM weights, which Decay::weights decays too).
+  FUSEDP_HD void apply(std::size_t i, T g) const {
+    if (step->kind == AnyStep<T>::Kind::sgd) step->sgd(params[i], g, state[i]);
+    else step->adam(params[i], g, state[i], state[stride + i]);
+  }
+};
+
+/// Runs [begin, end) of a flat buffer, in order, numbered consecutively: element j of the runs is
+/// element index(j) of the buffer. What a pass over "everything but" some tensors walks (the update of
+/// the parameters whose gradient GEMMs did not apply it). `bounds` holds 2 * count offsets, `prefix`
+/// count + 1 (prefix[k]: elements in the runs before run k; prefix[count] the total).
+struct ElementRuns {
+  const std::size_t* bounds = nullptr;
+  const std::size_t* prefix = nullptr;
+  std::size_t count = 0;
+
+  [[nodiscard]] FUSEDP_HD std::size_t size() const { return count == 0 ? 0 : prefix[count]; }
+  [[nodiscard]] FUSEDP_HD std::size_t index(std::size_t j) const {
+    std::size_t lo = 0, hi = count;  // the last run with prefix <= j
+    while (hi - lo > 1) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (prefix[mid] <= j) lo = mid;
+      else hi = mid;
+    }
+    return bounds[2 * lo] + (j - prefix[lo]);
+  }
+};
+
 /// The same update without weight decay (for the elements Decay::weights leaves out).
 template <class Op>
 FUSEDP_HD Op without_decay(Op op) {

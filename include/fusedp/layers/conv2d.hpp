@@ -134,7 +134,8 @@ struct Conv2d {
   static void backward_from(const StageArgs<CudaSpace<P>, T>& a, const Dz& dz, const Sink& sink) {
     kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
                                                                            geometry<In>, int(a.batch), dz, a.w, a.x,
-                                                                           sink, a.dw, Bias ? a.db : nullptr, a.scratch);
+                                                                           sink, a.dw, Bias ? a.db : nullptr, a.scratch,
+                                                                           a.update);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>

@@ -2,6 +2,7 @@
 // What a layer is: a plain struct that maps an input Shape to an output Shape, declares its parameter
 // tensors, and runs forward and backward on a space. The contract is the Layer concept below.
 #include "fusedp/kernels/batch_norm.hpp"
+#include "fusedp/kernels/optimizer.hpp"
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/replica_sum.hpp"
@@ -132,6 +133,8 @@ struct StageArgs {
                            // only for layers with adds_before_epilogue, or with `fold`
   const kernels::BatchNormFold<T>* fold = nullptr;  // evaluation: the BatchNorm after this layer, run in
                                                     // its epilogue (layers with folds_batch_norm; see stage_binding.hpp)
+  kernels::UpdateTarget<T> update{};  // backward on Cuda: when active, the weight gradient's GEMM also applies
+                                      // the optimizer to the weights (net/cuda_plan.hpp: updates_weight)
 };
 
 namespace detail {

@@ -75,10 +75,10 @@ struct Linear {
     const auto target = kernels::cuda::layer_target(a.space);
     if constexpr (DzIn)
       kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.dy, sink,
-                                                      a.dw, a.db, a.scratch);
+                                                      a.dw, a.db, a.scratch, a.update);
     else
       kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z,
-                                                       a.dy, sink, a.dw, a.db, a.scratch);
+                                                       a.dy, sink, a.dw, a.db, a.scratch, a.update);
   }
   /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
   template <class In, class P>

@@ -53,6 +53,10 @@ struct CudaGroups {
   ParameterStore<Net, space_type, T>& store;
   StageBinding<Net, space_type, T>& binding;
   T* scratch;
+  /// When active, at the flat buffers' start: the groups plan::updates_weight names apply the optimizer
+  /// to their weights in their weight-gradient GEMMs (backward of a training step; the caller then
+  /// updates plan::rest_runs).
+  kernels::UpdateTarget<T> update{};
 
   /// Scratch floats the stages and fused groups need at `batch` (the largest of them).
   static std::size_t scratch_elements(const space_type& space, std::size_t batch) {
@@ -89,6 +93,13 @@ struct CudaGroups {
   template <std::size_t I>
   StageArgs<space_type, T> args_of(const T* x, std::size_t batch, bool training) {
     return binding.template args_of<I>(space, store, x, batch, training, scratch);
+  }
+  // Stage I's arguments for group G's backward, with the update of its weight when G applies it.
+  template <std::size_t G, std::size_t I>
+  StageArgs<space_type, T> backward_args_of(const T* x, std::size_t batch) {
+    StageArgs<space_type, T> a = args_of<I>(x, batch, true);
+    if constexpr (plan::template updates_weight<G>) a.update = update.at(Net::stage_plan[I].weight);
+    return a;
   }
 
   /// Runs every group forward.
@@ -194,10 +205,11 @@ struct CudaGroups {
   void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
     using Gr = typename plan::template group<G>;
     constexpr bool fused = plan::template receives_dz<G> || plan::template dz_receiver<G> != plan::group_count;
-    if constexpr (Gr::kind == CudaGroupKind::stage && fused) {
-      // A Conv2d or Linear at a fused boundary: as StageBinding::backward_stage, through backward_to.
+    if constexpr (Gr::kind == CudaGroupKind::stage && (fused || plan::template updates_weight<G>)) {
+      // A Conv2d or Linear (at a fused boundary, or updating its weight in its GEMM when asked): as
+      // StageBinding::backward_stage, through backward_to.
       using S = typename Net::template stage<Gr::first>;
-      StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
+      StageArgs<space_type, T> a = backward_args_of<G, Gr::first>(x, batch);
       a.dy = binding.gradient_buffer(current, batch);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
       {
@@ -212,7 +224,7 @@ struct CudaGroups {
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
-      StageArgs<space_type, T> a = args_of<Gr::first>(x, batch, true);
+      StageArgs<space_type, T> a = backward_args_of<G, Gr::first>(x, batch);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
       {
         // With receives_dz, gradient buffer `current` holds the conv's dense dz, not the pooled gradient.

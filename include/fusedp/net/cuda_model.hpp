@@ -72,6 +72,7 @@ struct StepGraphKey {
   const void* state = nullptr;
   const char* loss = nullptr;
   const char* optimizer = nullptr;
+  bool fused_update = false;
   bool operator==(const StepGraphKey&) const = default;
 };
 
@@ -107,7 +108,10 @@ class Model<Net, CudaSpace<P>, T> {
 
   /// Parameters drawn from `seed` with PyTorch's default initialization (the Host model's numbers).
   explicit Model(Seed seed = {}, space_type space = space_type{})
-      : space_(detail::activated(std::move(space))), store_(space_, seed.value), op_slot_(op_slot_bytes) {}
+      : space_(detail::activated(std::move(space))), store_(space_, seed.value), op_slot_(op_slot_bytes),
+        rest_runs_(plan::rest_runs.size()) {
+    detail::copy_to_space(space_, rest_runs_.data(), plan::rest_runs.data(), plan::rest_runs.size());
+  }
   explicit Model(space_type space, Seed seed = {}) : Model(seed, std::move(space)) {}
   Model(Model&&) noexcept = default;
   Model& operator=(Model&&) noexcept = default;
@@ -358,6 +362,13 @@ class Model<Net, CudaSpace<P>, T> {
   /// network whose layers are not graph-safe, such as Dropout).
   void use_graphs(bool on) noexcept { graphs_.set_enabled(on && graph_safe); }
   [[nodiscard]] bool uses_graphs() const noexcept { return graphs_.enabled(); }
+  /// Whether train steps apply the optimizer to the Conv2d and Linear weights inside their
+  /// weight-gradient GEMMs (on by default; CudaPlan::updates_weight says which), leaving one pass over
+  /// the other parameters, instead of one pass over all of them after backward. Either way gives the
+  /// same bits. Only for Sgd and Adam/AdamW without a guard, in train_step; compute_gradients + step
+  /// and Parallel run the separate pass.
+  void use_fused_update(bool on) noexcept { fused_update_ = on; }
+  [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
   /// Whether the latest train step was a graph replay (for tests and benchmarks).
   [[nodiscard]] bool last_step_replayed() const noexcept { return replayed_; }
   /// Why recording a graph failed, when it did (graphs are then off and steps launch directly).
@@ -411,15 +422,17 @@ class Model<Net, CudaSpace<P>, T> {
 
   // Forward in training mode, the loss with its gradient (scaled to the share of `normalizer`
   // samples, as on Host) and backward, queued on the stream.
+  // An active `update`: the weight-gradient GEMMs apply the optimizer to their weights (CudaGroups::update).
   template <class Loss, class StageDone>
   void queue_gradients(const T* x, const typename Loss::template target<T>* targets, std::size_t batch,
-                       const Loss& loss, StageDone& on_stage_done, std::size_t normalizer = 0) {
+                       const Loss& loss, StageDone& on_stage_done, std::size_t normalizer = 0,
+                       const kernels::UpdateTarget<T>& update = {}) {
     forward_pass(x, batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);
     enqueue_loss(loss, x, batch, targets, dlogits);
     if (normalizer != 0 && normalizer != batch)
       kernels::cuda::scale_gradient(space_.stream(), dlogits, batch * output_size, T(batch) / T(normalizer));
-    backward_pass(x, batch, on_stage_done);
+    backward_pass(x, batch, on_stage_done, update);
   }
 
   template <class Loss, class Opt>
@@ -438,30 +451,54 @@ class Model<Net, CudaSpace<P>, T> {
       static_assert(requires { opt.template update<T>(std::uint64_t(1)); },
                     "fusedp::Model on Cuda: this optimizer has no Cuda implementation (an update<T>(step) member)");
       using Op = decltype(opt.template update<T>(std::uint64_t(1)));
+      using Any = kernels::AnyStep<T>;
       static_assert(sizeof(Op) <= op_slot_bytes && std::is_trivially_copyable_v<Op>);
+      static_assert(sizeof(Any) <= op_slot_bytes && std::is_trivially_copyable_v<Any>);
       std::span<T> state = optimizer_state<Opt>();
+      const Op op = opt.template update<T>(store_.optimizer_steps() + 1);
       // The step's numbers travel in a device slot written before the launch, so one recorded graph
-      // serves every step.
-      Op* slot = reinterpret_cast<Op*>(op_slot_.data());
-      kernels::cuda::set_value(space_.stream(), slot, opt.template update<T>(store_.optimizer_steps() + 1));
-      const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name};
+      // serves every step. Fused, the slot holds them as an AnyStep, which the GEMMs' epilogues read.
+      constexpr bool fusable = Any::template holds<Op> && plan::updated_weights.size() > 0;
+      const bool fused = fusable && fused_update_;
+      if constexpr (fusable) {
+        if (fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Any*>(op_slot_.data()), Any::of(op));
+      }
+      if (!fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Op*>(op_slot_.data()), op);
+      const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
-        queue_gradients(x, targets, batch, loss, none);
-        const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
-        kernels::cuda::apply_optimizer<int(Opt::state_slots)>(space_.stream(), store_.params().data(),
-                                                              store_.grads().data(), state.data(), Net::param_storage,
-                                                              Op{}, slot, store_.decay_runs());
+        if (fused) {
+          const auto* any = reinterpret_cast<const Any*>(op_slot_.data());
+          queue_gradients(x, targets, batch, loss, none, 0,
+                          kernels::UpdateTarget<T>{any, store_.params().data(), state.data(), Net::param_storage});
+          const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
+          kernels::cuda::apply_optimizer_rest(space_.stream(), store_.params().data(), store_.grads().data(),
+                                              state.data(), Net::param_storage, any, rest_runs(), store_.decay_runs());
+        } else {
+          queue_gradients(x, targets, batch, loss, none);
+          const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
+          kernels::cuda::apply_optimizer<int(Opt::state_slots)>(
+              space_.stream(), store_.params().data(), store_.grads().data(), state.data(), Net::param_storage, Op{},
+              reinterpret_cast<const Op*>(op_slot_.data()), store_.decay_runs());
+        }
       });
       store_.count_step(true);
     }
   }
 
   // How the plan's groups run over this model's store, workspace and scratch (net/cuda_groups.hpp).
-  CudaGroups<Net, P> groups() { return {space_, store_, binding_, scratch_.data()}; }
+  CudaGroups<Net, P> groups(const kernels::UpdateTarget<T>& update = {}) {
+    return {space_, store_, binding_, scratch_.data(), update};
+  }
   void forward_pass(const T* x, std::size_t batch, bool training) { groups().forward(x, batch, training); }
   template <class StageDone>
-  void backward_pass(const T* x, std::size_t batch, StageDone& on_stage_done) {
-    groups().backward(x, batch, on_stage_done);
+  void backward_pass(const T* x, std::size_t batch, StageDone& on_stage_done,
+                     const kernels::UpdateTarget<T>& update = {}) {
+    groups(update).backward(x, batch, on_stage_done);
+  }
+  // The parameters the GEMMs do not update, in device memory (CudaPlan::rest_runs).
+  [[nodiscard]] kernels::ElementRuns rest_runs() const noexcept {
+    const std::size_t* r = rest_runs_.data();
+    return {r, r + 2 * plan::rest_run_count, plan::rest_run_count};
   }
 
   space_type space_;
@@ -469,6 +506,8 @@ class Model<Net, CudaSpace<P>, T> {
   binding_type binding_;
   buffer<float> scratch_;
   buffer<unsigned char> op_slot_;  // the optimizer's numbers of the next step (a graph reads them)
+  buffer<std::size_t> rest_runs_;  // CudaPlan::rest_runs
+  bool fused_update_ = true;
   kernels::cuda::LossResult loss_;
   const char* last_loss_name_ = nullptr;
   HostStaging<T> staging_;

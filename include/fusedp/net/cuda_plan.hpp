@@ -194,11 +194,83 @@ constexpr bool transforms_dy() {
     return false;
   }
 }
+// A group whose weight-gradient GEMM applies the optimizer to its weight (in a training step that asks
+// for it): a Conv2d or Linear stage, a conv + max-pool. An MLP group's weight gradients come out of its
+// own kernels, and the layers inside a block (Residual) are not groups: their weights take the pass
+// over the rest.
+template <class Net, class Gr>
+constexpr bool updates_weight_in_gemm() {
+  if constexpr (Gr::kind == CudaGroupKind::mlp) {
+    return false;
+  } else {
+    using L = typename Net::template stage<Gr::first>::layer;
+    return is_conv2d<L>::value || is_linear<L>::value;
+  }
+}
+// The size of the parameter tensor of Net at `offset`.
+template <class Net>
+constexpr std::size_t param_tensor_size_at(std::size_t offset) {
+  for (const ParamTensor& t : Net::param_layout)
+    if (t.offset == offset) return t.size;
+  return 0;
+}
 template <class Net, class Groups>
 struct plan_facts;
 template <class Net, class... Gs>
 struct plan_facts<Net, type_list<Gs...>> {
   static constexpr std::size_t count = sizeof...(Gs);
+  // The weight tensors updated in their gradient's GEMM, [begin, end) pairs in layout order, and the
+  // runs of the flat buffer between them (padding included): what the separate pass still updates.
+  static constexpr std::size_t updated_count = (std::size_t(0) + ... + std::size_t(updates_weight_in_gemm<Net, Gs>()));
+  static constexpr std::array<std::size_t, 2 * updated_count> updated = [] {
+    std::array<std::size_t, 2 * updated_count> r{};
+    std::size_t k = 0;
+    (
+        [&] {
+          if constexpr (updates_weight_in_gemm<Net, Gs>()) {
+            const std::size_t begin = Net::stage_plan[Gs::first].weight;
+            r[k++] = begin;
+            r[k++] = begin + param_tensor_size_at<Net>(begin);
+          }
+        }(),
+        ...);
+    return r;
+  }();
+  // (The loops walk the pairs element by element: with no updated weight, an index bound of 0 is a
+  // comparison nvcc warns about.)
+  static constexpr std::size_t rest_count = [] {
+    std::size_t n = 0, at = 0;
+    bool begin = true;
+    for (const std::size_t v : updated) {
+      if (begin) n += v > at;
+      else at = v;
+      begin = !begin;
+    }
+    return n + (Net::param_storage > at);
+  }();
+  // rest[0, 2 * rest_count): the runs' bounds; rest[2 * rest_count, 3 * rest_count + 1): the elements
+  // before each run, then the total (kernels::ElementRuns).
+  static constexpr std::array<std::size_t, 3 * rest_count + 1> rest = [] {
+    std::array<std::size_t, 3 * rest_count + 1> r{};
+    std::size_t n = 0, at = 0, total = 0;
+    auto add = [&](std::size_t b, std::size_t e) {
+      r[2 * n] = b;
+      r[2 * n + 1] = e;
+      r[2 * rest_count + n] = total;
+      total += e - b;
+      ++n;
+    };
+    bool begin = true;
+    for (const std::size_t v : updated) {
+      if (begin && v > at) add(at, v);
+      if (!begin) at = v;
+      begin = !begin;
+    }
+    if (Net::param_storage > at) add(at, Net::param_storage);
+    r[3 * rest_count] = total;
+    return r;
+  }();
+  static constexpr std::array<bool, count> updates{updates_weight_in_gemm<Net, Gs>()...};
   static constexpr std::array<CudaGroupInfo, count> summary{CudaGroupInfo{Gs::kind, Gs::first, Gs::last}...};
   static constexpr std::size_t mlp_gradient_elements = std::max({std::size_t(0), mlp_dz_elements<Net, Gs>()...});
   static constexpr std::array<bool, count> reshape{reshape_group<Net, Gs>()...};
@@ -252,6 +324,40 @@ struct CudaPlan {
   /// input gradient plainly.
   template <std::size_t G>
   static constexpr std::size_t dz_receiver = detail::plan_facts<Net, groups>::receiver[G];
+
+  /// Fused optimizer (issue 17): whether group G's weight-gradient GEMM applies the optimizer to its
+  /// weight when the training step asks for it (a Conv2d or Linear stage, a conv + max-pool); its
+  /// bias, the MLP groups' weights and everything inside blocks are updated by one pass over the rest.
+  template <std::size_t G>
+  static constexpr bool updates_weight = detail::plan_facts<Net, groups>::updates[G];
+  /// The weight tensors so updated: [begin, end) offsets of the flat parameter buffer, in order.
+  static constexpr auto updated_weights = detail::plan_facts<Net, groups>::updated;
+  /// The runs of the flat buffer (param_storage elements, padding included) between them, as
+  /// kernels::ElementRuns lays them out: rest_run_count pairs of bounds, then rest_run_count + 1 prefix
+  /// counts (the last one the total).
+  static constexpr std::size_t rest_run_count = detail::plan_facts<Net, groups>::rest_count;
+  static constexpr auto rest_runs = detail::plan_facts<Net, groups>::rest;
+  /// Elements the pass over the rest updates.
+  static constexpr std::size_t rest_elements = rest_runs[3 * rest_run_count];
+
+  // Every weight updated in its GEMM is one GEMM weight, which Decay::weights decays: the GEMM applies
+  // the step's decay to all of it.
+  static_assert([] {
+    std::size_t begin = 0;
+    bool first = true;
+    for (const std::size_t v : updated_weights) {
+      if (first) {
+        begin = v;
+      } else {
+        bool inside = false;
+        for (const ParamTensor& t : Net::param_layout)
+          inside = inside || (t.offset == begin && t.size == v - begin && t.gemm_weight());
+        if (!inside || v == begin) return false;
+      }
+      first = !first;
+    }
+    return true;
+  }(), "CudaPlan: a weight updated in its gradient's GEMM is not one Conv2d or Linear weight (ParamTensor::gemm_weight)");
 };
 
 }  // namespace fusedp

@@ -509,13 +509,15 @@ std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_cou
 }
 
 /// The two GEMMs of a conv backward pass reading dz from `dz`, the input gradient to `sink` (none when
-/// the sink is not active: the first layer).
+/// the sink is not active: the first layer). The input gradient's GEMM reads w, so it runs first: an
+/// active `update` changes w in the weight gradient's GEMM.
 template <class TilesX, class TilesW, class P, class Dz, class Sink>
 void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, const Dz& dz, const float* w,
-                           const float* x, const Sink& sink, float* dw, float* db, float* scratch) {
+                           const float* x, const Sink& sink, float* dw, float* db, float* scratch,
+                           const UpdateTarget<float>& update) {
   if (sink.active()) launch_layer_gemm<TilesX, P>(conv2d_dx_problem_to(s, batch, dz, w, sink), 1, t);
   const auto ops = conv2d_dw_operands(s, batch, dz, x);
-  layer_weight_gradient<TilesW, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch);
+  layer_weight_gradient<TilesW, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch, update);
 }
 
 /// Backward of Conv2d given its dz source: the input gradient to `sink` (StoreSink{dx}, or the stage
@@ -525,21 +527,23 @@ void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, c
 ///   ConvGradient and PooledConvGradient are first written densely into `scratch` by one coalesced
 ///   pass (unpooling, ReLU mask and activation derivative evaluated once per element, not once per
 ///   GEMM tile that reads it).
-/// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>.
+/// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>. An active
+/// `update` applies the optimizer to w as dW is finished (dW is still written).
 template <class TilesX, class TilesW, class P, class Dz, class Sink>
 void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
-                        const float* x, const Sink& sink, float* dw, float* db, float* scratch) {
+                        const float* x, const Sink& sink, float* dw, float* db, float* scratch,
+                        const UpdateTarget<float>& update = {}) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
   float* gemm_scratch = scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr;
   if constexpr (std::is_same_v<Dz, StoredGradient>) {
-    conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, gemm_scratch);
+    conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, gemm_scratch, update);
     return;
   } else {
     if constexpr (requires { Dz::epilogue_is_identity; }) {
       if constexpr (Dz::epilogue_is_identity) {
         conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, sink, dw,
-                                                 db, gemm_scratch);
+                                                 db, gemm_scratch, update);
         return;
       }
     }
@@ -549,7 +553,7 @@ void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, c
     materialize_dz_kernel<<<blocks, 256, 0, t.stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
     FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
     conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w, x, sink, dw,
-                                             db, gemm_scratch);
+                                             db, gemm_scratch, update);
   }
 }
 

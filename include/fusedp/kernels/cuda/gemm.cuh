@@ -16,6 +16,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/optimizer.hpp"
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -381,30 +382,40 @@ void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t strea
 }
 
 /// Epilogue: C to a row-major (m x n) array; a split writes its partial product `split_stride`
-/// elements after the previous split's.
+/// elements after the previous split's. With an active `update` (an unsplit weight gradient only) each
+/// stored value is also that weight's finished gradient, and the optimizer's update of the weight is
+/// applied on the spot (kernels/optimizer.hpp: UpdateTarget).
 struct StoreRowMajor {
   float* out;
   int m, n;
   std::size_t split_stride;
+  UpdateTarget<float> update{};
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int split, int tid) const {
     float* o = out + std::size_t(split) * split_stride;
+    const bool updating = update.active();
     for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
-      o[std::size_t(gm) * n + gn] = c[lm * ldc + ln];
+      const std::size_t i = std::size_t(gm) * n + gn;
+      const float g = c[lm * ldc + ln];
+      o[i] = g;
+      if (updating) update.apply(i, g);
     });
   }
 };
 
 /// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
-/// second half of a split-K GEMM, so the result does not depend on scheduling.
+/// second half of a split-K GEMM, so the result does not depend on scheduling. An active `update`
+/// applies the optimizer to out's weights with the sums (not to the row sums: biases are updated by
+/// the pass over the rest of the parameters).
 template <class T>
 __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
-                                     int rows, T* row_out) {
+                                     int rows, T* row_out, UpdateTarget<T> update) {
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) {
     T s = T(0);
     for (int z = 0; z < splits; ++z) s += partial[std::size_t(z) * count + i];
     out[i] = s;
+    if (update.active()) update.apply(i, s);
   }
   if (row_out != nullptr && i < std::size_t(rows)) {
     T s = T(0);
@@ -422,13 +433,14 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 
 /// The split-K flow of a weight gradient with the GEMM launched by `launch(problem, splits)`: one
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`
-/// then reduce_splits_kernel. Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma.
+/// then reduce_splits_kernel. An active `update` is applied by whichever writes dw last. Shared by
+/// weight_gradient and gemm_mma.cuh's weight_gradient_mma.
 template <class TileT, class A, class B, class Launch>
 void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                           float* db, float* scratch, Launch&& launch) {
+                           float* db, float* scratch, const UpdateTarget<float>& update, Launch&& launch) {
   const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   if (s.splits == 1) {
-    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0}, db}, 1);
+    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0, update}, db}, 1);
     return;
   }
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
@@ -439,20 +451,20 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
          s.splits);
   const std::size_t total = std::max(count, std::size_t(m));
   reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
-                                                                           m, db);
+                                                                           m, db, update);
   FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
 }
 
 /// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is
 /// not null: the weight and bias gradients of a layer in one GEMM, split over k when the grid would be
 /// too small, partial products then summed in a fixed order. `scratch` holds
-/// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats.
+/// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats. With an active `update` the optimizer is
+/// applied to the weights as their gradient is finished (dw is still written).
 template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                     float* db, float* scratch) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, [&](const auto& p, int splits) {
-    launch_gemm<TileT, P, true>(p, splits, stream);
-  });
+                     float* db, float* scratch, const UpdateTarget<float>& update = {}) {
+  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
+                               [&](const auto& p, int splits) { launch_gemm<TileT, P, true>(p, splits, stream); });
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -112,17 +112,18 @@ template <class TileW, class TileM>
 /// row sums of A when not null, split over k and reduced in a fixed order. On the tensor cores when
 /// takes_mma says so for the whole product (its split plan has whole 32-deep slices, so the splits run
 /// too: weight_gradient_mma), else exactly weight_gradient, WMMA's plan and all.
-/// `scratch`: weight_gradient_scratch_on<TileW, TileM>(m, n, k, t.sm_count) floats.
+/// `scratch`: weight_gradient_scratch_on<TileW, TileM>(m, n, k, t.sm_count) floats; `update` as
+/// weight_gradient's.
 template <class TileW, class TileM, class P, class A, class B>
 void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                        float* scratch) {
+                        float* scratch, const UpdateTarget<float>& update = {}) {
   if constexpr (!std::is_same_v<P, precision::Fp32> && CopyOperand<A> && CopyOperand<B>) {
     if (takes_mma<TileM, P>(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, {}, nullptr}, t)) {
-      weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch);
+      weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch, update);
       return;
     }
   }
-  weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
+  weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update);
 }
 
 /// `m`, checked as the mainloop of a layer's GEMMs: mma from a build whose layers lack it
@@ -170,13 +171,14 @@ template <class Tiles>
 
 /// A layer's weight gradient: weight_gradient_on where the layers have the tensor-core mainloop, else
 /// weight_gradient on WMMA. `scratch`: layer_weight_gradient_scratch<Tiles>(m, n, k, t.sm_count) floats.
+/// An active `update` applies the optimizer to the weights as their gradient is finished.
 template <class Tiles, class P, class A, class B>
 void layer_weight_gradient(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                           float* scratch) {
+                           float* scratch, const UpdateTarget<float>& update = {}) {
   if constexpr (layers_have_mma) {
-    weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch);
+    weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch, update);
   } else {
-    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch);
+    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update);
   }
 }
 

@@ -428,13 +428,13 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
 
 /// weight_gradient on the tensor-core mainloop: dW (m x n) = sum over k of A(m, k) B(n, k), db the row
 /// sums of A when not null, split over k by the same plan (TileT's 32-deep slices) and reduced in the same
-/// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats.
+/// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats; `update` as
+/// weight_gradient's.
 template <class TileT, class P = precision::Tf32, class A, class B>
 void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
-                         const B& b, float* dw, float* db, float* scratch) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, [&](const auto& p, int splits) {
-    launch_gemm_mma<TileT, true, P>(p, splits, d, stream);
-  });
+                         const B& b, float* dw, float* db, float* scratch, const UpdateTarget<float>& update = {}) {
+  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
+                               [&](const auto& p, int splits) { launch_gemm_mma<TileT, true, P>(p, splits, d, stream); });
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -3,7 +3,8 @@
 // (kernels/optimizer.hpp: SgdStep, AdamStep). The update's scalars (learning rate, Adam's bias
 // corrections, whether this is the first step) change every step, so a CUDA graph cannot bake them in
 // as kernel arguments: the graph-safe form reads them from device memory, written by a one-thread
-// kernel launched outside the graph before each replay.
+// kernel launched outside the graph before each replay. When the weight-gradient GEMMs apply the
+// update to the weights (issue 17), apply_optimizer_rest updates what they left.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -36,6 +37,30 @@ __global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_
     else o(params[i], grads[i], state[i], state[n + i]);
   }
 }
+// The pass over the parameters whose weight-gradient GEMMs did not apply the update (biases,
+// normalization, the MLP groups' and the blocks' weights, padding): element j of `rest` is parameter
+// rest.index(j), updated as optimizer_kernel would (the same operator() of the same step).
+template <class T>
+__global__ void optimizer_rest_kernel(T* params, const T* grads, T* state, std::size_t stride, const AnyStep<T>* step,
+                                      ElementRuns rest, DecayRuns runs) {
+  const AnyStep<T> s = *step;
+  const std::size_t n = rest.size();
+  if (s.kind == AnyStep<T>::Kind::sgd) {
+    const SgdStep<T> plain = without_decay(s.sgd);
+    for (std::size_t j = grid_index(); j < n; j += grid_stride()) {
+      const std::size_t i = rest.index(j);
+      const SgdStep<T>& o = s.sgd.decay_all || runs.decays(i) ? s.sgd : plain;
+      o(params[i], grads[i], state[i]);
+    }
+  } else {
+    const AdamStep<T> plain = without_decay(s.adam);
+    for (std::size_t j = grid_index(); j < n; j += grid_stride()) {
+      const std::size_t i = rest.index(j);
+      const AdamStep<T>& o = s.adam.decay_all || runs.decays(i) ? s.adam : plain;
+      o(params[i], grads[i], state[i], state[stride + i]);
+    }
+  }
+}
 }  // namespace detail
 
 /// Copies `value` to device memory `dst` on `stream` (a kernel argument is copied at launch, so the
@@ -55,6 +80,19 @@ void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, s
   detail::optimizer_kernel<Slots, Op, T>
       <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, n, op, from_device, runs);
   FUSEDP_CUDA_CHECK_LAUNCH("optimizer_kernel");
+}
+
+/// The update of the parameters `rest` names, the step read from `step` (device memory): what remains of
+/// the optimizer's pass when the weight-gradient GEMMs applied it to the other weights (UpdateTarget).
+/// `state` holds the optimizer's slots `stride` elements apart; `runs` where the GEMM weights lie.
+template <class T>
+void apply_optimizer_rest(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t stride,
+                          const AnyStep<T>* step, const ElementRuns& rest, const DecayRuns& runs) {
+  const std::size_t n = rest.size();
+  if (n == 0) return;
+  detail::optimizer_rest_kernel<T>
+      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, stride, step, rest, runs);
+  FUSEDP_CUDA_CHECK_LAUNCH("optimizer_rest_kernel");
 }
 
 }  // namespace fusedp::kernels::cuda
