@@ -64,7 +64,7 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
             for (int lm = 0; lm < bm && m0 + lm < p.m; ++lm) {
               double s = 0;
               for (int k = k_begin; k < k_end; ++k) s += double(p.a.at(m0 + lm, k));
-              p.row_sums[std::size_t(z) * p.m + m0 + lm] = float(s);
+              p.put_row_sum(z, m0 + lm, float(s));
             }
         }
         for (int tid = 0; tid < TileT::threads; ++tid) p.epi.template apply<TileT>(c.data(), ldc, m0, n0, z, tid);
@@ -72,15 +72,16 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
   }
 }
 
-// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order, and an
-// active `update` applied where the kernels apply it (the unsplit GEMM's epilogue, else after the sum
-// as reduce_splits_kernel does).
+// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order, and
+// active updates applied where the kernels apply them (the unsplit GEMM's epilogue and row sums, else
+// after the sums as reduce_splits_kernel does).
 template <class TileT, class A, class B>
 void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                             const fp::kernels::UpdateTarget<float>& update = {}) {
+                             const fp::kernels::LayerUpdate<float>& update = {}) {
   const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   if (s.splits == 1) {
-    emulate_gemm<TileT, true>(kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0, update}, db}, 1);
+    emulate_gemm<TileT, true>(
+        kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0, update.weight}, db, update.bias}, 1);
     return;
   }
   const std::size_t count = std::size_t(m) * n;
@@ -93,12 +94,13 @@ void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, cons
     float sum = 0;
     for (int z = 0; z < s.splits; ++z) sum += scratch[std::size_t(z) * count + i];
     dw[i] = sum;
-    if (update.active()) update.apply(i, sum);
+    if (update.weight.active()) update.weight.apply(i, sum);
   }
   for (int i = 0; i < m; ++i) {
     float sum = 0;
     for (int z = 0; z < s.splits; ++z) sum += row_partial[std::size_t(z) * m + i];
     db[i] = sum;
+    if (update.bias.active()) update.bias.apply(std::size_t(i), sum);
   }
 }
 
@@ -538,9 +540,10 @@ TEST_CASE("fused gradient boundaries: a dx GEMM's sink gives the unfused pass's 
   check_linear_activates<Epilogue<Relu, Tanh>, kc::tile_for<130>>(300, 130, 19, 7, 132);
 }
 
-// The optimizer applied by a weight gradient's GEMM (issue 17) against the gradient stored and then
-// the separate pass (optimizer_kernel: op(params[i], grads[i], state[i]...)), bit for bit: the tensor
-// sits `offset` elements into flat buffers of `total`, state slots `total` apart (Adam's second).
+// The optimizer applied by a weight gradient's GEMM (issue 17) against the gradients stored and then
+// the separate pass (optimizer_kernel: op(params[i], grads[i], state[i]...), without the decay on the
+// bias under Decay::weights), bit for bit. The weight sits `offset` elements into flat buffers of
+// `total`, the bias after it; state slots are `total` apart (Adam's second).
 template <class TileT, class Op, class A, class B>
 void check_fused_update(const Op& op, int sm_count, int m, int n, int k, const A& a, const B& b) {
   CAPTURE(m);
@@ -548,24 +551,31 @@ void check_fused_update(const Op& op, int sm_count, int m, int n, int k, const A
   CAPTURE(k);
   CAPTURE(sm_count);
   constexpr int slots = std::is_same_v<Op, fp::kernels::SgdStep<float>> ? 1 : 2;
-  const std::size_t count = std::size_t(m) * n, offset = 7, total = offset + count + 5;
+  const std::size_t count = std::size_t(m) * n, offset = 7, bias = offset + count + 3, total = bias + m + 5;
   const auto params = random_values(total, 31), state0 = random_values(slots * total, 32, 0.0f, 1.0f);
+  auto separate = [&](const Op& o, std::vector<float>& p, std::vector<float>& st, std::size_t at, const float* g,
+                      std::size_t n_elements) {
+    for (std::size_t i = 0; i < n_elements; ++i) {
+      if constexpr (slots == 1) o(p[at + i], g[i], st[at + i]);
+      else o(p[at + i], g[i], st[at + i], st[total + at + i]);
+    }
+  };
   std::vector<float> dw_sep(count, nan_value), db_sep(m, nan_value), p_sep = params, s_sep = state0;
   emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data());
-  for (std::size_t i = 0; i < count; ++i) {
-    if constexpr (slots == 1) op(p_sep[offset + i], dw_sep[i], s_sep[offset + i]);
-    else op(p_sep[offset + i], dw_sep[i], s_sep[offset + i], s_sep[total + offset + i]);
-  }
+  separate(op, p_sep, s_sep, offset, dw_sep.data(), count);
+  separate(op.decay_all ? op : fp::kernels::without_decay(op), p_sep, s_sep, bias, db_sep.data(), std::size_t(m));
 
   const auto any = fp::kernels::AnyStep<float>::of(op);
   std::vector<float> dw(count, nan_value), db(m, nan_value), p = params, st = state0;
   const fp::kernels::UpdateTarget<float> whole{&any, p.data(), st.data(), total};
-  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw.data(), db.data(), whole.at(offset));
+  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw.data(), db.data(),
+                                 fp::kernels::LayerUpdate<float>{whole.at(offset, true), whole.at(bias, false)});
   CHECK(std::memcmp(dw.data(), dw_sep.data(), count * sizeof(float)) == 0);
   CHECK(std::memcmp(db.data(), db_sep.data(), std::size_t(m) * sizeof(float)) == 0);
-  CHECK(std::memcmp(p.data(), p_sep.data(), total * sizeof(float)) == 0);  // nothing outside the tensor moves
+  CHECK(std::memcmp(p.data(), p_sep.data(), total * sizeof(float)) == 0);  // nothing outside the tensors moves
   CHECK(std::memcmp(st.data(), s_sep.data(), st.size() * sizeof(float)) == 0);
-  CHECK(p != params);  // the update ran
+  CHECK(std::memcmp(p.data() + offset, params.data() + offset, count * sizeof(float)) != 0);  // the updates ran
+  CHECK(std::memcmp(p.data() + bias, params.data() + bias, std::size_t(m) * sizeof(float)) != 0);
 }
 
 TEST_CASE("a weight gradient that applies the optimizer gives the separate pass's bits (CPU emulation)") {

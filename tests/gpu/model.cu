@@ -99,10 +99,11 @@ TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute
   }
 }
 
-// Issue 17: the optimizer applied by the weight-gradient GEMMs (and one pass over the rest) against the
-// separate pass over every parameter, bit for bit: parameters, gradients and optimizer state after
-// several steps (graphs on, so the replayed step reads the AnyStep slot), for SGD with Nesterov momentum
-// and decay on the weights only, and AdamW.
+// Issue 17: the optimizer applied by the weight-gradient GEMMs (every tensor of these networks, so no
+// pass over the rest runs; tests/gpu/residual.cu has one that does) against the separate pass over every
+// parameter, bit for bit: parameters, gradients and optimizer state after several steps (graphs on, so
+// the replayed step reads the AnyStep slot), for SGD with Nesterov momentum and decay on the weights
+// only (not the biases), and AdamW.
 template <class Net, class Space, class Opt>
 void check_fused_update(std::size_t batch, Opt opt, std::uint64_t stream) {
   const auto x = random_values(batch * Net::input_shape::size, stream);

@@ -1,6 +1,6 @@
 // Traces of a Model<Net, Cuda> (exec/cuda_trace.hpp): a step launched directly records each stage's
-// forward and backward, the loss and the optimizer, timed by CUDA events, inside its step; a step
-// replayed from a graph records its step alone; tracing changes no result bit.
+// forward and backward, the loss and the optimizer's pass (where one runs), timed by CUDA events,
+// inside its step; a step replayed from a graph records its step alone; tracing changes no result bit.
 #include "gpu_test.hpp"
 
 #include <fusedp/exec/trace.hpp>
@@ -59,7 +59,10 @@ TEST_CASE("a traced Cuda model: event-timed spans nested in their steps, the sam
     // recorded (not timed), the rest replay (one span each).
     const std::ptrdiff_t direct = graphs ? 1 : 4;
     CHECK(count(tr::Kind::loss) == direct);
-    CHECK(count(tr::Kind::optimizer) == direct);
+    // Every tensor of Net is updated in its weight gradient's GEMM (issue 17): no optimizer pass runs,
+    // so no optimizer span; the separate pass has one.
+    static_assert(fp::CudaPlan<Net, fp::precision::Tf32>::rest_run_count == 0);
+    CHECK(count(tr::Kind::optimizer) == 0);
     CHECK(count(tr::Kind::forward) >= 3 * direct);
     CHECK(count(tr::Kind::backward) >= 3 * direct);
     for (const tr::Span& s : spans) {

@@ -81,6 +81,13 @@ struct AdamStep {
   }
 };
 
+/// The same update without weight decay (for the elements Decay::weights leaves out).
+template <class Op>
+FUSEDP_HD Op without_decay(Op op) {
+  op.weight_decay = decltype(op.weight_decay)(0);
+  return op;
+}
+
 /// An SgdStep or an AdamStep, which one decided at run time: the update a weight-gradient GEMM applies
 /// in its epilogue on Cuda (issue 17: the optimizer fused into the gradient's final reduction). A
 /// kind that is data keeps the GEMMs compiled once, not once per optimizer; every thread of a launch
@@ -100,28 +107,44 @@ struct AnyStep {
   static constexpr bool holds = requires(const Op& op) { AnyStep::of(op); };
 };
 
-/// Where a weight tensor's update goes when its gradient GEMM applies it: the step (device memory on
-/// Cuda, rewritten before every training step so that one recorded graph serves every step), the
-/// tensor's parameters and its optimizer state (slot s of element i at state[s * stride + i]). A
-/// default-constructed target is inactive: the GEMM only stores the gradient.
+/// Where a tensor's update goes when the kernel that finishes its gradient applies it: the step (device
+/// memory on Cuda, rewritten before every training step so that one recorded graph serves every step),
+/// the tensor's parameters and its optimizer state (slot s of element i at state[s * stride + i]), and
+/// whether it is a GEMM weight (decays: what Decay::weights decays) or a bias (the step's decay only
+/// under Decay::all). A default-constructed target is inactive: the kernel only stores the gradient.
 template <class T>
 struct UpdateTarget {
   const AnyStep<T>* step = nullptr;
   T* params = nullptr;
   T* state = nullptr;
   std::size_t stride = 0;  // elements between state slots (the network's param_storage)
+  bool decays = true;
 
   [[nodiscard]] FUSEDP_HD bool active() const { return step != nullptr; }
-  /// The same target for the tensor `offset` elements further into the flat buffers.
-  [[nodiscard]] FUSEDP_HD UpdateTarget at(std::size_t offset) const {
-    return step ? UpdateTarget{step, params + offset, state + offset, stride} : UpdateTarget{};
+  /// The same target for the tensor `offset` elements further into the flat buffers, a GEMM weight
+  /// (`weight`) or a bias.
+  [[nodiscard]] FUSEDP_HD UpdateTarget at(std::size_t offset, bool weight = true) const {
+    return step ? UpdateTarget{step, params + offset, state + offset, stride, weight} : UpdateTarget{};
   }
-  /// Element i has its finished gradient g: the optimizer's update of parameter i, with the tensor's
-  /// weight decay (the tensors updated this way are GEMM weights, which Decay::weights decays too).
+  /// Element i has its finished gradient g: the optimizer's update of parameter i, as the separate
+  /// pass applies it (with the step's decay where DecayRuns would say the element decays).
   FUSEDP_HD void apply(std::size_t i, T g) const {
-    if (step->kind == AnyStep<T>::Kind::sgd) step->sgd(params[i], g, state[i]);
-    else step->adam(params[i], g, state[i], state[stride + i]);
+    if (step->kind == AnyStep<T>::Kind::sgd) {
+      if (decays || step->sgd.decay_all) step->sgd(params[i], g, state[i]);
+      else without_decay(step->sgd)(params[i], g, state[i]);
+    } else {
+      if (decays || step->adam.decay_all) step->adam(params[i], g, state[i], state[stride + i]);
+      else without_decay(step->adam)(params[i], g, state[i], state[stride + i]);
+    }
   }
+};
+
+/// What a layer's weight-gradient kernels apply as they finish its gradients: the update of its weight
+/// and of its bias (either inactive).
+template <class T>
+struct LayerUpdate {
+  UpdateTarget<T> weight{};
+  UpdateTarget<T> bias{};
 };
 
 /// Runs [begin, end) of a flat buffer, in order, numbered consecutively: element j of the runs is
@@ -144,13 +167,6 @@ struct ElementRuns {
     return bounds[2 * lo] + (j - prefix[lo]);
   }
 };
-
-/// The same update without weight decay (for the elements Decay::weights leaves out).
-template <class Op>
-FUSEDP_HD Op without_decay(Op op) {
-  op.weight_decay = decltype(op.weight_decay)(0);
-  return op;
-}
 
 /// Where weight decay applies in a part of the flat parameter buffer: `count` runs [bounds[2k],
 /// bounds[2k + 1]) of offsets into the whole buffer, in order (Sequential::weight_runs, in the

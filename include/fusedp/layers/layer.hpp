@@ -133,8 +133,8 @@ struct StageArgs {
                            // only for layers with adds_before_epilogue, or with `fold`
   const kernels::BatchNormFold<T>* fold = nullptr;  // evaluation: the BatchNorm after this layer, run in
                                                     // its epilogue (layers with folds_batch_norm; see stage_binding.hpp)
-  kernels::UpdateTarget<T> update{};  // backward on Cuda: when active, the weight gradient's GEMM also applies
-                                      // the optimizer to the weights (net/cuda_plan.hpp: updates_weight)
+  kernels::LayerUpdate<T> update{};  // backward on Cuda: when active, the weight gradient's GEMM also applies
+                                     // the optimizer to the weight and bias (net/cuda_plan.hpp: updates_in_gemm)
 };
 
 namespace detail {

@@ -5,8 +5,9 @@
 // and a one-byte argmax, a run of narrow Linear layers as one fused MLP kernel forward and one
 // backward (or stage by stage where the device cannot run it). Where CudaPlan says a group receives
 // its dz from the group above, that group's input-gradient GEMM writes it through the sink dx_sink
-// makes, and the group reads it stored. Made on the fly by Model<Net, Cuda> for each pass; it owns
-// nothing.
+// makes, and the group reads it stored. With an active `update` (a training step's fused optimizer) the
+// weight-gradient GEMMs of the groups CudaPlan::updates_in_gemm names also apply the optimizer to their
+// layers' weights and biases. Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -53,9 +54,9 @@ struct CudaGroups {
   ParameterStore<Net, space_type, T>& store;
   StageBinding<Net, space_type, T>& binding;
   T* scratch;
-  /// When active, at the flat buffers' start: the groups plan::updates_weight names apply the optimizer
-  /// to their weights in their weight-gradient GEMMs (backward of a training step; the caller then
-  /// updates plan::rest_runs).
+  /// When active, at the flat buffers' start: the groups plan::updates_in_gemm names apply the
+  /// optimizer to their layers' weights and biases in their weight-gradient GEMMs (backward of a
+  /// training step; the caller then updates plan::rest_runs).
   kernels::UpdateTarget<T> update{};
 
   /// Scratch floats the stages and fused groups need at `batch` (the largest of them).
@@ -94,11 +95,22 @@ struct CudaGroups {
   StageArgs<space_type, T> args_of(const T* x, std::size_t batch, bool training) {
     return binding.template args_of<I>(space, store, x, batch, training, scratch);
   }
-  // Stage I's arguments for group G's backward, with the update of its weight when G applies it.
-  template <std::size_t G, std::size_t I>
+  // The updates stage I's weight-gradient GEMMs apply (none unless the plan updates it there).
+  template <std::size_t I>
+  kernels::LayerUpdate<T> layer_update() const {
+    if constexpr (plan::template stage_updates_in_gemm<I>) {
+      constexpr std::size_t b = plan::template bias_offset<I>;
+      return {update.at(plan::template weight_offset<I>, true),
+              b == detail::no_tensor ? kernels::UpdateTarget<T>{} : update.at(b, false)};
+    } else {
+      return {};
+    }
+  }
+  // Stage I's arguments for its backward, with the updates its GEMMs apply.
+  template <std::size_t I>
   StageArgs<space_type, T> backward_args_of(const T* x, std::size_t batch) {
     StageArgs<space_type, T> a = args_of<I>(x, batch, true);
-    if constexpr (plan::template updates_weight<G>) a.update = update.at(Net::stage_plan[I].weight);
+    a.update = layer_update<I>();
     return a;
   }
 
@@ -198,18 +210,19 @@ struct CudaGroups {
 
   template <class StageDone, std::size_t... I>
   void backward_stages(const T* x, std::size_t batch, int& current, StageDone& on_stage_done, std::index_sequence<I...>) {
-    (binding.template backward_stage<I>(space, store, x, batch, current, on_stage_done, scratch), ...);
+    (binding.template backward_stage<I>(space, store, x, batch, current, on_stage_done, scratch, layer_update<I>()),
+     ...);
   }
 
   template <std::size_t G, class StageDone>
   void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
     using Gr = typename plan::template group<G>;
     constexpr bool fused = plan::template receives_dz<G> || plan::template dz_receiver<G> != plan::group_count;
-    if constexpr (Gr::kind == CudaGroupKind::stage && (fused || plan::template updates_weight<G>)) {
+    if constexpr (Gr::kind == CudaGroupKind::stage && (fused || plan::template updates_in_gemm<G>)) {
       // A Conv2d or Linear (at a fused boundary, or updating its weight in its GEMM when asked): as
       // StageBinding::backward_stage, through backward_to.
       using S = typename Net::template stage<Gr::first>;
-      StageArgs<space_type, T> a = backward_args_of<G, Gr::first>(x, batch);
+      StageArgs<space_type, T> a = backward_args_of<Gr::first>(x, batch);
       a.dy = binding.gradient_buffer(current, batch);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
       {
@@ -224,7 +237,7 @@ struct CudaGroups {
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
-      StageArgs<space_type, T> a = backward_args_of<G, Gr::first>(x, batch);
+      StageArgs<space_type, T> a = backward_args_of<Gr::first>(x, batch);
       a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
       {
         // With receives_dz, gradient buffer `current` holds the conv's dense dz, not the pooled gradient.
@@ -248,15 +261,17 @@ struct CudaGroups {
       const auto args = mlp_args<Gr>(x, batch, binding.gradient_buffer(current, batch), dx);
       float* dw[n];
       float* db[n];
+      kernels::LayerUpdate<T> updates[n];
       T* grads = store.grads().data();
       [&]<std::size_t... L>(std::index_sequence<L...>) {
-        ((dw[L] = grads + Net::stage_plan[Gr::first + L].weight, db[L] = grads + Net::stage_plan[Gr::first + L].bias),
+        ((dw[L] = grads + Net::stage_plan[Gr::first + L].weight, db[L] = grads + Net::stage_plan[Gr::first + L].bias,
+          updates[L] = layer_update<Gr::first + L>()),
          ...);
       }(std::make_index_sequence<n>{});
       {
         const auto span = trace::SpaceSpans<space_type>::open(space, "MLP", trace::Kind::backward,
                                                               Net::template stage<Gr::first>::first);
-        kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch);
+        kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch, updates);
       }
       current = 1 - current;
       [&]<std::size_t... L>(std::index_sequence<L...>) {

@@ -18,6 +18,9 @@
 //     a graph, since the update depends on that read.
 //   - stages run as the groups of CudaPlan<Net, P> (net/cuda_plan.hpp): conv + max-pooling fused, runs
 //     of narrow Linear layers as one fused MLP kernel.
+//   - a train step with Sgd or Adam/AdamW applies the update to each group's Conv2d and Linear weights
+//     and biases where their weight-gradient GEMMs finish the gradients, then one pass over the rest
+//     (none when nothing is left); use_fused_update(false) runs one pass over everything instead.
 // What it shares with the Host model is written once: the parameters, gradients, optimizer state,
 // counters and the step decision (net/parameter_store.hpp), and the workspace with every stage's
 // binding (net/stage_binding.hpp); the fused groups run through net/cuda_groups.hpp. Its own pieces
@@ -362,11 +365,11 @@ class Model<Net, CudaSpace<P>, T> {
   /// network whose layers are not graph-safe, such as Dropout).
   void use_graphs(bool on) noexcept { graphs_.set_enabled(on && graph_safe); }
   [[nodiscard]] bool uses_graphs() const noexcept { return graphs_.enabled(); }
-  /// Whether train steps apply the optimizer to the Conv2d and Linear weights inside their
-  /// weight-gradient GEMMs (on by default; CudaPlan::updates_weight says which), leaving one pass over
-  /// the other parameters, instead of one pass over all of them after backward. Either way gives the
-  /// same bits. Only for Sgd and Adam/AdamW without a guard, in train_step; compute_gradients + step
-  /// and Parallel run the separate pass.
+  /// Whether train steps apply the optimizer to the Conv2d and Linear weights and biases inside their
+  /// weight-gradient GEMMs (on by default; CudaPlan::updates_in_gemm says which), leaving one pass over
+  /// the other parameters (none when there are none: LeNet, the CIFAR-10 CNN), instead of one pass over
+  /// all of them after backward. Either way gives the same bits. Only for Sgd and Adam/AdamW without a
+  /// guard, in train_step; compute_gradients + step and Parallel run the separate pass.
   void use_fused_update(bool on) noexcept { fused_update_ = on; }
   [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
   /// Whether the latest train step was a graph replay (for tests and benchmarks).
@@ -458,7 +461,7 @@ class Model<Net, CudaSpace<P>, T> {
       const Op op = opt.template update<T>(store_.optimizer_steps() + 1);
       // The step's numbers travel in a device slot written before the launch, so one recorded graph
       // serves every step. Fused, the slot holds them as an AnyStep, which the GEMMs' epilogues read.
-      constexpr bool fusable = Any::template holds<Op> && plan::updated_weights.size() > 0;
+      constexpr bool fusable = Any::template holds<Op> && plan::updated_tensors.size() > 0;
       const bool fused = fusable && fused_update_;
       if constexpr (fusable) {
         if (fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Any*>(op_slot_.data()), Any::of(op));
@@ -470,9 +473,12 @@ class Model<Net, CudaSpace<P>, T> {
           const auto* any = reinterpret_cast<const Any*>(op_slot_.data());
           queue_gradients(x, targets, batch, loss, none, 0,
                           kernels::UpdateTarget<T>{any, store_.params().data(), state.data(), Net::param_storage});
-          const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
-          kernels::cuda::apply_optimizer_rest(space_.stream(), store_.params().data(), store_.grads().data(),
-                                              state.data(), Net::param_storage, any, rest_runs(), store_.decay_runs());
+          if constexpr (plan::rest_run_count > 0) {
+            const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
+            kernels::cuda::apply_optimizer_rest(space_.stream(), store_.params().data(), store_.grads().data(),
+                                                state.data(), Net::param_storage, any, rest_runs(),
+                                                store_.decay_runs());
+          }
         } else {
           queue_gradients(x, targets, batch, loss, none);
           const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);

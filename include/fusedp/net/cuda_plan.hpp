@@ -194,83 +194,103 @@ constexpr bool transforms_dy() {
     return false;
   }
 }
-// A group whose weight-gradient GEMM applies the optimizer to its weight (in a training step that asks
-// for it): a Conv2d or Linear stage, a conv + max-pool. An MLP group's weight gradients come out of its
-// own kernels, and the layers inside a block (Residual) are not groups: their weights take the pass
-// over the rest.
+// A group whose weight-gradient GEMMs apply the optimizer to its layers' weights and biases (in a
+// training step that asks for it): a Conv2d or Linear stage, a conv + max-pool, a fused MLP (each
+// layer's GEMM after the fused backward kernel, or stage by stage where the device cannot run it). The
+// layers inside a block (Residual) are not groups: their tensors take the pass over the rest.
 template <class Net, class Gr>
-constexpr bool updates_weight_in_gemm() {
+constexpr bool updates_in_gemm() {
   if constexpr (Gr::kind == CudaGroupKind::mlp) {
-    return false;
+    return true;
   } else {
     using L = typename Net::template stage<Gr::first>::layer;
     return is_conv2d<L>::value || is_linear<L>::value;
   }
 }
-// The size of the parameter tensor of Net at `offset`.
+inline constexpr std::size_t no_tensor = ~std::size_t(0);
+// The offset of layer `layer`'s GEMM weight (weight) or of its other tensor, its bias; no_tensor if none.
 template <class Net>
-constexpr std::size_t param_tensor_size_at(std::size_t offset) {
+constexpr std::size_t layer_tensor_offset(std::size_t layer, bool weight) {
   for (const ParamTensor& t : Net::param_layout)
-    if (t.offset == offset) return t.size;
-  return 0;
+    if (t.layer == layer && t.gemm_weight() == weight) return t.offset;
+  return no_tensor;
 }
 template <class Net, class Groups>
 struct plan_facts;
 template <class Net, class... Gs>
 struct plan_facts<Net, type_list<Gs...>> {
   static constexpr std::size_t count = sizeof...(Gs);
-  // The weight tensors updated in their gradient's GEMM, [begin, end) pairs in layout order, and the
-  // runs of the flat buffer between them (padding included): what the separate pass still updates.
-  static constexpr std::size_t updated_count = (std::size_t(0) + ... + std::size_t(updates_weight_in_gemm<Net, Gs>()));
-  static constexpr std::array<std::size_t, 2 * updated_count> updated = [] {
-    std::array<std::size_t, 2 * updated_count> r{};
-    std::size_t k = 0;
+  // Per stage: whether its layer's tensors are updated in their GEMMs (the conv of a conv + max-pool,
+  // every Linear of an MLP group), and the layer's index (ParamTensor::layer).
+  static constexpr std::array<bool, Net::stage_count> stage_updates = [] {
+    std::array<bool, Net::stage_count> r{};
     (
         [&] {
-          if constexpr (updates_weight_in_gemm<Net, Gs>()) {
-            const std::size_t begin = Net::stage_plan[Gs::first].weight;
-            r[k++] = begin;
-            r[k++] = begin + param_tensor_size_at<Net>(begin);
+          if constexpr (updates_in_gemm<Net, Gs>()) {
+            r[Gs::first] = true;
+            if constexpr (Gs::kind == CudaGroupKind::mlp)
+              for (std::size_t j = Gs::first; j <= Gs::last; ++j) r[j] = true;
           }
         }(),
         ...);
     return r;
   }();
-  // (The loops walk the pairs element by element: with no updated weight, an index bound of 0 is a
-  // comparison nvcc warns about.)
+  static constexpr auto stage_layer = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<std::size_t, sizeof...(I)>{Net::template stage<I>::first...};
+  }(std::make_index_sequence<Net::stage_count>{});
+  static constexpr bool tensor_updated(const ParamTensor& t) {
+    for (std::size_t i = 0; i < Net::stage_count; ++i)
+      if (stage_updates[i] && stage_layer[i] == t.layer) return true;
+    return false;
+  }
+  // The tensors updated in their GEMMs, [begin, end) pairs in layout order; the other tensors as runs
+  // (adjacent ones merged) for the pass over the rest. Padding is in neither: it holds zeros, which
+  // every update keeps.
+  static constexpr std::size_t updated_count = [] {
+    std::size_t n = 0;
+    for (const ParamTensor& t : Net::param_layout) n += tensor_updated(t);
+    return n;
+  }();
+  static constexpr std::array<std::size_t, 2 * updated_count> updated = [] {
+    std::array<std::size_t, 2 * updated_count> r{};
+    std::size_t k = 0;
+    for (const ParamTensor& t : Net::param_layout)
+      if (tensor_updated(t)) {
+        r[k++] = t.offset;
+        r[k++] = t.offset + t.size;
+      }
+    return r;
+  }();
   static constexpr std::size_t rest_count = [] {
-    std::size_t n = 0, at = 0;
-    bool begin = true;
-    for (const std::size_t v : updated) {
-      if (begin) n += v > at;
-      else at = v;
-      begin = !begin;
-    }
-    return n + (Net::param_storage > at);
+    std::size_t n = 0, end = no_tensor;
+    for (const ParamTensor& t : Net::param_layout)
+      if (!tensor_updated(t)) {
+        n += t.offset != end;
+        end = t.offset + t.size;
+      }
+    return n;
   }();
   // rest[0, 2 * rest_count): the runs' bounds; rest[2 * rest_count, 3 * rest_count + 1): the elements
   // before each run, then the total (kernels::ElementRuns).
   static constexpr std::array<std::size_t, 3 * rest_count + 1> rest = [] {
     std::array<std::size_t, 3 * rest_count + 1> r{};
-    std::size_t n = 0, at = 0, total = 0;
-    auto add = [&](std::size_t b, std::size_t e) {
-      r[2 * n] = b;
-      r[2 * n + 1] = e;
-      r[2 * rest_count + n] = total;
-      total += e - b;
-      ++n;
-    };
-    bool begin = true;
-    for (const std::size_t v : updated) {
-      if (begin && v > at) add(at, v);
-      if (!begin) at = v;
-      begin = !begin;
+    std::size_t n = 0, total = 0;
+    for (const ParamTensor& t : Net::param_layout) {
+      if (tensor_updated(t)) continue;
+      if (n > 0 && r[2 * n - 1] == t.offset) {
+        r[2 * n - 1] += t.size;
+      } else {
+        r[2 * n] = t.offset;
+        r[2 * n + 1] = t.offset + t.size;
+        r[2 * rest_count + n] = total;
+        ++n;
+      }
+      total += t.size;
     }
-    if (Net::param_storage > at) add(at, Net::param_storage);
     r[3 * rest_count] = total;
     return r;
   }();
-  static constexpr std::array<bool, count> updates{updates_weight_in_gemm<Net, Gs>()...};
+  static constexpr std::array<bool, count> updates{updates_in_gemm<Net, Gs>()...};
   static constexpr std::array<CudaGroupInfo, count> summary{CudaGroupInfo{Gs::kind, Gs::first, Gs::last}...};
   static constexpr std::size_t mlp_gradient_elements = std::max({std::size_t(0), mlp_dz_elements<Net, Gs>()...});
   static constexpr std::array<bool, count> reshape{reshape_group<Net, Gs>()...};
@@ -325,39 +345,47 @@ struct CudaPlan {
   template <std::size_t G>
   static constexpr std::size_t dz_receiver = detail::plan_facts<Net, groups>::receiver[G];
 
-  /// Fused optimizer (issue 17): whether group G's weight-gradient GEMM applies the optimizer to its
-  /// weight when the training step asks for it (a Conv2d or Linear stage, a conv + max-pool); its
-  /// bias, the MLP groups' weights and everything inside blocks are updated by one pass over the rest.
+  /// Fused optimizer (issue 17): whether group G's weight-gradient GEMMs apply the optimizer to its
+  /// layers' weights and biases when the training step asks for it (a Conv2d or Linear stage, a
+  /// conv + max-pool, a fused MLP); what they leave (the tensors inside blocks, BatchNorm's) is
+  /// updated by one pass over the rest.
   template <std::size_t G>
-  static constexpr bool updates_weight = detail::plan_facts<Net, groups>::updates[G];
-  /// The weight tensors so updated: [begin, end) offsets of the flat parameter buffer, in order.
-  static constexpr auto updated_weights = detail::plan_facts<Net, groups>::updated;
-  /// The runs of the flat buffer (param_storage elements, padding included) between them, as
-  /// kernels::ElementRuns lays them out: rest_run_count pairs of bounds, then rest_run_count + 1 prefix
-  /// counts (the last one the total).
+  static constexpr bool updates_in_gemm = detail::plan_facts<Net, groups>::updates[G];
+  /// Whether stage I's layer is one whose tensors are so updated.
+  template <std::size_t I>
+  static constexpr bool stage_updates_in_gemm = detail::plan_facts<Net, groups>::stage_updates[I];
+  /// Where stage I's weight and bias lie (the bias: detail::no_tensor when the layer has none).
+  template <std::size_t I>
+  static constexpr std::size_t weight_offset =
+      detail::layer_tensor_offset<Net>(detail::plan_facts<Net, groups>::stage_layer[I], true);
+  template <std::size_t I>
+  static constexpr std::size_t bias_offset =
+      detail::layer_tensor_offset<Net>(detail::plan_facts<Net, groups>::stage_layer[I], false);
+  /// The tensors so updated: [begin, end) offsets of the flat parameter buffer, in order.
+  static constexpr auto updated_tensors = detail::plan_facts<Net, groups>::updated;
+  /// The other tensors, as runs of the flat buffer (adjacent tensors merged; padding, which holds zeros
+  /// that every update keeps, left out) laid out as kernels::ElementRuns: rest_run_count pairs of
+  /// bounds, then rest_run_count + 1 prefix counts (the last one the total). Empty for a network whose
+  /// every tensor is updated in its GEMM: then no separate pass runs at all.
   static constexpr std::size_t rest_run_count = detail::plan_facts<Net, groups>::rest_count;
   static constexpr auto rest_runs = detail::plan_facts<Net, groups>::rest;
   /// Elements the pass over the rest updates.
   static constexpr std::size_t rest_elements = rest_runs[3 * rest_run_count];
 
-  // Every weight updated in its GEMM is one GEMM weight, which Decay::weights decays: the GEMM applies
-  // the step's decay to all of it.
-  static_assert([] {
-    std::size_t begin = 0;
-    bool first = true;
-    for (const std::size_t v : updated_weights) {
-      if (first) {
-        begin = v;
-      } else {
-        bool inside = false;
-        for (const ParamTensor& t : Net::param_layout)
-          inside = inside || (t.offset == begin && t.size == v - begin && t.gemm_weight());
-        if (!inside || v == begin) return false;
-      }
-      first = !first;
-    }
-    return true;
-  }(), "CudaPlan: a weight updated in its gradient's GEMM is not one Conv2d or Linear weight (ParamTensor::gemm_weight)");
+  // A layer updated in its GEMMs has one GEMM weight (which Decay::weights decays) and at most a bias
+  // (which it does not): the two targets CudaGroups gives its backward.
+  static_assert([]<std::size_t... I>(std::index_sequence<I...>) {
+    auto ok = [](bool updates, std::size_t layer) {
+      if (!updates) return true;
+      std::size_t weights = 0, others = 0;
+      for (const ParamTensor& t : Net::param_layout)
+        if (t.layer == layer) (t.gemm_weight() ? weights : others) += 1;
+      return weights == 1 && others <= 1;
+    };
+    return (ok(detail::plan_facts<Net, groups>::stage_updates[I], detail::plan_facts<Net, groups>::stage_layer[I]) &&
+            ...);
+  }(std::make_index_sequence<Net::stage_count>{}),
+                "CudaPlan: a layer updated in its GEMMs must hold one Conv2d or Linear weight and at most a bias");
 };
 
 }  // namespace fusedp

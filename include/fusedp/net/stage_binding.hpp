@@ -238,13 +238,15 @@ class StageBinding {
   }
 
   /// Runs stage I backward from gradient buffer `current` into the other one, which becomes current
-  /// (stage 0 without parameters, and reshapes, run nothing); then tells `on_stage_done(I)`.
+  /// (stage 0 without parameters, and reshapes, run nothing); then tells `on_stage_done(I)`. `update`:
+  /// what its weight-gradient kernels apply (Cuda's fused optimizer, net/cuda_groups.hpp).
   template <std::size_t I, class StageDone>
   void backward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, int& current,
-                      StageDone& on_stage_done, T* scratch) {
+                      StageDone& on_stage_done, T* scratch, const kernels::LayerUpdate<T>& update = {}) {
     using S = typename Net::template stage<I>;
     if constexpr (S::kind != LayerKind::reshape && (I > 0 || S::has_params)) {
       StageArgs<Space, T> a = args_of<I>(space, store, x, batch, true, scratch);
+      a.update = update;
       a.dy = gradient_buffer(current, batch);
       a.dx = I > 0 ? gradient_buffer(1 - current, batch) : nullptr;
       {

@@ -510,11 +510,11 @@ std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_cou
 
 /// The two GEMMs of a conv backward pass reading dz from `dz`, the input gradient to `sink` (none when
 /// the sink is not active: the first layer). The input gradient's GEMM reads w, so it runs first: an
-/// active `update` changes w in the weight gradient's GEMM.
+/// active `update` changes w (and b) in the weight gradient's GEMM.
 template <class TilesX, class TilesW, class P, class Dz, class Sink>
 void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, const Dz& dz, const float* w,
                            const float* x, const Sink& sink, float* dw, float* db, float* scratch,
-                           const UpdateTarget<float>& update) {
+                           const LayerUpdate<float>& update) {
   if (sink.active()) launch_layer_gemm<TilesX, P>(conv2d_dx_problem_to(s, batch, dz, w, sink), 1, t);
   const auto ops = conv2d_dw_operands(s, batch, dz, x);
   layer_weight_gradient<TilesW, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch, update);
@@ -528,11 +528,11 @@ void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, c
 ///   pass (unpooling, ReLU mask and activation derivative evaluated once per element, not once per
 ///   GEMM tile that reads it).
 /// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>. An active
-/// `update` applies the optimizer to w as dW is finished (dW is still written).
+/// `update` applies the optimizer to w and b as dW and db are finished (they are still written).
 template <class TilesX, class TilesW, class P, class Dz, class Sink>
 void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
                         const float* x, const Sink& sink, float* dw, float* db, float* scratch,
-                        const UpdateTarget<float>& update = {}) {
+                        const LayerUpdate<float>& update = {}) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
   float* gemm_scratch = scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr;

@@ -100,6 +100,13 @@ struct GemmProblem {
   B b;               // B(n, k)
   Epi epi;
   float* row_sums;   // when not null: sum over the split's k of A(row, k) at row_sums[split * m + row]
+  UpdateTarget<float> row_update{};  // active (an unsplit weight gradient): the bias's update, applied with
+                                     // each row's finished sum
+  /// Stores the row sum `s` of `row` for `split`, and applies the bias's update to it.
+  FUSEDP_HD void put_row_sum(int split, int row, float s) const {
+    row_sums[std::size_t(split) * m + row] = s;
+    if (row_update.active()) row_update.apply(std::size_t(row), s);
+  }
 };
 
 /// Operand made of the rows of a row-major matrix: at(r, k) = p[r * ld + k]. For the tensor-core
@@ -336,7 +343,7 @@ __global__ void __launch_bounds__(TileT::threads) gemm_kernel(const GemmProblem<
       if (tid < BM) {
         float s = 0.0f;
         for (int kk = 0; kk < BK; ++kk) s += A::k_fastest ? sums[tid * BK + kk] : sums[kk * BM + tid];
-        if (m0 + tid < p.m) p.row_sums[std::size_t(split) * p.m + m0 + tid] = s;
+        if (m0 + tid < p.m) p.put_row_sum(split, m0 + tid, s);
       }
       __syncthreads();
     }
@@ -404,23 +411,23 @@ struct StoreRowMajor {
 };
 
 /// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
-/// second half of a split-K GEMM, so the result does not depend on scheduling. An active `update`
-/// applies the optimizer to out's weights with the sums (not to the row sums: biases are updated by
-/// the pass over the rest of the parameters).
+/// second half of a split-K GEMM, so the result does not depend on scheduling. Active updates apply
+/// the optimizer to the weights (out) and the bias (row_out) with the finished sums.
 template <class T>
 __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
-                                     int rows, T* row_out, UpdateTarget<T> update) {
+                                     int rows, T* row_out, LayerUpdate<T> update) {
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) {
     T s = T(0);
     for (int z = 0; z < splits; ++z) s += partial[std::size_t(z) * count + i];
     out[i] = s;
-    if (update.active()) update.apply(i, s);
+    if (update.weight.active()) update.weight.apply(i, s);
   }
   if (row_out != nullptr && i < std::size_t(rows)) {
     T s = T(0);
     for (int z = 0; z < splits; ++z) s += row_partial[std::size_t(z) * rows + i];
     row_out[i] = s;
+    if (update.bias.active()) update.bias.apply(i, s);
   }
 }
 
@@ -433,14 +440,15 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 
 /// The split-K flow of a weight gradient with the GEMM launched by `launch(problem, splits)`: one
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`
-/// then reduce_splits_kernel. An active `update` is applied by whichever writes dw last. Shared by
-/// weight_gradient and gemm_mma.cuh's weight_gradient_mma.
+/// then reduce_splits_kernel. The updates are applied by whichever writes dw and db last (the bias's
+/// only with db). Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma.
 template <class TileT, class A, class B, class Launch>
 void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                           float* db, float* scratch, const UpdateTarget<float>& update, Launch&& launch) {
+                           float* db, float* scratch, const LayerUpdate<float>& update, Launch&& launch) {
   const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
+  const LayerUpdate<float> u{update.weight, db ? update.bias : UpdateTarget<float>{}};
   if (s.splits == 1) {
-    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0, update}, db}, 1);
+    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0, u.weight}, db, u.bias}, 1);
     return;
   }
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
@@ -451,18 +459,18 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
          s.splits);
   const std::size_t total = std::max(count, std::size_t(m));
   reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
-                                                                           m, db, update);
+                                                                           m, db, u);
   FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
 }
 
 /// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is
 /// not null: the weight and bias gradients of a layer in one GEMM, split over k when the grid would be
 /// too small, partial products then summed in a fixed order. `scratch` holds
-/// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats. With an active `update` the optimizer is
-/// applied to the weights as their gradient is finished (dw is still written).
+/// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats. With active updates the optimizer is
+/// applied to the weights and the bias as their gradients are finished (dw and db are still written).
 template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                     float* db, float* scratch, const UpdateTarget<float>& update = {}) {
+                     float* db, float* scratch, const LayerUpdate<float>& update = {}) {
   split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
                                [&](const auto& p, int splits) { launch_gemm<TileT, P, true>(p, splits, stream); });
 }

@@ -116,7 +116,7 @@ template <class TileW, class TileM>
 /// weight_gradient's.
 template <class TileW, class TileM, class P, class A, class B>
 void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                        float* scratch, const UpdateTarget<float>& update = {}) {
+                        float* scratch, const LayerUpdate<float>& update = {}) {
   if constexpr (!std::is_same_v<P, precision::Fp32> && CopyOperand<A> && CopyOperand<B>) {
     if (takes_mma<TileM, P>(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, {}, nullptr}, t)) {
       weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch, update);
@@ -171,10 +171,10 @@ template <class Tiles>
 
 /// A layer's weight gradient: weight_gradient_on where the layers have the tensor-core mainloop, else
 /// weight_gradient on WMMA. `scratch`: layer_weight_gradient_scratch<Tiles>(m, n, k, t.sm_count) floats.
-/// An active `update` applies the optimizer to the weights as their gradient is finished.
+/// Active updates apply the optimizer to the weights and the bias as their gradients are finished.
 template <class Tiles, class P, class A, class B>
 void layer_weight_gradient(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                           float* scratch, const UpdateTarget<float>& update = {}) {
+                           float* scratch, const LayerUpdate<float>& update = {}) {
   if constexpr (layers_have_mma) {
     weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch, update);
   } else {

@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
           v += __shfl_xor_sync(0xffffffffu, v, 1);
           v += __shfl_xor_sync(0xffffffffu, v, 2);
           const int row = m0 + row0 + 16 * i + mma::lane_group(lane) + 8 * h;
-          if (mma::lane_member(lane) == 0 && row < p.m) p.row_sums[std::size_t(split) * p.m + row] = v;
+          if (mma::lane_member(lane) == 0 && row < p.m) p.put_row_sum(split, row, v);
         }
     }
   }
@@ -432,7 +432,7 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
 /// weight_gradient's.
 template <class TileT, class P = precision::Tf32, class A, class B>
 void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
-                         const B& b, float* dw, float* db, float* scratch, const UpdateTarget<float>& update = {}) {
+                         const B& b, float* dw, float* db, float* scratch, const LayerUpdate<float>& update = {}) {
   split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
                                [&](const auto& p, int splits) { launch_gemm_mma<TileT, true, P>(p, splits, d, stream); });
 }

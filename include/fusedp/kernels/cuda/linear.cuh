@@ -196,7 +196,7 @@ std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
 template <class Tiles, class P, class Sink>
 void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
                             const float* dz, const Sink& sink, float* dw, float* db, float* scratch,
-                            const UpdateTarget<float>& update = {}) {
+                            const LayerUpdate<float>& update = {}) {
   if (sink.active()) launch_layer_gemm<Tiles, P>(linear_stored_dx_problem(batch, in, out, w, dz, sink), 1, t);
   const auto ops = linear_stored_dw_operands(batch, in, out, dz, x);
   layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch, update);
@@ -206,11 +206,11 @@ void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, con
 /// none when the sink is not active: the first layer), dW = dz^T x, db = column sums of dz, with dz =
 /// dy * Epi' computed as each GEMM loads it (read in place when Epi is empty); dy is not changed. dW
 /// and db are set, not accumulated. Tiles: GemmTiles<in> (the n of both GEMMs). An active `update`
-/// applies the optimizer to w as dW is finished, after the input gradient's GEMM has read w.
+/// applies the optimizer to w and b as dW and db are finished, after the input gradient's GEMM has read w.
 template <class Epi, class Tiles, class P, class Sink>
 void linear_backward_to(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
                         const float* y, const float* z, const float* dy, const Sink& sink, float* dw, float* db,
-                        float* scratch, const UpdateTarget<float>& update = {}) {
+                        float* scratch, const LayerUpdate<float>& update = {}) {
   if constexpr (Epi::empty) {
     linear_backward_stored<Tiles, P>(t, batch, in, out, w, x, dy, sink, dw, db, scratch, update);
   } else {

@@ -289,10 +289,11 @@ std::size_t mlp_backward_scratch(int batch, int sm_count) {
 }
 
 /// Backward of the fused run: from args.dy, writes args.dz[l] for every layer, args.dx when not null,
-/// then each layer's dW and db (set, not accumulated) by split-K GEMMs over the batch.
+/// then each layer's dW and db (set, not accumulated) by split-K GEMMs over the batch, which apply
+/// `updates[l]` when given (after the fused kernel has read every weight).
 template <class Spec, class P>
 void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, float* const (&dw)[Spec::count],
-                  float* const (&db)[Spec::count], float* scratch) {
+                  float* const (&db)[Spec::count], float* scratch, const LayerUpdate<float>* updates = nullptr) {
   if (args.batch <= 0) return;
   detail::check_mlp_device<Spec>(space);
   static std::atomic<std::uint64_t> opted{0};
@@ -308,7 +309,7 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
           // dW (out, in) = dz^T (out, batch) x input (batch, in); db = row sums of dz^T
           weight_gradient<tile_for<Layer::in>, P>(space.stream(), space.sm_count(), Layer::out, Layer::in, args.batch,
                                                   Columns{args.dz[L], Layer::out}, Columns{input, Layer::in}, dw[L],
-                                                  db[L], scratch);
+                                                  db[L], scratch, updates ? updates[L] : LayerUpdate<float>{});
         }(),
         ...);
   }(std::make_integer_sequence<int, Spec::count>{});
