@@ -94,13 +94,13 @@ void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, cons
     float sum = 0;
     for (int z = 0; z < s.splits; ++z) sum += scratch[std::size_t(z) * count + i];
     dw[i] = sum;
-    if (update.weight.active()) update.weight.apply(i, sum);
+    if (update.weight.active()) update.weight.apply(update.weight.load(), i, sum);
   }
   for (int i = 0; i < m; ++i) {
     float sum = 0;
     for (int z = 0; z < s.splits; ++z) sum += row_partial[std::size_t(z) * m + i];
     db[i] = sum;
-    if (update.bias.active()) update.bias.apply(std::size_t(i), sum);
+    if (update.bias.active()) update.bias.apply(update.bias.load(), std::size_t(i), sum);
   }
 }
 

@@ -102,6 +102,8 @@ struct AnyStep {
 
   static AnyStep of(const SgdStep<T>& s) { return {Kind::sgd, s, {}}; }
   static AnyStep of(const AdamStep<T>& a) { return {Kind::adam, {}, a}; }
+  /// Whether the step decays every parameter (Decay::all), not only the GEMM weights.
+  [[nodiscard]] FUSEDP_HD bool decays_all() const { return kind == Kind::sgd ? sgd.decay_all : adam.decay_all; }
   /// Whether an optimizer whose update<T>() returns Op can be applied this way.
   template <class Op>
   static constexpr bool holds = requires(const Op& op) { AnyStep::of(op); };
@@ -126,15 +128,20 @@ struct UpdateTarget {
   [[nodiscard]] FUSEDP_HD UpdateTarget at(std::size_t offset, bool weight = true) const {
     return step ? UpdateTarget{step, params + offset, state + offset, stride, weight} : UpdateTarget{};
   }
-  /// Element i has its finished gradient g: the optimizer's update of parameter i, as the separate
-  /// pass applies it (with the step's decay where DecayRuns would say the element decays).
-  FUSEDP_HD void apply(std::size_t i, T g) const {
-    if (step->kind == AnyStep<T>::Kind::sgd) {
-      if (decays || step->sgd.decay_all) step->sgd(params[i], g, state[i]);
-      else without_decay(step->sgd)(params[i], g, state[i]);
+  /// The step, read once by a kernel before its loop (a local copy: the stores to params and state
+  /// cannot make the compiler read it again).
+  [[nodiscard]] FUSEDP_HD AnyStep<T> load() const { return *step; }
+  /// Element i has its finished gradient g: the optimizer's update of parameter i with step `s`
+  /// (load()), as the separate pass applies it: with the step's decay where DecayRuns would say the
+  /// element decays.
+  FUSEDP_HD void apply(const AnyStep<T>& s, std::size_t i, T g) const {
+    const bool decay = decays || s.decays_all();
+    if (s.kind == AnyStep<T>::Kind::sgd) {
+      if (decay) s.sgd(params[i], g, state[i]);
+      else without_decay(s.sgd)(params[i], g, state[i]);
     } else {
-      if (decays || step->adam.decay_all) step->adam(params[i], g, state[i], state[stride + i]);
-      else without_decay(step->adam)(params[i], g, state[i], state[stride + i]);
+      if (decay) s.adam(params[i], g, state[i], state[stride + i]);
+      else without_decay(s.adam)(params[i], g, state[i], state[stride + i]);
     }
   }
 };

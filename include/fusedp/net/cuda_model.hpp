@@ -470,13 +470,12 @@ class Model<Net, CudaSpace<P>, T> {
       const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
         if (fused) {
-          const auto* any = reinterpret_cast<const Any*>(op_slot_.data());
-          queue_gradients(x, targets, batch, loss, none, 0,
-                          kernels::UpdateTarget<T>{any, store_.params().data(), state.data(), Net::param_storage});
+          const kernels::UpdateTarget<T> whole{reinterpret_cast<const Any*>(op_slot_.data()), store_.params().data(),
+                                               state.data(), Net::param_storage};
+          queue_gradients(x, targets, batch, loss, none, 0, whole);
           if constexpr (plan::rest_run_count > 0) {
             const auto update = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
-            kernels::cuda::apply_optimizer_rest(space_.stream(), store_.params().data(), store_.grads().data(),
-                                                state.data(), Net::param_storage, any, rest_runs(),
+            kernels::cuda::apply_optimizer_rest(space_.stream(), whole, store_.grads().data(), rest_runs(),
                                                 store_.decay_runs());
           }
         } else {

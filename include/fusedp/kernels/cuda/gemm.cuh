@@ -105,7 +105,7 @@ struct GemmProblem {
   /// Stores the row sum `s` of `row` for `split`, and applies the bias's update to it.
   FUSEDP_HD void put_row_sum(int split, int row, float s) const {
     row_sums[std::size_t(split) * m + row] = s;
-    if (row_update.active()) row_update.apply(std::size_t(row), s);
+    if (row_update.active()) row_update.apply(row_update.load(), std::size_t(row), s);
   }
 };
 
@@ -401,11 +401,12 @@ struct StoreRowMajor {
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int split, int tid) const {
     float* o = out + std::size_t(split) * split_stride;
     const bool updating = update.active();
+    const AnyStep<float> step = updating ? update.load() : AnyStep<float>{};
     for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
       const std::size_t i = std::size_t(gm) * n + gn;
       const float g = c[lm * ldc + ln];
       o[i] = g;
-      if (updating) update.apply(i, g);
+      if (updating) update.apply(step, i, g);
     });
   }
 };
@@ -421,13 +422,13 @@ __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t c
     T s = T(0);
     for (int z = 0; z < splits; ++z) s += partial[std::size_t(z) * count + i];
     out[i] = s;
-    if (update.weight.active()) update.weight.apply(i, s);
+    if (update.weight.active()) update.weight.apply(update.weight.load(), i, s);
   }
   if (row_out != nullptr && i < std::size_t(rows)) {
     T s = T(0);
     for (int z = 0; z < splits; ++z) s += row_partial[std::size_t(z) * rows + i];
     row_out[i] = s;
-    if (update.bias.active()) update.bias.apply(i, s);
+    if (update.bias.active()) update.bias.apply(update.bias.load(), i, s);
   }
 }
 

@@ -37,28 +37,19 @@ __global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_
     else o(params[i], grads[i], state[i], state[n + i]);
   }
 }
-// The pass over the parameters whose weight-gradient GEMMs did not apply the update (biases,
-// normalization, the MLP groups' and the blocks' weights, padding): element j of `rest` is parameter
-// rest.index(j), updated as optimizer_kernel would (the same operator() of the same step).
+// The pass over the parameters whose weight-gradient GEMMs did not apply the update (BatchNorm's, the
+// layers' inside blocks): element j of `rest` is parameter rest.index(j), updated as optimizer_kernel
+// would (the same operator() of the same step, decayed where `runs` say).
 template <class T>
-__global__ void optimizer_rest_kernel(T* params, const T* grads, T* state, std::size_t stride, const AnyStep<T>* step,
-                                      ElementRuns rest, DecayRuns runs) {
-  const AnyStep<T> s = *step;
+__global__ void optimizer_rest_kernel(UpdateTarget<T> whole, const T* grads, ElementRuns rest, DecayRuns runs) {
+  const AnyStep<T> s = whole.load();
+  const bool all = s.decays_all();
   const std::size_t n = rest.size();
-  if (s.kind == AnyStep<T>::Kind::sgd) {
-    const SgdStep<T> plain = without_decay(s.sgd);
-    for (std::size_t j = grid_index(); j < n; j += grid_stride()) {
-      const std::size_t i = rest.index(j);
-      const SgdStep<T>& o = s.sgd.decay_all || runs.decays(i) ? s.sgd : plain;
-      o(params[i], grads[i], state[i]);
-    }
-  } else {
-    const AdamStep<T> plain = without_decay(s.adam);
-    for (std::size_t j = grid_index(); j < n; j += grid_stride()) {
-      const std::size_t i = rest.index(j);
-      const AdamStep<T>& o = s.adam.decay_all || runs.decays(i) ? s.adam : plain;
-      o(params[i], grads[i], state[i], state[stride + i]);
-    }
+  for (std::size_t j = grid_index(); j < n; j += grid_stride()) {
+    const std::size_t i = rest.index(j);
+    UpdateTarget<T> t = whole;
+    t.decays = all || runs.decays(i);
+    t.apply(s, i, grads[i]);
   }
 }
 }  // namespace detail
@@ -82,16 +73,15 @@ void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, s
   FUSEDP_CUDA_CHECK_LAUNCH("optimizer_kernel");
 }
 
-/// The update of the parameters `rest` names, the step read from `step` (device memory): what remains of
-/// the optimizer's pass when the weight-gradient GEMMs applied it to the other weights (UpdateTarget).
-/// `state` holds the optimizer's slots `stride` elements apart; `runs` where the GEMM weights lie.
+/// The update of the parameters `rest` names: what remains of the optimizer's pass when the
+/// weight-gradient GEMMs applied it to the other tensors. `whole`: the step (device memory), the whole
+/// parameter and state buffers and the state's slot stride; `runs` where the GEMM weights lie.
 template <class T>
-void apply_optimizer_rest(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t stride,
-                          const AnyStep<T>* step, const ElementRuns& rest, const DecayRuns& runs) {
+void apply_optimizer_rest(cudaStream_t stream, const UpdateTarget<T>& whole, const T* grads, const ElementRuns& rest,
+                          const DecayRuns& runs) {
   const std::size_t n = rest.size();
   if (n == 0) return;
-  detail::optimizer_rest_kernel<T>
-      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, stride, step, rest, runs);
+  detail::optimizer_rest_kernel<T><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(whole, grads, rest, runs);
   FUSEDP_CUDA_CHECK_LAUNCH("optimizer_rest_kernel");
 }
 
