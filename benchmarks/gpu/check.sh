@@ -18,7 +18,10 @@
 #      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1), LeNet and the CIFAR-10 CNN once
 #      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
-#      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it;
+#      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
+#      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
+#      without programmatic dependent launch (impl=fusedp-no-pdl), and, where ncu exists, each kernel's
+#      time in one step of each against the step's time (benchmarks/gpu/kernel_times.py);
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -262,7 +265,8 @@ if (( torch_ok )); then
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
-  after=$(( after + 10 ))  # and the separate-update runs (two nets)
+  after=$(( after + 20 ))  # and the separate-update and no-pdl runs (two nets each)
+  after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
@@ -312,6 +316,28 @@ if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
   for net in lenet cifar; do
     timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --separate-update |
       tee -a "$OUT/fusedp.txt"
+  done
+fi
+# LeNet and the CIFAR-10 CNN with every kernel launched the plain way (impl=fusedp-no-pdl): what
+# programmatic dependent launch gives, in the same run (issue 17).
+if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
+  log "fusedp train steps without programmatic dependent launch"
+  for net in lenet cifar; do
+    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --no-dependent-launch |
+      tee -a "$OUT/fusedp.txt"
+  done
+fi
+# Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time under Nsight Compute (it runs the
+# kernels one at a time), their sum against the step's median above; the rest is time between kernels.
+NCU=$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)
+if [[ -n "$NCU" && -x "$OUT/train_step_gpu" ]] && (( $(left) > 80 )); then
+  for net in lenet cifar; do
+    log "kernel times of one $net step (ncu)"
+    timeout 45 "$NCU" --metrics gpu__time_duration.sum --csv --page raw --print-kernel-base function \
+      "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
+    step_ms=$(sed -n "s/^RESULT impl=fusedp net=$net batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
+    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" ${step_ms:+--step-ms "$step_ms"} |
+      tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"
   done
 fi
 # The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).

@@ -36,7 +36,7 @@ env "${DATA[@]}" FUSEDP_PREBUILT_DIR="$ARCHIVE" FUSEDP_CHECK_DIR="$WORK" \
   FUSEDP_CHECK_BUDGET="${FUSEDP_CHECK_BUDGET:-490}" bash benchmarks/gpu/check.sh > "$DEST/check.log" 2>&1
 rc=$?
 echo "check.sh exit status $rc" >> "$DEST/check.log"
-cp "$WORK"/results.md "$WORK"/fusedp.txt "$WORK"/gemm.txt "$WORK"/*.png "$DEST"/ 2>/dev/null
+cp "$WORK"/results.md "$WORK"/fusedp.txt "$WORK"/gemm.txt "$WORK"/kernel_times.txt "$WORK"/*.png "$DEST"/ 2>/dev/null
 tar -C "$WORK" -czf "$DEST/logs.tgz" --exclude=prebuilt --exclude=train_step_gpu --exclude=train_step_gpu_mma \
   --exclude=gemm_gpu --exclude='*.png' . 2>/dev/null
 tail -c 9000 "$DEST/check.log"

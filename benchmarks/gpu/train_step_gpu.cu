@@ -7,10 +7,13 @@
 //
 //   train_step_gpu --all                       the set check.sh runs
 //   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
-//                  [--separate-update]
+//                  [--separate-update] [--no-dependent-launch]
 //
 // --separate-update: the optimizer as one pass over every parameter after backward, not applied by
 // the weight-gradient GEMMs (Model::use_fused_update(false)); the lines say impl=fusedp-separate-update.
+// --no-dependent-launch: every kernel launched the plain way, each waiting for the one before it to
+// finish before it is scheduled (kernels::cuda::set_dependent_launch(false), the same as
+// FUSEDP_CUDA_DEPENDENT_LAUNCH=off); the lines say impl=fusedp-no-pdl.
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
@@ -50,6 +53,7 @@ struct Options {
   int steps = 100;
   int warmup = 10;
   bool separate_update = false;
+  bool no_dependent_launch = false;
 };
 
 double median(std::vector<double> v) {
@@ -102,6 +106,7 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
               !fp::cuda_fused_gradients ? "fusedp-unfused"
               : o.separate_update       ? "fusedp-separate-update"
+              : o.no_dependent_launch   ? "fusedp-no-pdl"
               : mma                     ? "fusedp-mma"
                                         : "fusedp",
               name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
@@ -153,10 +158,12 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::atoi(value().c_str());
     else if (a == "--precision") precision = value();
     else if (a == "--separate-update") o.separate_update = true;
+    else if (a == "--no-dependent-launch") o.no_dependent_launch = true;
     else {
       std::fprintf(stderr,
                    "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128|resnet18 --batch N "
-                   "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16] [--separate-update]\n");
+                   "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16] [--separate-update] "
+                   "[--no-dependent-launch]\n");
       return 2;
     }
   }
@@ -168,6 +175,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_step_gpu: no CUDA device: %s\n", fp::cuda_unavailable_reason().c_str());
     return 77;
   }
+  if (o.no_dependent_launch) fp::kernels::cuda::set_dependent_launch(false);
   int failures = 0;
   auto one = [&](const std::string& n, std::size_t b) {
     try {

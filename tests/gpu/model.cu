@@ -3,7 +3,8 @@
 // tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip, and a non-square
 // CNN whose backward runs the fused gradient boundaries (gradient_sink.cuh); CUDA-graph replay
 // against direct launches (bit for bit); the optimizer fused into the weight gradients against its
-// separate pass (bit for bit); asynchronous steps; parameter transfer; bad input. One test
+// separate pass (bit for bit); programmatic dependent launch against plain launches (bit for bit);
+// asynchronous steps; parameter transfer; bad input. One test
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
 #include "gpu_test.hpp"
 
@@ -136,6 +137,51 @@ TEST_CASE_TEMPLATE("weights updated in their gradients' GEMMs match the separate
   check_fused_update<LeNet, Space>(50, sgd, 60);
   check_fused_update<Oblong, Space>(33, adamw, 62);
   check_fused_update<seed_networks::CifarCnn, Space>(64, sgd, 64);
+}
+
+// Issue 17: programmatic dependent launch (kernels/cuda/launch.cuh) lets each kernel be scheduled while
+// the one before it finishes; every kernel waits for its predecessor first, so the results are the bits
+// of plain launches: LeNet and the CIFAR-10 CNN, recorded graphs and direct launches, parameters,
+// gradients and momentum after several steps. On a device before sm_90 both run plain launches.
+template <class Net, class Space>
+void check_dependent_launch(std::size_t batch, bool graphs, std::uint64_t stream) {
+  struct Restore {
+    bool was = fp::kernels::cuda::dependent_launch();
+    ~Restore() { fp::kernels::cuda::set_dependent_launch(was); }
+  } restore;
+  const auto x = random_values(batch * Net::input_shape::size, stream);
+  const auto y = labels_for(batch, Net::output_shape::size, stream + 1);
+  fp::Model<Net, Space> pdl{fp::seed(6), make_space<Space>()}, plain{fp::seed(6), make_space<Space>()};
+  pdl.use_graphs(graphs);
+  plain.use_graphs(graphs);
+  fp::Sgd o1{{.lr = 0.05f, .momentum = 0.9f}}, o2 = o1;
+  for (int s = 0; s < 4; ++s) {
+    fp::kernels::cuda::set_dependent_launch(true);
+    const float a = pdl.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    fp::kernels::cuda::set_dependent_launch(false);
+    const float b = plain.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+    CHECK(a == b);
+  }
+  CHECK(pdl.last_step_replayed() == graphs);
+  CHECK(params_on_host(pdl) == params_on_host(plain));
+  std::vector<float> g1(pdl.grads().size()), g2(g1.size()), s1(pdl.optimizer_state().size()), s2(s1.size());
+  pdl.copy_grads_to_host(g1);
+  plain.copy_grads_to_host(g2);
+  CHECK(g1 == g2);
+  pdl.copy_optimizer_state_to_host(s1);
+  plain.copy_optimizer_state_to_host(s2);
+  CHECK(s1 == s2);
+}
+
+TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launches", Space, fp::CudaFp32, fp::Cuda) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  MESSAGE("device sm_", make_space<Space>().architecture(),
+          make_space<Space>().architecture() >= 90 ? ": dependent launches in use" : ": plain launches on both sides");
+  for (const bool graphs : {true, false}) {
+    CAPTURE(graphs);
+    check_dependent_launch<LeNet, Space>(64, graphs, 70);
+    check_dependent_launch<seed_networks::CifarCnn, Space>(32, graphs, 72);
+  }
 }
 
 TEST_CASE("asynchronous steps and the deferred loss give what train_step gives") {

@@ -40,6 +40,7 @@
 #include "fusedp/exec/cuda_graph.hpp"
 #include "fusedp/exec/cuda_staging.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
+#include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/loss.cuh"
 #include "fusedp/kernels/cuda/optimizer.cuh"
 #include "fusedp/layers/conv2d.hpp"
@@ -76,6 +77,7 @@ struct StepGraphKey {
   const char* loss = nullptr;
   const char* optimizer = nullptr;
   bool fused_update = false;
+  bool dependent_launch = false;  // kernels::cuda::dependent_launch() when it was recorded
   bool operator==(const StepGraphKey&) const = default;
 };
 
@@ -467,7 +469,8 @@ class Model<Net, CudaSpace<P>, T> {
         if (fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Any*>(op_slot_.data()), Any::of(op));
       }
       if (!fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Op*>(op_slot_.data()), op);
-      const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused};
+      const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused,
+                                       kernels::cuda::dependent_launch()};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
         if (fused) {
           const kernels::UpdateTarget<T> whole{reinterpret_cast<const Any*>(op_slot_.data()), store_.params().data(),

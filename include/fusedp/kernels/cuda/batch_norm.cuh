@@ -96,6 +96,7 @@ template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                             const float* beta, float* state, const float* x, float* y, float* z, const float* add) {
+  kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double count = double(channel_count(g));
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
 // sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_sum_kernel(BatchNormExtents g, const float* x, double* sums) {
+  kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double sum = channel_sum(g, c, x, shared);
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
 }
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_squares_kernel(BatchNormExtents g, const float* x, const double* sums, double* squares) {
+  kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double sq = channel_squares(g, c, x, sums[c] / sums[g.channels], shared);
@@ -128,6 +131,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const float* x, float* y, float* z, const double* sums,
                              const double* squares, const float* add) {
+  kernel_prologue();
   const int c = blockIdx.x;
   const double count = sums[g.channels];
   finish_channel<Epi>(g, c, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
@@ -138,6 +142,7 @@ template <class Epi>
 __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, double eps, const float* gamma,
                                        const float* beta, const float* state, const float* x, float* y, float* z,
                                        const float* add) {
+  kernel_prologue();
   const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     const int c = int(i / g.plane % g.channels);
@@ -192,6 +197,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
                                const float* x, const float* y, const float* z, float* dy, float* dx, float* dgamma,
                                float* dbeta) {
+  kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   double sum_dz, sum_dz_xhat;
@@ -206,6 +212,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const float* x,
                                     const float* y, const float* z, float* dy, float* dgamma, float* dbeta,
                                     double* sums) {
+  kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   double sum_dz, sum_dz_xhat;
@@ -219,6 +226,7 @@ __global__ void __launch_bounds__(batch_norm_threads)
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
                                      const float* x, const float* dy, float* dx, const double* sums) {
+  kernel_prologue();
   const int c = blockIdx.x;
   input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels]);
 }
@@ -233,25 +241,23 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
                         const float* add = nullptr) {
   const unsigned blocks = unsigned(g.channels);
   if (training && !sync) {
-    detail::batch_norm_train_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, momentum, eps, gamma,
-                                                                                            beta, state, x, y, z, add);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_train_kernel");
+    launch<detail::batch_norm_train_kernel<Epi>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
+                                                 stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add);
   } else if (training) {
     double* squares = sums + g.channels + 1;
-    detail::batch_norm_sum_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, x, sums);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_sum_kernel");
+    launch<detail::batch_norm_sum_kernel>("batch_norm_sum_kernel", blocks, detail::batch_norm_threads, 0, stream, g, x,
+                                          sums);
     sync(sums, std::size_t(g.channels) + 1, stream);
-    detail::batch_norm_squares_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, x, sums, squares);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_squares_kernel");
+    launch<detail::batch_norm_squares_kernel>("batch_norm_squares_kernel", blocks, detail::batch_norm_threads, 0,
+                                              stream, g, x, sums, squares);
     sync(squares, std::size_t(g.channels), stream);
-    detail::batch_norm_finish_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
-        g, s, momentum, eps, gamma, beta, state, x, y, z, sums, squares, add);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_finish_kernel");
+    launch<detail::batch_norm_finish_kernel<Epi>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
+                                                  stream, g, s, momentum, eps, gamma, beta, state, x, y, z, sums,
+                                                  squares, add);
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
-    detail::batch_norm_eval_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(
-        g, s, eps, gamma, beta, state, x, y, z, add);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_eval_kernel");
+    launch<detail::batch_norm_eval_kernel<Epi>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
+                                                stream, g, s, eps, gamma, beta, state, x, y, z, add);
   }
 }
 
@@ -263,19 +269,18 @@ void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const B
                          float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr) {
   const unsigned blocks = unsigned(g.channels);
   if (!sync) {
-    detail::batch_norm_backward_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
-        g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta);
-    FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_backward_kernel");
+    launch<detail::batch_norm_backward_kernel<Epi>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
+                                                    stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta);
     return;
   }
-  detail::batch_norm_gradient_sums_kernel<Epi><<<blocks, detail::batch_norm_threads, 0, stream>>>(
-      g, s, state, x, y, z, dy, dgamma, dbeta, sums);
-  FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums_kernel");
+  launch<detail::batch_norm_gradient_sums_kernel<Epi>>("batch_norm_gradient_sums_kernel", blocks,
+                                                       detail::batch_norm_threads, 0, stream, g, s, state, x, y, z, dy,
+                                                       dgamma, dbeta, sums);
   sync(sums, batch_norm_sync_doubles(std::size_t(g.channels)), stream);
   if (!dx) return;
-  detail::batch_norm_input_gradient_kernel<<<blocks, detail::batch_norm_threads, 0, stream>>>(g, s, gamma, state, x,
-                                                                                             dy, dx, sums);
-  FUSEDP_CUDA_CHECK_LAUNCH("batch_norm_input_gradient_kernel");
+  launch<detail::batch_norm_input_gradient_kernel>("batch_norm_input_gradient_kernel", blocks,
+                                                   detail::batch_norm_threads, 0, stream, g, s, gamma, state, x, dy, dx,
+                                                   sums);
 }
 
 }  // namespace fusedp::kernels::cuda

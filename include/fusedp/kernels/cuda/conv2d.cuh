@@ -17,6 +17,7 @@
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
+#include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
 
@@ -125,6 +126,7 @@ concept AddressableGradient = requires(const Dz& d) {
 /// out[(img, ch, oy, ox)] = dz(img, ch, oy, ox) over the whole (batch, O, OH, OW) gradient, coalesced.
 template <class Dz>
 __global__ void materialize_dz_kernel(const Dz dz, int n, FastDiv div_ohw, FastDiv div_ow, FastDiv div_o, float* out) {
+  kernel_prologue();
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
     int t = 0, pix = 0, img = 0, ch = 0, oy = 0, ox = 0;
     div_ohw.divmod(i, t, pix);
@@ -550,8 +552,8 @@ void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, c
     require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
     const int n = batch * s.o * s.ohw;
     const int blocks = std::min((n + 255) / 256, 65535);
-    materialize_dz_kernel<<<blocks, 256, 0, t.stream>>>(dz, n, s.div_ohw, s.div_ow, FastDiv(s.o), scratch);
-    FUSEDP_CUDA_CHECK_LAUNCH("materialize_dz_kernel");
+    launch<materialize_dz_kernel<Dz>>("materialize_dz_kernel", blocks, 256, 0, t.stream, dz, n, s.div_ohw, s.div_ow,
+                                      FastDiv(s.o), scratch);
     conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{scratch, s.o, s.ohw, s.ow}, w, x, sink, dw,
                                              db, gemm_scratch, update);
   }

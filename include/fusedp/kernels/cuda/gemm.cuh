@@ -16,6 +16,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/optimizer.hpp"
 
 #include <cuda_bf16.h>
@@ -262,6 +263,7 @@ __device__ FUSEDP_ALWAYS_INLINE void slot_of(int idx, int& row, int& kk) {
 /// of slice i+1 are in flight while slice i is multiplied), then the tile goes to the epilogue.
 template <class TileT, class P, bool RowSums, class A, class B, class Epi>
 __global__ void __launch_bounds__(TileT::threads) gemm_kernel(const GemmProblem<A, B, Epi> p) {
+  kernel_prologue();
   using Smem = detail::GemmSmem<TileT, P>;
   using S = typename Smem::S;
   using Math = typename detail::BlockMath<TileT, P>::type;
@@ -384,8 +386,8 @@ void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t strea
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm: grid of ", gx, " x ", gy, " x ", splits,
           " blocks exceeds CUDA's limits (n = ", p.n, ")");
-  gemm_kernel<TileT, P, RowSums><<<dim3(gx, gy, unsigned(splits)), TileT::threads, 0, stream>>>(p);
-  FUSEDP_CUDA_CHECK_LAUNCH("gemm_kernel");
+  launch<gemm_kernel<TileT, P, RowSums, A, B, Epi>>("gemm_kernel", dim3(gx, gy, unsigned(splits)), TileT::threads, 0,
+                                                    stream, p);
 }
 
 /// Epilogue: C to a row-major (m x n) array; a split writes its partial product `split_stride`
@@ -417,6 +419,7 @@ struct StoreRowMajor {
 template <class T>
 __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
                                      int rows, T* row_out, LayerUpdate<T> update) {
+  kernel_prologue();
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) {
     T s = T(0);
@@ -439,29 +442,28 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
   return s.splits == 1 ? 0 : std::size_t(s.splits) * (std::size_t(m) * n + std::size_t(m));
 }
 
-/// The split-K flow of a weight gradient with the GEMM launched by `launch(problem, splits)`: one
+/// The split-K flow of a weight gradient with the GEMM launched by `run_gemm(problem, splits)`: one
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`
 /// then reduce_splits_kernel. The updates are applied by whichever writes dw and db last (the bias's
 /// only with db). Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma.
 template <class TileT, class A, class B, class Launch>
 void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                           float* db, float* scratch, const LayerUpdate<float>& update, Launch&& launch) {
+                           float* db, float* scratch, const LayerUpdate<float>& update, Launch&& run_gemm) {
   const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   const LayerUpdate<float> u{update.weight, db ? update.bias : UpdateTarget<float>{}};
   if (s.splits == 1) {
-    launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0, u.weight}, db, u.bias}, 1);
+    run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, StoreRowMajor{dw, m, n, 0, u.weight}, db, u.bias}, 1);
     return;
   }
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
   const std::size_t count = std::size_t(m) * n;
   float* row_partial = scratch + std::size_t(s.splits) * count;
-  launch(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
+  run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
                                           db ? row_partial : nullptr},
          s.splits);
   const std::size_t total = std::max(count, std::size_t(m));
-  reduce_splits_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(scratch, s.splits, count, dw, row_partial,
-                                                                           m, db, u);
-  FUSEDP_CUDA_CHECK_LAUNCH("reduce_splits_kernel");
+  launch<reduce_splits_kernel<float>>("reduce_splits_kernel", unsigned((total + 255) / 256), 256, 0, stream, scratch,
+                                      s.splits, count, dw, row_partial, m, db, u);
 }
 
 /// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is

@@ -178,6 +178,7 @@ __device__ FUSEDP_ALWAYS_INLINE void mma_bf16(float (&d)[4], const unsigned (&a)
 /// in shared memory, fp32 accumulation).
 template <class TileT, bool RowSums, class P, class A, class B, class Epi>
 __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_kernel(const GemmProblem<A, B, Epi> p) {
+  kernel_prologue();
   constexpr bool BF16 = std::is_same_v<P, precision::Bf16>;
   static_assert(BF16 || std::is_same_v<P, precision::Tf32>, "gemm_mma_kernel: TF32 or BF16 tensor cores");
   constexpr mma::Major MA = major_of<A>, MB = major_of<B>;
@@ -416,14 +417,13 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm_mma: grid of ", gx, " x ", gy, " x ", splits,
           " blocks exceeds CUDA's limits (n = ", p.n, ")");
-  const auto kernel = gemm_mma_kernel<TileT, RowSums, P, A, B, Epi>;
+  constexpr auto kernel = gemm_mma_kernel<TileT, RowSums, P, A, B, Epi>;
   // More than 48 KiB of dynamic shared memory is an opt-in of the kernel on the current device; set at
   // every launch (a host-side attribute, not a stream operation), so a reset device or a new context
   // never meets a stale cache.
   if constexpr (bytes > 48 * 1024)
     FUSEDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  kernel<<<dim3(gx, gy, unsigned(splits)), TileT::threads, bytes, stream>>>(p);
-  FUSEDP_CUDA_CHECK_LAUNCH("gemm_mma_kernel");
+  launch<kernel>("gemm_mma_kernel", dim3(gx, gy, unsigned(splits)), TileT::threads, bytes, stream, p);
 }
 
 /// weight_gradient on the tensor-core mainloop: dW (m x n) = sum over k of A(m, k) B(n, k), db the row

@@ -14,6 +14,7 @@ namespace fusedp::kernels::cuda {
 namespace detail {
 template <class Epi>
 __global__ void global_avg_pool_forward_kernel(std::size_t planes, int plane, const float* x, float* y, float* z) {
+  kernel_prologue();
   for (std::size_t p = grid_index(); p < planes; p += grid_stride()) {
     float s = 0.0f;
     for (int i = 0; i < plane; ++i) s += x[p * plane + i];
@@ -25,6 +26,7 @@ __global__ void global_avg_pool_forward_kernel(std::size_t planes, int plane, co
 template <class Epi>
 __global__ void global_avg_pool_backward_kernel(std::size_t n, int plane, const float* y, const float* z,
                                                 const float* dy, float* dx) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     const std::size_t p = i / plane;
     float d = dy[p];
@@ -36,9 +38,8 @@ __global__ void global_avg_pool_backward_kernel(std::size_t n, int plane, const 
 
 template <class Epi>
 void global_avg_pool_forward(cudaStream_t stream, std::size_t planes, int plane, const float* x, float* y, float* z) {
-  detail::global_avg_pool_forward_kernel<Epi><<<elementwise_blocks(planes), elementwise_threads, 0, stream>>>(
-      planes, plane, x, y, z);
-  FUSEDP_CUDA_CHECK_LAUNCH("global_avg_pool_forward_kernel");
+  launch<detail::global_avg_pool_forward_kernel<Epi>>("global_avg_pool_forward_kernel", elementwise_blocks(planes),
+                                                      elementwise_threads, 0, stream, planes, plane, x, y, z);
 }
 
 /// dx from dy (dy itself is not changed).
@@ -46,9 +47,8 @@ template <class Epi>
 void global_avg_pool_backward(cudaStream_t stream, std::size_t planes, int plane, const float* y, const float* z,
                               const float* dy, float* dx) {
   const std::size_t n = planes * std::size_t(plane);
-  detail::global_avg_pool_backward_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(
-      n, plane, y, z, dy, dx);
-  FUSEDP_CUDA_CHECK_LAUNCH("global_avg_pool_backward_kernel");
+  launch<detail::global_avg_pool_backward_kernel<Epi>>("global_avg_pool_backward_kernel", elementwise_blocks(n),
+                                                       elementwise_threads, 0, stream, n, plane, y, z, dy, dx);
 }
 
 }  // namespace fusedp::kernels::cuda

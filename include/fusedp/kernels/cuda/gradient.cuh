@@ -58,6 +58,7 @@ __device__ FUSEDP_ALWAYS_INLINE DeviceGradientStats block_combine(DeviceGradient
 template <class T>
 __global__ void __launch_bounds__(stats_threads)
     gradient_partials_kernel(const T* g, std::size_t n, unsigned long long base, DeviceGradientStats* partials) {
+  kernel_prologue();
   DeviceGradientStats mine;
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     const double v = double(g[i]);
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(stats_threads)
 template <int = 0>
 __global__ void __launch_bounds__(stats_threads)
     gradient_total_kernel(const DeviceGradientStats* partials, int count, DeviceGradientStats* out) {
+  kernel_prologue();
   DeviceGradientStats mine;
   for (int b = int(threadIdx.x); b < count; b += stats_threads) combine(mine, partials[b]);
   const DeviceGradientStats all = block_combine(mine);
@@ -79,15 +81,18 @@ __global__ void __launch_bounds__(stats_threads)
 
 template <class T>
 __global__ void scale_gradient_kernel(T* g, std::size_t n, T factor) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) g[i] *= factor;
 }
 
 template <int = 0>
 __global__ void pack_bf16_kernel(const float* __restrict__ g, std::uint16_t* __restrict__ packed, std::size_t n) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) packed[i] = to_bf16(g[i]);
 }
 template <int = 0>
 __global__ void unpack_bf16_kernel(const std::uint16_t* __restrict__ packed, float* __restrict__ g, std::size_t n) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) g[i] = from_bf16(packed[i]);
 }
 }  // namespace detail
@@ -112,11 +117,10 @@ class GradientStatsBuffer {
   template <class T>
   void enqueue(cudaStream_t stream, const T* g, std::size_t n, std::size_t base = 0) {
     const int blocks = int(std::min<std::size_t>(elementwise_blocks(n), std::size_t(detail::stats_blocks)));
-    detail::gradient_partials_kernel<T>
-        <<<blocks, detail::stats_threads, 0, stream>>>(g, n, (unsigned long long)base, partials_.data());
-    FUSEDP_CUDA_CHECK_LAUNCH("gradient_partials_kernel");
-    detail::gradient_total_kernel<><<<1, detail::stats_threads, 0, stream>>>(partials_.data(), blocks, result_.data());
-    FUSEDP_CUDA_CHECK_LAUNCH("gradient_total_kernel");
+    launch<detail::gradient_partials_kernel<T>>("gradient_partials_kernel", blocks, detail::stats_threads, 0, stream, g,
+                                                n, (unsigned long long)base, partials_.data());
+    launch<detail::gradient_total_kernel<>>("gradient_total_kernel", 1, detail::stats_threads, 0, stream,
+                                            partials_.data(), blocks, result_.data());
   }
   /// The result on the device (a collective may combine it with other ranks' in place).
   [[nodiscard]] DeviceGradientStats* result() noexcept { return result_.data(); }
@@ -134,21 +138,21 @@ class GradientStatsBuffer {
 template <class T>
 void scale_gradient(cudaStream_t stream, T* g, std::size_t n, T factor) {
   if (n == 0) return;
-  detail::scale_gradient_kernel<T><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(g, n, factor);
-  FUSEDP_CUDA_CHECK_LAUNCH("scale_gradient_kernel");
+  launch<detail::scale_gradient_kernel<T>>("scale_gradient_kernel", elementwise_blocks(n), elementwise_threads, 0,
+                                           stream, g, n, factor);
 }
 
 /// packed[i] = bfloat16 of g[i], rounded to nearest even (kernels/bf16.hpp), on `stream`.
 inline void pack_bf16(cudaStream_t stream, const float* g, std::uint16_t* packed, std::size_t n) {
   if (n == 0) return;
-  detail::pack_bf16_kernel<><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(g, packed, n);
-  FUSEDP_CUDA_CHECK_LAUNCH("pack_bf16_kernel");
+  launch<detail::pack_bf16_kernel<>>("pack_bf16_kernel", elementwise_blocks(n), elementwise_threads, 0, stream, g,
+                                     packed, n);
 }
 /// g[i] = the float of bfloat16 packed[i], on `stream`.
 inline void unpack_bf16(cudaStream_t stream, const std::uint16_t* packed, float* g, std::size_t n) {
   if (n == 0) return;
-  detail::unpack_bf16_kernel<><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(packed, g, n);
-  FUSEDP_CUDA_CHECK_LAUNCH("unpack_bf16_kernel");
+  launch<detail::unpack_bf16_kernel<>>("unpack_bf16_kernel", elementwise_blocks(n), elementwise_threads, 0, stream,
+                                       packed, g, n);
 }
 
 }  // namespace fusedp::kernels::cuda

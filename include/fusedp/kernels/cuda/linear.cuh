@@ -11,6 +11,7 @@
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
+#include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
 
 #include <algorithm>
@@ -140,6 +141,7 @@ inline WeightGradientOperands<Columns, Columns> linear_stored_dw_operands(int ba
 template <class Epi>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
                                              const float* bias, float* y, float* z) {
+  kernel_prologue();
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     float s = 0.0f;
@@ -180,8 +182,8 @@ void linear_forward(const GemmTarget& t, int batch, int in, int out, const float
                                                  StoreRowMajor{scratch, batch, out, count}, nullptr};
   launch_layer_gemm<Tiles, P>(p, s.splits, t);
   const unsigned blocks = unsigned(std::min<std::size_t>((count + 255) / 256, 65535));
-  linear_forward_reduce_kernel<Epi><<<blocks, 256, 0, t.stream>>>(scratch, s.splits, count, out, b, y, z);
-  FUSEDP_CUDA_CHECK_LAUNCH("linear_forward_reduce_kernel");
+  launch<linear_forward_reduce_kernel<Epi>>("linear_forward_reduce_kernel", blocks, 256, 0, t.stream, scratch, s.splits,
+                                            count, out, b, y, z);
 }
 
 /// Scratch (floats) of linear_backward. Tiles: GemmTiles<in>.

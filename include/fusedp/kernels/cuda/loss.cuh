@@ -11,6 +11,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/loss.hpp"
 
 #include <cub/block/block_reduce.cuh>
@@ -26,9 +27,10 @@ inline constexpr int loss_threads = 256;
 
 /// Where a loss kernel leaves its results on the device.
 struct LossOutput {
-  float* value;       // the mean loss (one float)
-  float* block_sums;  // loss_blocks(batch) floats
-  int* bad_target;    // set to 1 when a label is out of range; never cleared by the kernels
+  float* value;        // the mean loss (one float)
+  float* block_sums;   // loss_blocks(batch) floats
+  int* bad_target;     // set to 1 when a label is out of range; never cleared by the kernels
+  unsigned* arrivals;  // blocks done so far; zero before a launch, and the kernels leave it zero
 };
 
 /// Blocks of the loss kernels for a batch (and floats of LossOutput::block_sums).
@@ -40,9 +42,17 @@ class LossResult {
  public:
   LossResult() : status_(1), value_host_(1), status_host_(1) {}
   /// Room for the block sums of batches up to `batch`.
-  void allocate(std::size_t batch) { values_ = DeviceBuffer<float>(1 + std::size_t(loss_blocks(batch))); }
+  void allocate(std::size_t batch) {
+    values_ = DeviceBuffer<float>(1 + std::size_t(loss_blocks(batch)));
+    if (arrivals_.size() == 0) {
+      arrivals_ = DeviceBuffer<unsigned>(1);
+      FUSEDP_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, sizeof(unsigned)));
+    }
+  }
   [[nodiscard]] bool allocated() const noexcept { return values_.size() > 0; }
-  [[nodiscard]] LossOutput output() noexcept { return {values_.data(), values_.data() + 1, status_.data()}; }
+  [[nodiscard]] LossOutput output() noexcept {
+    return {values_.data(), values_.data() + 1, status_.data(), arrivals_.data()};
+  }
   /// Reads the mean loss after the work queued on `stream` (waits). A label that was outside
   /// [0, classes) throws InvalidArgument naming `loss` (the flag is cleared first, so the model can go on).
   float read(cudaStream_t stream, const char* loss, std::size_t classes) {
@@ -61,30 +71,46 @@ class LossResult {
  private:
   DeviceBuffer<float> values_;  // the mean, then the block sums
   DeviceBuffer<int> status_;
+  DeviceBuffer<unsigned> arrivals_;  // LossOutput::arrivals
   PinnedBuffer<float> value_host_;
   PinnedBuffer<int> status_host_;
 };
 
 namespace detail {
-template <class RowLoss>
-__global__ void __launch_bounds__(loss_threads) loss_rows_kernel(int batch, RowLoss row_loss, float* block_sums) {
-  using Reduce = cub::BlockReduce<float, loss_threads>;
-  __shared__ typename Reduce::TempStorage temp;
-  const int row = int(blockIdx.x) * loss_threads + int(threadIdx.x);
-  const float l = row < batch ? row_loss(row) : 0.0f;
-  const float s = Reduce(temp).Sum(l);
-  if (threadIdx.x == 0) block_sums[blockIdx.x] = s;
+using LossReduce = cub::BlockReduce<float, loss_threads>;
+
+// The end of every loss kernel: this block's sum goes to block_sums, and the last block to finish
+// (counted in out.arrivals, which it sets back to zero for the next launch) adds them up in index
+// order: thread t the sums t, t + loss_threads, ..., then one block reduction, the order and the bits
+// of the separate one-block pass this replaces (one launch fewer per step).
+__device__ inline void finish_loss(float block_sum, int blocks, float scale, const LossOutput& out,
+                                   typename LossReduce::TempStorage& temp) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    out.block_sums[blockIdx.x] = block_sum;
+    __threadfence();  // the sum is visible to every block before the count says it is there
+    last = atomicAdd(out.arrivals, 1u) == unsigned(blocks - 1);
+  }
+  __syncthreads();  // `last` for every thread; `temp` free again
+  if (!last) return;
+  __threadfence();
+  float s = 0.0f;
+  for (int i = int(threadIdx.x); i < blocks; i += loss_threads) s += __ldcg(out.block_sums + i);  // from L2
+  const float total = LossReduce(temp).Sum(s);
+  if (threadIdx.x == 0) {
+    *out.value = total * scale;
+    *out.arrivals = 0u;
+  }
 }
 
-template <int = 0>
-__global__ void __launch_bounds__(loss_threads) loss_total(const float* block_sums, int blocks, float scale,
-                                                             float* value) {
-  using Reduce = cub::BlockReduce<float, loss_threads>;
-  __shared__ typename Reduce::TempStorage temp;
-  float s = 0.0f;
-  for (int i = int(threadIdx.x); i < blocks; i += loss_threads) s += block_sums[i];
-  const float total = Reduce(temp).Sum(s);
-  if (threadIdx.x == 0) *value = total * scale;
+template <class RowLoss>
+__global__ void __launch_bounds__(loss_threads) loss_rows_kernel(int batch, RowLoss row_loss, float scale,
+                                                                 LossOutput out) {
+  kernel_prologue();
+  __shared__ typename LossReduce::TempStorage temp;
+  const int row = int(blockIdx.x) * loss_threads + int(threadIdx.x);
+  const float l = row < batch ? row_loss(row) : 0.0f;
+  finish_loss(LossReduce(temp).Sum(l), int(gridDim.x), scale, out, temp);
 }
 
 struct SoftmaxCrossEntropyRow {
@@ -119,24 +145,20 @@ struct SquaredErrorValues {
 };
 
 template <int = 0>
-__global__ void __launch_bounds__(loss_threads) squared_error_kernel(SquaredErrorValues v, float* block_sums) {
-  using Reduce = cub::BlockReduce<float, loss_threads>;
-  __shared__ typename Reduce::TempStorage temp;
+__global__ void __launch_bounds__(loss_threads) squared_error_kernel(SquaredErrorValues v, LossOutput out) {
+  kernel_prologue();
+  __shared__ typename LossReduce::TempStorage temp;
   float s = 0.0f;
   const std::size_t stride = std::size_t(gridDim.x) * loss_threads;
   for (std::size_t i = std::size_t(blockIdx.x) * loss_threads + threadIdx.x; i < v.n; i += stride)
     s += squared_error_element(v.y[i], v.targets[i], v.dy ? v.dy + i : nullptr, v.scale);
-  const float total = Reduce(temp).Sum(s);
-  if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
+  finish_loss(LossReduce(temp).Sum(s), int(gridDim.x), v.scale, out, temp);
 }
 
 template <class RowLoss>
 void run_loss(cudaStream_t stream, std::size_t batch, const RowLoss& row_loss, float scale, const LossOutput& out) {
-  const int blocks = loss_blocks(batch);
-  loss_rows_kernel<<<blocks, loss_threads, 0, stream>>>(int(batch), row_loss, out.block_sums);
-  FUSEDP_CUDA_CHECK_LAUNCH("loss_rows_kernel");
-  loss_total<<<1, loss_threads, 0, stream>>>(out.block_sums, blocks, scale, out.value);
-  FUSEDP_CUDA_CHECK_LAUNCH("loss_total");
+  launch<loss_rows_kernel<RowLoss>>("loss_rows_kernel", loss_blocks(batch), loss_threads, 0, stream, int(batch),
+                                    row_loss, scale, out);
 }
 }  // namespace detail
 
@@ -157,11 +179,8 @@ inline void mean_squared_error(cudaStream_t stream, std::size_t batch, std::size
                                const float* targets, float* dy, const LossOutput& out) {
   const float scale = 1.0f / float(batch * outputs);
   const int blocks = loss_blocks(batch);  // no more than LossOutput::block_sums holds
-  detail::squared_error_kernel<<<blocks, loss_threads, 0, stream>>>(
-      detail::SquaredErrorValues{y, targets, dy, batch * outputs, scale}, out.block_sums);
-  FUSEDP_CUDA_CHECK_LAUNCH("squared_error_kernel");
-  detail::loss_total<<<1, loss_threads, 0, stream>>>(out.block_sums, blocks, scale, out.value);
-  FUSEDP_CUDA_CHECK_LAUNCH("loss_total");
+  launch<detail::squared_error_kernel<>>("squared_error_kernel", blocks, loss_threads, 0, stream,
+                                         detail::SquaredErrorValues{y, targets, dy, batch * outputs, scale}, out);
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -216,6 +216,7 @@ __device__ void mlp_backward_layer(const MlpArgs<Spec::count>& args, float* act,
 
 template <class Spec>
 __global__ void __launch_bounds__(Spec::threads) mlp_forward_kernel(const MlpArgs<Spec::count> args) {
+  kernel_prologue();
   extern __shared__ __align__(128) unsigned char mlp_smem[];
   float* act = reinterpret_cast<float*>(mlp_smem);
   float* ws = act + Spec::rows * Spec::lda;
@@ -227,6 +228,7 @@ __global__ void __launch_bounds__(Spec::threads) mlp_forward_kernel(const MlpArg
 
 template <class Spec>
 __global__ void __launch_bounds__(Spec::threads) mlp_backward_kernel(const MlpArgs<Spec::count> args) {
+  kernel_prologue();
   extern __shared__ __align__(128) unsigned char mlp_smem[];
   float* act = reinterpret_cast<float*>(mlp_smem);
   float* ws = act + Spec::rows * Spec::lda;
@@ -272,8 +274,8 @@ void mlp_forward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args) {
   static std::atomic<std::uint64_t> opted{0};
   detail::allow_shared_memory(detail::mlp_forward_kernel<Spec>, Spec::smem_bytes, space.device(), opted);
   const unsigned blocks = unsigned((args.batch + Spec::rows - 1) / Spec::rows);
-  detail::mlp_forward_kernel<Spec><<<blocks, Spec::threads, Spec::smem_bytes, space.stream()>>>(args);
-  FUSEDP_CUDA_CHECK_LAUNCH("mlp_forward_kernel");
+  launch<detail::mlp_forward_kernel<Spec>>("mlp_forward_kernel", blocks, Spec::threads, Spec::smem_bytes,
+                                           space.stream(), args);
 }
 
 /// Scratch (floats) of mlp_backward's weight-gradient GEMMs.
@@ -299,8 +301,8 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
   static std::atomic<std::uint64_t> opted{0};
   detail::allow_shared_memory(detail::mlp_backward_kernel<Spec>, Spec::smem_bytes, space.device(), opted);
   const unsigned blocks = unsigned((args.batch + Spec::rows - 1) / Spec::rows);
-  detail::mlp_backward_kernel<Spec><<<blocks, Spec::threads, Spec::smem_bytes, space.stream()>>>(args);
-  FUSEDP_CUDA_CHECK_LAUNCH("mlp_backward_kernel");
+  launch<detail::mlp_backward_kernel<Spec>>("mlp_backward_kernel", blocks, Spec::threads, Spec::smem_bytes,
+                                            space.stream(), args);
   [&]<int... L>(std::integer_sequence<int, L...>) {
     (
         [&] {

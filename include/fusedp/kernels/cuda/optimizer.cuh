@@ -20,6 +20,7 @@ namespace fusedp::kernels::cuda {
 namespace detail {
 template <class Op>
 __global__ void set_value_kernel(Op* dst, Op value) {
+  kernel_prologue();
   *dst = value;
 }
 
@@ -29,6 +30,7 @@ __global__ void set_value_kernel(Op* dst, Op value) {
 template <int Slots, class Op, class T>
 __global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, Op by_value, const Op* from_device,
                                  DecayRuns runs) {
+  kernel_prologue();
   const Op op = from_device ? *from_device : by_value;
   const Op plain = without_decay(op);
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
@@ -42,6 +44,7 @@ __global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_
 // would (the same operator() of the same step, decayed where `runs` say).
 template <class T>
 __global__ void optimizer_rest_kernel(UpdateTarget<T> whole, const T* grads, ElementRuns rest, DecayRuns runs) {
+  kernel_prologue();
   const AnyStep<T> s = whole.load();
   const bool all = s.decays_all();
   const std::size_t n = rest.size();
@@ -58,8 +61,7 @@ __global__ void optimizer_rest_kernel(UpdateTarget<T> whole, const T* grads, Ele
 /// host value may change as soon as this returns).
 template <class Op>
 void set_value(cudaStream_t stream, Op* dst, const Op& value) {
-  detail::set_value_kernel<Op><<<1, 1, 0, stream>>>(dst, value);
-  FUSEDP_CUDA_CHECK_LAUNCH("set_value_kernel");
+  launch<detail::set_value_kernel<Op>>("set_value_kernel", 1, 1, 0, stream, dst, value);
 }
 
 /// Applies `op` to n parameters; `state` holds Slots x n values. When `from_device` is not null the op
@@ -68,9 +70,8 @@ template <int Slots, class Op, class T>
 void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t n, const Op& op,
                      const std::type_identity_t<Op>* from_device = nullptr, const DecayRuns& runs = {}) {
   if (n == 0) return;
-  detail::optimizer_kernel<Slots, Op, T>
-      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(params, grads, state, n, op, from_device, runs);
-  FUSEDP_CUDA_CHECK_LAUNCH("optimizer_kernel");
+  launch<detail::optimizer_kernel<Slots, Op, T>>("optimizer_kernel", elementwise_blocks(n), elementwise_threads, 0,
+                                                 stream, params, grads, state, n, op, from_device, runs);
 }
 
 /// The update of the parameters `rest` names: what remains of the optimizer's pass when the
@@ -81,8 +82,8 @@ void apply_optimizer_rest(cudaStream_t stream, const UpdateTarget<T>& whole, con
                           const DecayRuns& runs) {
   const std::size_t n = rest.size();
   if (n == 0) return;
-  detail::optimizer_rest_kernel<T><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(whole, grads, rest, runs);
-  FUSEDP_CUDA_CHECK_LAUNCH("optimizer_rest_kernel");
+  launch<detail::optimizer_rest_kernel<T>>("optimizer_rest_kernel", elementwise_blocks(n), elementwise_threads, 0,
+                                           stream, whole, grads, rest, runs);
 }
 
 }  // namespace fusedp::kernels::cuda

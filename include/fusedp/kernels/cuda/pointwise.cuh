@@ -15,14 +15,17 @@ namespace fusedp::kernels::cuda {
 namespace detail {
 template <class Epi>
 __global__ void pointwise_forward_kernel(std::size_t n, const float* x, float* y) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) y[i] = Epi::apply(x[i]);
 }
 template <class Epi>
 __global__ void pointwise_backward_kernel(std::size_t n, const float* x, const float* y, const float* dy, float* dx) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) dx[i] = dy[i] * Epi::derivative(x[i], y[i]);
 }
 template <class Epi>
 __global__ void add_forward_kernel(std::size_t n, const float* a, const float* b, float* z, float* y) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     z[i] = a[i] + b[i];
     y[i] = Epi::apply(z[i]);
@@ -30,14 +33,17 @@ __global__ void add_forward_kernel(std::size_t n, const float* a, const float* b
 }
 template <class Epi>
 __global__ void epilogue_backward_kernel(std::size_t n, const float* z, const float* y, float* dy) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) dy[i] *= Epi::derivative(z[i], y[i]);
 }
 template <class T>
 __global__ void copy_values_kernel(std::size_t n, const T* src, T* dst, bool accumulate) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) dst[i] = accumulate ? dst[i] + src[i] : src[i];
 }
 template <class T>
 __global__ void dropout_kernel(std::size_t n, DropoutMask mask, bool apply, const T* x, T* y) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) y[i] = apply ? x[i] * T(mask.scale(i)) : x[i];
 }
 }  // namespace detail
@@ -46,8 +52,8 @@ __global__ void dropout_kernel(std::size_t n, DropoutMask mask, bool apply, cons
 template <class Epi>
 void pointwise_forward(cudaStream_t stream, std::size_t n, const float* x, float* y) {
   if (n == 0) return;
-  detail::pointwise_forward_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, x, y);
-  FUSEDP_CUDA_CHECK_LAUNCH("pointwise_forward_kernel");
+  launch<detail::pointwise_forward_kernel<Epi>>("pointwise_forward_kernel", elementwise_blocks(n), elementwise_threads,
+                                                0, stream, n, x, y);
 }
 
 /// dx = dy * Epi'(x).
@@ -55,31 +61,31 @@ template <class Epi>
 void pointwise_backward(cudaStream_t stream, std::size_t n, const float* x, const float* y, const float* dy,
                         float* dx) {
   if (n == 0) return;
-  detail::pointwise_backward_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, x, y, dy, dx);
-  FUSEDP_CUDA_CHECK_LAUNCH("pointwise_backward_kernel");
+  launch<detail::pointwise_backward_kernel<Epi>>("pointwise_backward_kernel", elementwise_blocks(n),
+                                                 elementwise_threads, 0, stream, n, x, y, dy, dx);
 }
 
 /// z = a + b and y = Epi(z) (a residual block's add and the activation after it).
 template <class Epi>
 void add_forward(cudaStream_t stream, std::size_t n, const float* a, const float* b, float* z, float* y) {
   if (n == 0) return;
-  detail::add_forward_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, a, b, z, y);
-  FUSEDP_CUDA_CHECK_LAUNCH("add_forward_kernel");
+  launch<detail::add_forward_kernel<Epi>>("add_forward_kernel", elementwise_blocks(n), elementwise_threads, 0, stream,
+                                          n, a, b, z, y);
 }
 
 /// dy *= Epi'(z) in place.
 template <class Epi>
 void epilogue_backward(cudaStream_t stream, std::size_t n, const float* z, const float* y, float* dy) {
   if (n == 0 || Epi::empty) return;
-  detail::epilogue_backward_kernel<Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, z, y, dy);
-  FUSEDP_CUDA_CHECK_LAUNCH("epilogue_backward_kernel");
+  launch<detail::epilogue_backward_kernel<Epi>>("epilogue_backward_kernel", elementwise_blocks(n), elementwise_threads,
+                                                0, stream, n, z, y, dy);
 }
 
 /// dst = src, or dst += src when `accumulate`.
 inline void copy_values(cudaStream_t stream, std::size_t n, const float* src, float* dst, bool accumulate) {
   if (n == 0) return;
-  detail::copy_values_kernel<float><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, src, dst, accumulate);
-  FUSEDP_CUDA_CHECK_LAUNCH("copy_values_kernel");
+  launch<detail::copy_values_kernel<float>>("copy_values_kernel", elementwise_blocks(n), elementwise_threads, 0, stream,
+                                            n, src, dst, accumulate);
 }
 
 /// Dropout forward (y = x * mask in training, y = x otherwise) and backward (dx = dy * mask): the same
@@ -87,8 +93,8 @@ inline void copy_values(cudaStream_t stream, std::size_t n, const float* src, fl
 inline void dropout(cudaStream_t stream, std::size_t n, const DropoutMask& mask, bool training, const float* x,
                     float* y) {
   if (n == 0) return;
-  detail::dropout_kernel<float><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(n, mask, training, x, y);
-  FUSEDP_CUDA_CHECK_LAUNCH("dropout_kernel");
+  launch<detail::dropout_kernel<float>>("dropout_kernel", elementwise_blocks(n), elementwise_threads, 0, stream, n,
+                                        mask, training, x, y);
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -50,6 +50,7 @@ struct PoolExtents {
 
 template <PoolOp Op, int K, int S, class Epi>
 __global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const float* x, float* y, float* z) {
+  kernel_prologue();
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
   for (std::size_t i = grid_index(); i < outputs; i += grid_stride()) {
     const std::size_t plane = i / out_plane;
@@ -64,6 +65,7 @@ __global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const fl
 template <PoolOp Op, int K, int S, class Epi>
 __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const float* x, const float* y,
                                      const float* z, const float* dy, float* dx) {
+  kernel_prologue();
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
   for (std::size_t i = grid_index(); i < inputs; i += grid_stride()) {
     const std::size_t plane = i / in_plane;
@@ -100,8 +102,8 @@ void pool_forward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch,
   const std::size_t n = batch * g.out_size();
   if (n == 0) return;
   const detail::PoolExtents e{g.in_h, g.in_w, g.out_h, g.out_w};
-  detail::pool_forward_kernel<Op, K, S, Epi><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(e, n, x, y, z);
-  FUSEDP_CUDA_CHECK_LAUNCH("pool_forward_kernel");
+  launch<detail::pool_forward_kernel<Op, K, S, Epi>>("pool_forward_kernel", elementwise_blocks(n), elementwise_threads,
+                                                     0, stream, e, n, x, y, z);
 }
 
 /// dx = pool^T(dy * Epi'); dy is not changed.
@@ -111,9 +113,8 @@ void pool_backward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch
   const std::size_t n = batch * g.in_size();
   if (n == 0) return;
   const detail::PoolExtents e{g.in_h, g.in_w, g.out_h, g.out_w};
-  detail::pool_backward_kernel<Op, K, S, Epi>
-      <<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(e, n, x, y, z, dy, dx);
-  FUSEDP_CUDA_CHECK_LAUNCH("pool_backward_kernel");
+  launch<detail::pool_backward_kernel<Op, K, S, Epi>>("pool_backward_kernel", elementwise_blocks(n),
+                                                      elementwise_threads, 0, stream, e, n, x, y, z, dy, dx);
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -16,6 +16,7 @@ namespace detail {
 template <bool Bf16>
 __global__ void sum_in_rank_order_kernel(const float* __restrict__ all, float* __restrict__ out, std::size_t n,
                                          int world) {
+  kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) out[i] = kernels::sum_in_rank_order<Bf16>(all, n, world, i);
 }
 }  // namespace detail
@@ -25,8 +26,9 @@ __global__ void sum_in_rank_order_kernel(const float* __restrict__ all, float* _
 template <bool Bf16>
 void sum_in_rank_order(cudaStream_t stream, const float* all, float* out, std::size_t n, int world) {
   if (n == 0) return;
-  detail::sum_in_rank_order_kernel<Bf16><<<elementwise_blocks(n), elementwise_threads, 0, stream>>>(all, out, n, world);
-  FUSEDP_CUDA_CHECK_LAUNCH("sum_in_rank_order_kernel (Parallel: Deterministic)");
+  launch<detail::sum_in_rank_order_kernel<Bf16>>("sum_in_rank_order_kernel (Parallel: Deterministic)",
+                                                 elementwise_blocks(n), elementwise_threads, 0, stream, all, out, n,
+                                                 world);
 }
 
 }  // namespace fusedp::kernels::cuda
