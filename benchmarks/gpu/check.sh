@@ -21,7 +21,8 @@
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
 #      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
 #      without programmatic dependent launch (impl=fusedp-no-pdl), and, where ncu exists, each kernel's
-#      time in one step of each against the step's time (benchmarks/gpu/kernel_times.py);
+#      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
+#      (benchmarks/gpu/kernel_times.py);
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -327,17 +328,22 @@ if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
       tee -a "$OUT/fusedp.txt"
   done
 fi
-# Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time under Nsight Compute (it runs the
-# kernels one at a time), their sum against the step's median above; the rest is time between kernels.
+# Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
+# (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
+# against the step's median above (the rest is time between kernels) and against the fused minimum
+# traffic that benchmarks/RESULTS.md (session 21) works out: LeNet 7.5 MB, the CIFAR-10 CNN 331.2 MB
+# per step of 128 in TF32.
 NCU=$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)
 if [[ -n "$NCU" && -x "$OUT/train_step_gpu" ]] && (( $(left) > 80 )); then
-  for net in lenet cifar; do
-    log "kernel times of one $net step (ncu)"
-    timeout 45 "$NCU" --metrics gpu__time_duration.sum --csv --page raw --print-kernel-base function \
+  for spec in lenet:7.5 cifar:331.2; do
+    net=${spec%%:*} floor=${spec##*:}
+    log "kernel times and DRAM bytes of one $net step (ncu)"
+    timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-kernel-base function \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
     step_ms=$(sed -n "s/^RESULT impl=fusedp net=$net batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
-    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" ${step_ms:+--step-ms "$step_ms"} |
-      tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"
+    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" --floor-mb "$floor" \
+      ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"
   done
 fi
 # The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).
