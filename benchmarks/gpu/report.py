@@ -71,9 +71,11 @@ def read_fusedp(path):
         m = re.match(r"RESULT impl=(fusedp\S*) net=(\S+) batch=(\d+) precision=(\S+) median_ms=(\S+) "
                      r"images_per_s=(\S+) graphs=(\d)", line)
         if m:
+            extra = dict(re.findall(r"(host_ms|queued_ms)=(\S+)", line))
             out.setdefault(m.group(1), {})[(m.group(2), int(m.group(3)))] = {
                 "images_per_s": float(m.group(6)), "ms": float(m.group(5)), "graphs": m.group(7) == "1",
-                "precision": m.group(4)}
+                "precision": m.group(4), "host_ms": float(extra["host_ms"]) if "host_ms" in extra else None,
+                "queued_ms": float(extra["queued_ms"]) if "queued_ms" in extra else None}
         elif line.startswith(("FAILED", "NOTE")):
             notes.append(line.strip())
     return out, notes
@@ -81,7 +83,9 @@ def read_fusedp(path):
 
 def read_torch(directory):
     out = {}
-    for f in glob.glob(os.path.join(directory or "", "*.json")):
+    if not directory:
+        return out
+    for f in glob.glob(os.path.join(directory, "*.json")):
         try:
             r = json.load(open(f))
         except (OSError, ValueError):
@@ -147,6 +151,14 @@ def main():
     if graphs and not all(graphs.values()):
         lines.append("note: some fusedp runs did not replay a CUDA graph: " +
                      ", ".join(f"{k[0]}/{k[1]}" for k, g in graphs.items() if not g))
+    # Whether the step time measures the GPU or the host that submits it (train_step_gpu's host_ms and
+    # queued_ms): the default build's lines.
+    pace = [f"  {net} {batch}: step {r['ms']:.3f} ms as submitted, host {r['host_ms']:.3f} ms to submit it, "
+            f"GPU {r['queued_ms']:.3f} ms when queued"
+            for (net, batch), r in sorted(builds.get("fusedp", {}).items())
+            if r.get("host_ms") is not None and r.get("queued_ms") is not None]
+    if pace:
+        lines += ["", "host or GPU (fusedp):"] + pace
     lines += notes
     print("\n".join(lines))
     if a.markdown:
@@ -156,6 +168,8 @@ def main():
             for r in rows:
                 md.write("| " + " | ".join(r) + " |\n")
             md.write("\nTargets (fusedp in TF32, its faster build):\n\n" + "".join(f"- {v}\n" for v in verdicts))
+            if pace:
+                md.write("\nHost or GPU (fusedp):\n\n" + "".join(f"- {p.strip()}\n" for p in pace))
             for n in notes:
                 md.write(f"\n{n}\n")
 

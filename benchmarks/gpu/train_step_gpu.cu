@@ -3,7 +3,13 @@
 // device; each step is bracketed by CUDA events on the model's stream; warm-up steps first, then the
 // median of the timed steps. Prints one line per configuration:
 //
-//   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30
+//   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30 host_ms=0.031 queued_ms=0.101
+//
+// median_ms brackets each step with events as it is submitted, so where the host takes longer to submit
+// a step than the GPU to run it, it measures the host. Two more figures tell which: host_ms, the host's
+// wall time to submit one step (the mean over the timed steps), and queued_ms, the GPU's time per step
+// when the steps wait in the stream's queue behind a kernel that holds the GPU until all are submitted
+// (the mean over as many steps, two events in all): what the GPU needs, without the host's pace.
 //
 //   train_step_gpu --all                       the set check.sh runs
 //   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
@@ -28,6 +34,7 @@
 #include "../../tests/support/fusedp_core.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,6 +62,13 @@ struct Options {
   bool separate_update = false;
   bool no_dependent_launch = false;
 };
+
+// Keeps the GPU busy for about `cycles` clock cycles, so that work submitted meanwhile queues up.
+__global__ void hold_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -85,12 +99,41 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
     FUSEDP_CUDA_CHECK(cudaEventCreate(&start[std::size_t(s)]));
     FUSEDP_CUDA_CHECK(cudaEventCreate(&stop[std::size_t(s)]));
   }
+  const auto host_start = std::chrono::steady_clock::now();
   for (int s = 0; s < o.steps; ++s) {
     FUSEDP_CUDA_CHECK(cudaEventRecord(start[std::size_t(s)], space.stream()));
     model.train_step_async(xs, ts, loss, opt);
     FUSEDP_CUDA_CHECK(cudaEventRecord(stop[std::size_t(s)], space.stream()));
   }
+  const double host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start).count() / o.steps;
   space.synchronize();
+  // The same number of steps queued behind hold_kernel: held for ten times what submitting them took
+  // above (at least 20 ms at 2 GHz), so the GPU runs them back to back at its own pace.
+  double queued_ms = 0;
+  {
+    cudaEvent_t first, last;
+    FUSEDP_CUDA_CHECK(cudaEventCreate(&first));
+    FUSEDP_CUDA_CHECK(cudaEventCreate(&last));
+    const double hold_ms = std::max(20.0, 10 * host_ms * o.steps);
+    hold_kernel<<<1, 1, 0, space.stream()>>>((long long)(hold_ms * 2e6));
+    FUSEDP_CUDA_CHECK(cudaGetLastError());
+    FUSEDP_CUDA_CHECK(cudaEventRecord(first, space.stream()));
+    const auto submit_start = std::chrono::steady_clock::now();
+    for (int s = 0; s < o.steps; ++s) model.train_step_async(xs, ts, loss, opt);
+    FUSEDP_CUDA_CHECK(cudaEventRecord(last, space.stream()));
+    const double submit_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - submit_start).count();
+    space.synchronize();
+    float t = 0;
+    FUSEDP_CUDA_CHECK(cudaEventElapsedTime(&t, first, last));
+    queued_ms = double(t) / o.steps;
+    cudaEventDestroy(first);
+    cudaEventDestroy(last);
+    if (submit_ms > hold_ms)
+      std::printf("NOTE %s: submitting the queued steps took %.1f ms, longer than the %.1f ms hold: queued_ms "
+                  "includes host time\n", name, submit_ms, hold_ms);
+  }
   std::vector<double> ms(std::size_t(o.steps));
   for (int s = 0; s < o.steps; ++s) {
     float t = 0;
@@ -103,14 +146,15 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   const double med = median(ms);
   const bool mma = fp::kernels::cuda::layers_have_mma &&
                    fp::kernels::cuda::gemm_mainloop_from_environment() == fp::kernels::cuda::GemmMainloop::mma;
-  std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f\n",
+  std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f "
+              "host_ms=%.4f queued_ms=%.4f\n",
               !fp::cuda_fused_gradients ? "fusedp-unfused"
               : o.separate_update       ? "fusedp-separate-update"
               : o.no_dependent_launch   ? "fusedp-no-pdl"
               : mma                     ? "fusedp-mma"
                                         : "fusedp",
               name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
-              model.last_step_replayed() ? 1 : 0, double(l));
+              model.last_step_replayed() ? 1 : 0, double(l), host_ms, queued_ms);
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);
 }
