@@ -268,6 +268,7 @@ if (( torch_ok )); then
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
   after=$(( after + 20 ))  # and the separate-update and no-pdl runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
+  after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
@@ -338,9 +339,10 @@ if [[ -n "$NCU" && -x "$OUT/train_step_gpu" ]] && (( $(left) > 80 )); then
   for spec in lenet:7.5 cifar:331.2; do
     net=${spec%%:*} floor=${spec##*:}
     log "kernel times and DRAM bytes of one $net step (ncu)"
-    timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-kernel-base function \
+    timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
+      --print-kernel-base function \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
+      "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 --no-queued > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
     step_ms=$(sed -n "s/^RESULT impl=fusedp net=$net batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
     "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" --floor-mb "$floor" \
       ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"

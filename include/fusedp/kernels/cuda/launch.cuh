@@ -87,17 +87,23 @@ inline std::atomic<bool>& dependent_launch_flag() {
 // kernel_prologue holds the griddepcontrol instructions (PTX generated for an older architecture and
 // compiled by the driver for this one does not): cudaFuncAttributes::ptxVersion, asked once per kernel
 // and device.
+// A failure (no image for the device, no device) throws as the launch itself would: naming `what`.
 template <auto Kernel>
-[[nodiscard]] bool image_has_prologue() {
+[[nodiscard]] bool image_has_prologue(const char* what) {
   constexpr int max_devices = 64;
   static std::array<std::atomic<signed char>, max_devices> known{};  // 0 not asked, 1 yes, -1 no
+  auto check = [what](cudaError_t code) {
+    if (code == cudaSuccess) return;
+    (void)cudaGetLastError();  // not sticky: leave the runtime clean for the caller
+    fusedp::detail::cuda_check(code, (std::string("launch of ") + what).c_str());
+  };
   int device = 0;
-  FUSEDP_CUDA_CHECK(cudaGetDevice(&device));
+  check(cudaGetDevice(&device));
   if (device < 0 || device >= max_devices) return false;
   signed char k = known[std::size_t(device)].load(std::memory_order_relaxed);
   if (k == 0) {
     cudaFuncAttributes a{};
-    FUSEDP_CUDA_CHECK(cudaFuncGetAttributes(&a, Kernel));
+    check(cudaFuncGetAttributes(&a, Kernel));
     k = a.ptxVersion >= 90 ? 1 : -1;
     known[std::size_t(device)].store(k, std::memory_order_relaxed);
   }
@@ -117,6 +123,13 @@ inline void set_dependent_launch(bool on) noexcept {
   detail::dependent_launch_flag().store(on, std::memory_order_relaxed);
 }
 
+/// Whether `launch` makes Kernel's launches on the current device programmatic dependent launches: on,
+/// and the kernel's image there compiled for sm_90 or later (tests ask, to say what they checked).
+template <auto Kernel>
+[[nodiscard]] bool launches_dependently(const char* what = "a kernel") {
+  return dependent_launch() && detail::image_has_prologue<Kernel>(what);
+}
+
 /// Launches Kernel(args...) on `stream` over `grid` x `block` threads with `smem` bytes of dynamic shared
 /// memory; as a programmatic dependent launch where dependent_launch() is on and the kernel's image on
 /// this device is for sm_90 or later. Kernel must begin with kernel_prologue(). A failed launch throws
@@ -131,7 +144,7 @@ void launch(const char* what, dim3 grid, dim3 block, std::size_t smem, cudaStrea
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (dependent_launch() && detail::image_has_prologue<Kernel>()) {
+  if (launches_dependently<Kernel>(what)) {
     config.attrs = &attribute;
     config.numAttrs = 1;
   }

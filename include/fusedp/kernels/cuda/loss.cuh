@@ -44,10 +44,7 @@ class LossResult {
   /// Room for the block sums of batches up to `batch`.
   void allocate(std::size_t batch) {
     values_ = DeviceBuffer<float>(1 + std::size_t(loss_blocks(batch)));
-    if (arrivals_.size() == 0) {
-      arrivals_ = DeviceBuffer<unsigned>(1);
-      FUSEDP_CUDA_CHECK(cudaMemset(arrivals_.data(), 0, sizeof(unsigned)));
-    }
+    if (arrivals_.size() == 0) arrivals_ = DeviceBuffer<unsigned>(1);  // zeroed (and synchronized) by DeviceBuffer
   }
   [[nodiscard]] bool allocated() const noexcept { return values_.size() > 0; }
   [[nodiscard]] LossOutput output() noexcept {
@@ -155,8 +152,15 @@ __global__ void __launch_bounds__(loss_threads) squared_error_kernel(SquaredErro
   finish_loss(LossReduce(temp).Sum(s), int(gridDim.x), v.scale, out, temp);
 }
 
+inline void require_loss_output(const LossOutput& out) {
+  require(out.value != nullptr && out.block_sums != nullptr && out.bad_target != nullptr && out.arrivals != nullptr,
+          "Cuda loss: a LossOutput needs the value, the block sums, the label flag and the arrival count "
+          "(LossResult::output() gives all four)");
+}
+
 template <class RowLoss>
 void run_loss(cudaStream_t stream, std::size_t batch, const RowLoss& row_loss, float scale, const LossOutput& out) {
+  require_loss_output(out);
   launch<loss_rows_kernel<RowLoss>>("loss_rows_kernel", loss_blocks(batch), loss_threads, 0, stream, int(batch),
                                     row_loss, scale, out);
 }
@@ -179,6 +183,7 @@ inline void mean_squared_error(cudaStream_t stream, std::size_t batch, std::size
                                const float* targets, float* dy, const LossOutput& out) {
   const float scale = 1.0f / float(batch * outputs);
   const int blocks = loss_blocks(batch);  // no more than LossOutput::block_sums holds
+  detail::require_loss_output(out);
   launch<detail::squared_error_kernel<>>("squared_error_kernel", blocks, loss_threads, 0, stream,
                                          detail::SquaredErrorValues{y, targets, dy, batch * outputs, scale}, out);
 }
