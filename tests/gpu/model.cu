@@ -101,6 +101,19 @@ TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute
   }
 }
 
+// Two models' parameters, gradients and optimizer state, bit for bit.
+template <class Model>
+void check_same_state(Model& a, Model& b) {
+  CHECK(params_on_host(a) == params_on_host(b));
+  std::vector<float> g1(a.grads().size()), g2(g1.size()), s1(a.optimizer_state().size()), s2(s1.size());
+  a.copy_grads_to_host(g1);
+  b.copy_grads_to_host(g2);
+  CHECK(g1 == g2);
+  a.copy_optimizer_state_to_host(s1);
+  b.copy_optimizer_state_to_host(s2);
+  CHECK(s1 == s2);
+}
+
 // Issue 17: the optimizer applied by the weight-gradient GEMMs (every tensor of these networks, so no
 // pass over the rest runs; tests/gpu/residual.cu has one that does) against the separate pass over every
 // parameter, bit for bit: parameters, gradients and optimizer state after several steps (graphs on, so
@@ -120,14 +133,7 @@ void check_fused_update(std::size_t batch, Opt opt, std::uint64_t stream) {
     CHECK(a == b);
   }
   CHECK(fused.last_step_replayed());
-  CHECK(params_on_host(fused) == params_on_host(separate));
-  std::vector<float> g1(fused.grads().size()), g2(g1.size()), s1(fused.optimizer_state().size()), s2(s1.size());
-  fused.copy_grads_to_host(g1);
-  separate.copy_grads_to_host(g2);
-  CHECK(g1 == g2);
-  fused.copy_optimizer_state_to_host(s1);
-  separate.copy_optimizer_state_to_host(s2);
-  CHECK(s1 == s2);
+  check_same_state(fused, separate);
 }
 
 TEST_CASE_TEMPLATE("weights updated in their gradients' GEMMs match the separate optimizer pass bit for bit", Space,
@@ -173,14 +179,7 @@ void check_dependent_launch(std::size_t batch, bool graphs, std::uint64_t stream
   }
   CHECK(pdl.last_loss() == plain.last_loss());
   CHECK(pdl.last_step_replayed() == graphs);
-  CHECK(params_on_host(pdl) == params_on_host(plain));
-  std::vector<float> g1(pdl.grads().size()), g2(g1.size()), s1(pdl.optimizer_state().size()), s2(s1.size());
-  pdl.copy_grads_to_host(g1);
-  plain.copy_grads_to_host(g2);
-  CHECK(g1 == g2);
-  pdl.copy_optimizer_state_to_host(s1);
-  plain.copy_optimizer_state_to_host(s2);
-  CHECK(s1 == s2);
+  check_same_state(pdl, plain);
 }
 
 TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launches", Space, fp::CudaFp32, fp::Cuda) {
