@@ -8,8 +8,8 @@ benchmarks/gpu/check.sh runs, where ncu exists,
         train_step_gpu --net lenet --batch 128 --steps 3 --warmup 2 > ncu_lenet.csv
 
 (the card's clocks left alone, the L2 left as the step leaves it) and this prints the kernels of the
-last step (each step begins with set_value_kernel, which writes the step's optimizer numbers before
-the graph runs): each kernel's time and DRAM bytes, their sums, and
+last step (one loss kernel a step: the kernels between the last two loss kernels are a step's count):
+each kernel's time and DRAM bytes, their sums, and
   - with --step-ms (the step's median from train_step_gpu without the profiler) the time between
     kernels: launch latency, ramps and tails, what programmatic dependent launch and fewer launches
     can take away;
@@ -62,8 +62,12 @@ def read(path):
 
 
 def last_step(kernels):
-    starts = [i for i, k in enumerate(kernels) if k[0].startswith("set_value_kernel")]
-    return kernels[starts[-1] + 1:] if starts else kernels
+    """The kernels of the last step: as many as lie between the last two loss kernels (one a step), taken
+    from the end (the program ends with the last step's backward)."""
+    losses = [i for i, k in enumerate(kernels) if k[0].startswith(("loss_rows_kernel", "squared_error_kernel"))]
+    if len(losses) >= 2:
+        return kernels[-(losses[-1] - losses[-2]):]
+    return kernels
 
 
 def main():

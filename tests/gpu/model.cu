@@ -3,7 +3,8 @@
 // tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip, and a non-square
 // CNN whose backward runs the fused gradient boundaries (gradient_sink.cuh); CUDA-graph replay
 // against direct launches (bit for bit); the optimizer fused into the weight gradients against its
-// separate pass (bit for bit); programmatic dependent launch against plain launches (bit for bit);
+// separate pass (bit for bit); programmatic dependent launch against plain launches (bit for bit); a
+// learning rate changed between replayed steps;
 // asynchronous steps; parameter transfer; bad input. One test
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
 #include "gpu_test.hpp"
@@ -206,6 +207,35 @@ TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launch
     CAPTURE(graphs);
     check_dependent_launch<LeNet, Space>(64, graphs, 70);
     check_dependent_launch<seed_networks::CifarCnn, Space>(32, graphs, 72);
+  }
+}
+
+// The step's numbers are written to the device only when they change (Model::write_op_slot): with a
+// constant learning rate the replayed graph reads the slot written two steps earlier; a changed one must
+// still arrive. lr 0 leaves the parameters where they are (SGD: p -= lr * g); back at 0.05 they move.
+TEST_CASE_TEMPLATE("a learning rate changed between replayed steps takes effect at once", Space, fp::CudaFp32,
+                   fp::Cuda) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const std::size_t batch = 32;
+  const auto x = random_values(batch * 784, 80);
+  const auto y = labels_for(batch, 10, 81);
+  for (const bool fused : {true, false}) {
+    CAPTURE(fused);
+    fp::Model<LeNet, Space> m{fp::seed(9), make_space<Space>()};
+    m.use_fused_update(fused);
+    fp::Sgd opt{{.lr = 0.05f, .momentum = 0.9f}};
+    auto step = [&] { (void)m.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, opt); };
+    for (int s = 0; s < 4; ++s) step();
+    CHECK(m.last_step_replayed());
+    opt.options.lr = 0.0f;
+    const auto before = params_on_host(m);
+    step();
+    step();
+    CHECK(params_on_host(m) == before);
+    opt.options.lr = 0.05f;
+    step();
+    CHECK(params_on_host(m) != before);
+    CHECK(m.last_step_replayed());
   }
 }
 

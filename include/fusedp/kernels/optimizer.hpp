@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 
 namespace fusedp::kernels {
 
@@ -88,6 +89,31 @@ FUSEDP_HD Op without_decay(Op op) {
   return op;
 }
 
+namespace detail {
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;  // float members: +0 and -0 differ, a NaN equals itself
+}
+}  // namespace detail
+
+/// Whether two steps hold the same numbers bit for bit (their padding aside): a Cuda model rewrites the
+/// device copy of its step only when the next one differs (SGD at a constant learning rate: from the
+/// second step on, never).
+template <class T>
+[[nodiscard]] bool identical(const SgdStep<T>& a, const SgdStep<T>& b) {
+  using detail::same_bits;
+  return same_bits(a.lr, b.lr) && same_bits(a.momentum, b.momentum) && same_bits(a.dampening, b.dampening) &&
+         same_bits(a.weight_decay, b.weight_decay) && a.nesterov == b.nesterov && a.first == b.first &&
+         a.decay_all == b.decay_all;
+}
+template <class T>
+[[nodiscard]] bool identical(const AdamStep<T>& a, const AdamStep<T>& b) {
+  using detail::same_bits;
+  return same_bits(a.lr, b.lr) && same_bits(a.beta1, b.beta1) && same_bits(a.beta2, b.beta2) &&
+         same_bits(a.eps, b.eps) && same_bits(a.weight_decay, b.weight_decay) && a.decoupled == b.decoupled &&
+         same_bits(a.bias1, b.bias1) && same_bits(a.bias2, b.bias2) && a.decay_all == b.decay_all;
+}
+
 /// An SgdStep or an AdamStep, which one decided at run time: the update a weight-gradient GEMM applies
 /// in its epilogue on Cuda (issue 17: the optimizer fused into the gradient's final reduction). A
 /// kind that is data keeps the GEMMs compiled once, not once per optimizer; every thread of a launch
@@ -108,6 +134,13 @@ struct AnyStep {
   template <class Op>
   static constexpr bool holds = requires(const Op& op) { AnyStep::of(op); };
 };
+
+/// Whether a and b hold the same kind and the same numbers of it, bit for bit.
+template <class T>
+[[nodiscard]] bool identical(const AnyStep<T>& a, const AnyStep<T>& b) {
+  using Kind = typename AnyStep<T>::Kind;
+  return a.kind == b.kind && (a.kind == Kind::sgd ? identical(a.sgd, b.sgd) : identical(a.adam, b.adam));
+}
 
 /// Where a tensor's update goes when the kernel that finishes its gradient applies it: the step (device
 /// memory on Cuda, rewritten before every training step so that one recorded graph serves every step),

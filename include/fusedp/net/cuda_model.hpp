@@ -51,8 +51,10 @@
 #include "fusedp/net/stage_binding.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -80,6 +82,10 @@ struct StepGraphKey {
   bool dependent_launch = false;  // kernels::cuda::dependent_launch() when it was recorded
   bool operator==(const StepGraphKey&) const = default;
 };
+
+// One address per type written to a model's step slot (Model::write_op_slot).
+template <class V>
+inline constexpr char op_slot_tag = 0;
 
 template <class P>
 CudaSpace<P> activated(CudaSpace<P> space) {
@@ -466,9 +472,9 @@ class Model<Net, CudaSpace<P>, T> {
       constexpr bool fusable = Any::template holds<Op> && plan::updated_tensors.size() > 0;
       const bool fused = fusable && fused_update_;
       if constexpr (fusable) {
-        if (fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Any*>(op_slot_.data()), Any::of(op));
+        if (fused) write_op_slot(Any::of(op));
       }
-      if (!fused) kernels::cuda::set_value(space_.stream(), reinterpret_cast<Op*>(op_slot_.data()), op);
+      if (!fused) write_op_slot(op);
       const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused,
                                        kernels::cuda::dependent_launch()};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
@@ -493,6 +499,23 @@ class Model<Net, CudaSpace<P>, T> {
     }
   }
 
+  // Writes the step's numbers to the device slot, unless the slot already holds these very numbers in
+  // this representation (kernels::identical): SGD at a constant learning rate writes them on the first
+  // two steps only, and its later steps launch one kernel fewer.
+  template <class V>
+  void write_op_slot(const V& v) {
+    if constexpr (requires { kernels::identical(v, v); }) {
+      if (op_slot_type_ == &detail::op_slot_tag<V>) {
+        V last;
+        std::memcpy(static_cast<void*>(&last), op_slot_host_.data(), sizeof(V));
+        if (kernels::identical(last, v)) return;
+      }
+    }
+    kernels::cuda::set_value(space_.stream(), reinterpret_cast<V*>(op_slot_.data()), v);
+    std::memcpy(op_slot_host_.data(), static_cast<const void*>(&v), sizeof(V));
+    op_slot_type_ = &detail::op_slot_tag<V>;
+  }
+
   // How the plan's groups run over this model's store, workspace and scratch (net/cuda_groups.hpp).
   CudaGroups<Net, P> groups(const kernels::UpdateTarget<T>& update = {}) {
     return {space_, store_, binding_, scratch_.data(), update};
@@ -514,6 +537,8 @@ class Model<Net, CudaSpace<P>, T> {
   binding_type binding_;
   buffer<float> scratch_;
   buffer<unsigned char> op_slot_;  // the optimizer's numbers of the next step (a graph reads them)
+  std::array<unsigned char, op_slot_bytes> op_slot_host_{};  // what op_slot_ holds (write_op_slot)
+  const void* op_slot_type_ = nullptr;                       // and as which type (detail::op_slot_tag)
   buffer<std::size_t> rest_runs_;  // CudaPlan::rest_runs
   bool fused_update_ = true;
   kernels::cuda::LossResult loss_;
