@@ -47,7 +47,8 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
   }();
   std::vector<float> c(std::size_t(bm) * ldc);
   const int bx_count = (p.m + bm - 1) / bm, by_count = (p.n + bn - 1) / bn;
-  for (int z = 0; z < splits; ++z) {
+  // The splits in reverse: with a SplitTileReduction the last to arrive, split 0, adds them all up.
+  for (int z = splits - 1; z >= 0; --z) {
     const int k_begin = z * p.k_chunk, k_end = std::min(p.k, k_begin + p.k_chunk);
     for (int bx = 0; bx < bx_count; ++bx)
       for (int by = 0; by < by_count; ++by) {
@@ -68,24 +69,45 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
             }
         }
         for (int tid = 0; tid < TileT::threads; ++tid) p.epi.template apply<TileT>(c.data(), ldc, m0, n0, z, tid);
+        // finish_split_tile: this block arrives at its tile; the last split reduces it, resets the count.
+        if constexpr (requires { p.epi.reduction; }) {
+          const auto& r = p.epi.reduction;
+          if (r.active()) {
+            unsigned& count = r.arrivals[std::size_t(bx) * by_count + by];
+            if (++count == unsigned(r.splits)) {
+              for (int tid = 0; tid < TileT::threads; ++tid)
+                r.template reduce_tile<TileT>(p.epi.out, p.epi.m, p.epi.n, m0, n0, tid);
+              count = 0;
+            }
+          }
+        }
       }
   }
 }
 
-// kc::weight_gradient on the host: same split plan, same partial layout, same reduction order, and
-// active updates applied where the kernels apply them (the unsplit GEMM's epilogue and row sums, else
-// after the sums as reduce_splits_kernel does).
+// How a split weight gradient's partial products are added up: by the GEMM's own last block per tile
+// (SplitTileReduction, what the layers run) or by reduce_splits_kernel (without arrival counters).
+enum class SplitSums { in_gemm, second_kernel };
+
+// kc::weight_gradient on the host: kc::split_weight_gradient itself (same split plan, same partial
+// layout) with the GEMM's blocks run by emulate_gemm; with SplitSums::in_gemm the reduction is the
+// kernels' own reduce_tile, else reduce_splits_kernel's loop, written out here. Active updates are
+// applied where the kernels apply them. The arrival counters must all be back at zero afterwards.
 template <class TileT, class A, class B>
 void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
-                             const fp::kernels::LayerUpdate<float>& update = {}) {
+                             const fp::kernels::LayerUpdate<float>& update = {},
+                             SplitSums sums = SplitSums::in_gemm) {
   const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
-  if (s.splits == 1) {
-    emulate_gemm<TileT, true>(
-        kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, k, a, b, {dw, m, n, 0, update.weight}, db, update.bias}, 1);
+  const std::size_t count = std::size_t(m) * n;
+  std::vector<float> scratch(kc::weight_gradient_scratch<TileT>(m, n, k, sm_count) + 1, nan_value);
+  std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
+  if (sums == SplitSums::in_gemm || s.splits == 1) {
+    kc::split_weight_gradient<TileT>(nullptr, sm_count, m, n, k, a, b, dw, db, scratch.data(), update,
+                                     fp::ArrivalCounters{arrivals.data(), arrivals.size()},
+                                     [&](const auto& p, int splits) { emulate_gemm<TileT, true>(p, splits); });
+    CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
     return;
   }
-  const std::size_t count = std::size_t(m) * n;
-  std::vector<float> scratch(kc::weight_gradient_scratch<TileT>(m, n, k, sm_count), nan_value);
   float* row_partial = scratch.data() + std::size_t(s.splits) * count;
   emulate_gemm<TileT, true>(
       kc::GemmProblem<A, B, kc::StoreRowMajor>{m, n, k, s.k_chunk, a, b, {scratch.data(), m, n, count}, row_partial},
@@ -560,8 +582,10 @@ void check_fused_update(const Op& op, int sm_count, int m, int n, int k, const A
       else o(p[at + i], g[i], st[at + i], st[total + at + i]);
     }
   };
+  // The reference: the gradient summed by reduce_splits_kernel's loop, then the separate pass; against
+  // it the GEMM whose last blocks sum and update (the path the layers take).
   std::vector<float> dw_sep(count, nan_value), db_sep(m, nan_value), p_sep = params, s_sep = state0;
-  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data());
+  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data(), {}, SplitSums::second_kernel);
   separate(op, p_sep, s_sep, offset, dw_sep.data(), count);
   separate(op.decay_all ? op : fp::kernels::without_decay(op), p_sep, s_sep, bias, db_sep.data(), std::size_t(m));
 
@@ -602,6 +626,12 @@ TEST_CASE("a weight gradient that applies the optimizer gives the separate pass'
     for (const Sgd& op : sgds) check_fused_update<TileL>(op, sms, ops.m, ops.n, ops.k, ops.a, ops.b);
     for (const Adam& op : adams) check_fused_update<TileL>(op, sms, ops.m, ops.n, ops.k, ops.a, ops.b);
   }
+  // 150 outputs: three row bands of tiles, so three tiles reduce rows of the bias and the others none.
+  const auto dz150 = random_values(std::size_t(batch) * 150, 37);
+  const auto ops150 = kc::linear_stored_dw_operands(batch, in, 150, dz150.data(), x.data());
+  REQUIRE(kc::plan_split(ops150.m, ops150.n, ops150.k, TileL::bm, TileL::bn, TileL::bk, 132).splits > 1);
+  check_fused_update<TileL>(sgds[1], 132, ops150.m, ops150.n, ops150.k, ops150.a, ops150.b);
+  check_fused_update<TileL>(adams[1], 132, ops150.m, ops150.n, ops150.k, ops150.a, ops150.b);
   // A conv's dW over batch x pixels, on the tensor-core tile.
   constexpr fp::kernels::ConvGeometry g{3, 9, 11, 3, 1, 1, 6, 9, 11};
   const kc::ConvShape s(g);

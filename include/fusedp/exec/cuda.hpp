@@ -163,8 +163,17 @@ void copy_async(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
   FUSEDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, stream));
 }
 
+/// Counters in device memory that belong to a stream: a kernel that counts its blocks' arrivals (a
+/// split-K GEMM whose last block per tile adds the partial products, kernels/cuda/gemm.cuh) uses them,
+/// and its last block sets them back to zero, so between kernels they are all zero. Only kernels ordered
+/// on that one stream may use them.
+struct ArrivalCounters {
+  unsigned* data = nullptr;
+  std::size_t count = 0;
+};
+
 /// One CUDA device, the stream its work is queued on, and the precision of its GEMMs. Copies share the
-/// stream. `Cuda` (TF32) is the usual choice; CudaSpace<precision::Fp32> computes exactly in fp32.
+/// stream (and its arrival counters). `Cuda` (TF32) is the usual choice; CudaSpace<precision::Fp32> computes exactly in fp32.
 /// @tparam Precision precision::Tf32, precision::Fp32 or precision::Bf16
 template <class Precision = precision::Tf32>
 struct CudaSpace {
@@ -201,6 +210,7 @@ struct CudaSpace {
     shared_optin_ = std::size_t(prop.sharedMemPerBlockOptin);
     arch_ = prop.major * 10 + prop.minor;
     stream_ = CudaStream::make().shared();
+    arrivals_ = std::make_shared<DeviceBuffer<unsigned>>(arrival_counter_count);  // zeroed
   }
 
   /// The same device and stream with another precision policy.
@@ -210,11 +220,21 @@ struct CudaSpace {
         sm_count_(other.sm_count()),
         shared_optin_(other.shared_memory_per_block()),
         arch_(other.architecture()),
-        stream_(other.shared_stream()) {}
+        stream_(other.shared_stream()),
+        arrivals_(other.shared_arrivals()) {}
+
+  /// Counters of the stream (ArrivalCounters): 16,384, 64 KiB of device memory, one per output tile of
+  /// the largest split-K GEMM they serve (a larger one reduces in a kernel of its own).
+  static constexpr std::size_t arrival_counter_count = 16384;
 
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
   [[nodiscard]] const std::shared_ptr<CUstream_st>& shared_stream() const noexcept { return stream_; }
+  /// The stream's arrival counters.
+  [[nodiscard]] ArrivalCounters arrival_counters() const noexcept {
+    return arrivals_ ? ArrivalCounters{arrivals_->data(), arrivals_->size()} : ArrivalCounters{};
+  }
+  [[nodiscard]] const std::shared_ptr<DeviceBuffer<unsigned>>& shared_arrivals() const noexcept { return arrivals_; }
   /// Streaming multiprocessors: split-K GEMMs size their grids by it.
   [[nodiscard]] int sm_count() const noexcept { return sm_count_; }
   /// Largest dynamic shared memory one block may opt in to, in bytes.
@@ -232,6 +252,7 @@ struct CudaSpace {
   std::size_t shared_optin_ = 0;
   int arch_ = 0;
   std::shared_ptr<CUstream_st> stream_;
+  std::shared_ptr<DeviceBuffer<unsigned>> arrivals_;
 };
 
 /// The default Cuda space: TF32 tensor cores, fp32 everywhere else. `fp::Cuda{0}` is device 0.

@@ -134,6 +134,16 @@ struct Columns {
   FUSEDP_HD const float* base() const { return p; }
 };
 
+/// A value another block of the same kernel wrote (and fenced): read from L2, past this SM's L1, which
+/// does not see other SMs' stores.
+FUSEDP_HD FUSEDP_ALWAYS_INLINE float load_from_l2(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
 /// Calls f(local_row, local_col, row, col) for thread `tid`'s share of the elements of a block's tile
 /// inside the problem, the threads of the block walking rows fastest (MFastest) or columns fastest, for
 /// coalesced stores. Host code may call it (tests emulate a block thread by thread).
@@ -258,6 +268,29 @@ __device__ FUSEDP_ALWAYS_INLINE void slot_of(int idx, int& row, int& kk) {
 
 }  // namespace detail
 
+namespace detail {
+// After the epilogue of a split GEMM whose epilogue carries an active SplitTileReduction: counts this
+// block's arrival at its tile, and the last split to arrive reduces the tile (and resets the count).
+// Every thread fences its own stores (the partial tile, the row sums) before the block counts itself.
+template <class TileT, class Epi>
+__device__ FUSEDP_ALWAYS_INLINE void finish_split_tile(const Epi& epi, int m0, int n0, int tid) {
+  if constexpr (requires { epi.reduction; }) {
+    const auto& r = epi.reduction;  // a SplitTileReduction
+    if (!r.active()) return;
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    unsigned* const count = r.arrivals + std::size_t(blockIdx.x) * gridDim.y + blockIdx.y;
+    if (tid == 0) last = atomicAdd(count, 1u) == unsigned(r.splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    r.template reduce_tile<TileT>(epi.out, epi.m, epi.n, m0, n0, tid);
+    if (tid == 0) *count = 0u;
+  }
+}
+}  // namespace detail
+
 /// The GEMM kernel. Each block computes one BM x BN tile of C over the k-range of its split: operand
 /// slices go global memory -> registers -> shared memory (two stages, one barrier per slice; the loads
 /// of slice i+1 are in flight while slice i is multiplied), then the tile goes to the epilogue.
@@ -355,6 +388,7 @@ __global__ void __launch_bounds__(TileT::threads) gemm_kernel(const GemmProblem<
   math.store(c, Smem::ldc);
   __syncthreads();
   p.epi.template apply<TileT>(c, Smem::ldc, m0, n0, split, tid);
+  detail::finish_split_tile<TileT>(p.epi, m0, n0, tid);
 }
 
 /// How a GEMM's reduction is split over blocks: `splits` partial products of `k_chunk` each.
@@ -394,11 +428,54 @@ void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t strea
 /// elements after the previous split's. With an active `update` (an unsplit weight gradient only) each
 /// stored value is also that weight's finished gradient, and the optimizer's update of the weight is
 /// applied on the spot (kernels/optimizer.hpp: UpdateTarget).
+/// The second half of a split-K weight gradient done by the GEMM's own blocks: each split stores its
+/// partial product, and the last split of a tile to finish (counted in `arrivals`, one counter per
+/// output tile, zero before the launch, set back to zero by that block) adds the tile's partial
+/// products in split order, exactly as reduce_splits_kernel does (the same sums, so the same bits),
+/// with the same updates; the tiles of the first column (n0 == 0) also add their rows' partial row sums.
+/// One launch fewer per split weight gradient. Inactive (no arrivals): reduce_splits_kernel runs.
+struct SplitTileReduction {
+  unsigned* arrivals = nullptr;  // one per (blockIdx.x, blockIdx.y) tile, row-major over the grid
+  int splits = 1;
+  float* out = nullptr;  // dw (m x n)
+  const float* row_partial = nullptr;
+  float* row_out = nullptr;  // db (m), or null
+  LayerUpdate<float> update{};
+
+  [[nodiscard]] FUSEDP_HD bool active() const { return arrivals != nullptr; }
+  /// The reduction of tile (m0, n0), thread `tid`'s share, from the partial products `partial` (split
+  /// z's at partial + z * m * n), by the block that finished the tile last.
+  template <class TileT>
+  FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
+    const std::size_t count = std::size_t(m) * n;
+    const bool updating = update.weight.active();
+    const AnyStep<float> step = updating ? update.weight.load() : AnyStep<float>{};
+    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int, int, int gm, int gn) {
+      const std::size_t i = std::size_t(gm) * n + gn;
+      float s = 0.0f;
+      for (int z = 0; z < splits; ++z) s += load_from_l2(partial + std::size_t(z) * count + i);
+      out[i] = s;
+      if (updating) update.weight.apply(step, i, s);
+    });
+    if (row_out == nullptr || n0 != 0) return;
+    const bool bias = update.bias.active();
+    const AnyStep<float> bias_step = bias ? update.bias.load() : AnyStep<float>{};
+    for (int r = tid; r < TileT::bm && m0 + r < m; r += TileT::threads) {
+      const std::size_t i = std::size_t(m0 + r);
+      float s = 0.0f;
+      for (int z = 0; z < splits; ++z) s += load_from_l2(row_partial + std::size_t(z) * m + i);
+      row_out[i] = s;
+      if (bias) update.bias.apply(bias_step, i, s);
+    }
+  }
+};
+
 struct StoreRowMajor {
   float* out;
   int m, n;
   std::size_t split_stride;
   UpdateTarget<float> update{};
+  SplitTileReduction reduction{};  // active: the last split of each tile reduces it (split_stride = m * n)
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int split, int tid) const {
     float* o = out + std::size_t(split) * split_stride;
@@ -443,12 +520,15 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 }
 
 /// The split-K flow of a weight gradient with the GEMM launched by `run_gemm(problem, splits)`: one
-/// launch straight into dw and db when the plan does not split, else partial products into `scratch`
-/// then reduce_splits_kernel. The updates are applied by whichever writes dw and db last (the bias's
-/// only with db). Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma.
+/// launch straight into dw and db when the plan does not split, else partial products into `scratch`,
+/// added up in split order by the last split of each tile (SplitTileReduction) where `arrivals` has a
+/// counter for every tile, else by reduce_splits_kernel. The updates are applied by whichever writes dw
+/// and db last (the bias's only with db). Shared by weight_gradient and gemm_mma.cuh's
+/// weight_gradient_mma (and tests/gpu/emulation.cu, which runs the blocks on the host).
 template <class TileT, class A, class B, class Launch>
 void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                           float* db, float* scratch, const LayerUpdate<float>& update, Launch&& run_gemm) {
+                           float* db, float* scratch, const LayerUpdate<float>& update, const ArrivalCounters& arrivals,
+                           Launch&& run_gemm) {
   const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   const LayerUpdate<float> u{update.weight, db ? update.bias : UpdateTarget<float>{}};
   if (s.splits == 1) {
@@ -458,9 +538,12 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
   const std::size_t count = std::size_t(m) * n;
   float* row_partial = scratch + std::size_t(s.splits) * count;
-  run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, StoreRowMajor{scratch, m, n, count},
-                                          db ? row_partial : nullptr},
-         s.splits);
+  const std::size_t tiles = std::size_t((m + TileT::bm - 1) / TileT::bm) * std::size_t((n + TileT::bn - 1) / TileT::bn);
+  const bool in_kernel = arrivals.data != nullptr && tiles <= arrivals.count;
+  StoreRowMajor partials{scratch, m, n, count};
+  if (in_kernel) partials.reduction = {arrivals.data, s.splits, dw, row_partial, db, u};
+  run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, partials, db ? row_partial : nullptr}, s.splits);
+  if (in_kernel) return;
   const std::size_t total = std::max(count, std::size_t(m));
   launch<reduce_splits_kernel<float>>("reduce_splits_kernel", unsigned((total + 255) / 256), 256, 0, stream, scratch,
                                       s.splits, count, dw, row_partial, m, db, u);
@@ -471,10 +554,13 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
 /// too small, partial products then summed in a fixed order. `scratch` holds
 /// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats. With active updates the optimizer is
 /// applied to the weights and the bias as their gradients are finished (dw and db are still written).
+/// `arrivals`: the stream's counters (CudaSpace::arrival_counters), with which the split GEMM reduces
+/// its own tiles; without them a second kernel does.
 template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                     float* db, float* scratch, const LayerUpdate<float>& update = {}) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
+                     float* db, float* scratch, const LayerUpdate<float>& update = {},
+                     const ArrivalCounters& arrivals = {}) {
+  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
                                [&](const auto& p, int splits) { launch_gemm<TileT, P, true>(p, splits, stream); });
 }
 

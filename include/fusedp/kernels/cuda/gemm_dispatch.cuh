@@ -64,17 +64,19 @@ inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMain
 }
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
-/// architecture and shared memory (what gemm_mma_can_run asks), and the preferred mainloop.
+/// architecture and shared memory (what gemm_mma_can_run asks), the preferred mainloop, and the stream's
+/// arrival counters (split weight gradients reduce their own tiles with them).
 struct GemmTarget {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
   MmaDevice device{};
   GemmMainloop mainloop = GemmMainloop::wmma;
+  ArrivalCounters arrivals{};
 
   template <class P>
   [[nodiscard]] static GemmTarget of(const CudaSpace<P>& space,
                                      GemmMainloop mainloop = gemm_mainloop_from_environment()) {
-    return {space.stream(), space.sm_count(), MmaDevice::of(space), mainloop};
+    return {space.stream(), space.sm_count(), MmaDevice::of(space), mainloop, space.arrival_counters()};
   }
 };
 
@@ -113,17 +115,18 @@ template <class TileW, class TileM>
 /// takes_mma says so for the whole product (its split plan has whole 32-deep slices, so the splits run
 /// too: weight_gradient_mma), else exactly weight_gradient, WMMA's plan and all.
 /// `scratch`: weight_gradient_scratch_on<TileW, TileM>(m, n, k, t.sm_count) floats; `update` as
-/// weight_gradient's.
+/// weight_gradient's; t.arrivals as weight_gradient's `arrivals`.
 template <class TileW, class TileM, class P, class A, class B>
 void weight_gradient_on(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
                         float* scratch, const LayerUpdate<float>& update = {}) {
   if constexpr (!std::is_same_v<P, precision::Fp32> && CopyOperand<A> && CopyOperand<B>) {
     if (takes_mma<TileM, P>(GemmProblem<A, B, StoreRowMajor>{m, n, k, k, a, b, {}, nullptr}, t)) {
-      weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch, update);
+      weight_gradient_mma<TileM, P>(t.stream, t.sm_count, t.device, m, n, k, a, b, dw, db, scratch, update,
+                                    t.arrivals);
       return;
     }
   }
-  weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update);
+  weight_gradient<TileW, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update, t.arrivals);
 }
 
 /// `m`, checked as the mainloop of a layer's GEMMs: mma from a build whose layers lack it
@@ -178,7 +181,8 @@ void layer_weight_gradient(const GemmTarget& t, int m, int n, int k, const A& a,
   if constexpr (layers_have_mma) {
     weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch, update);
   } else {
-    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update);
+    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update,
+                                             t.arrivals);
   }
 }
 

@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
         *reinterpret_cast<float2*>(c + W::c_offset(lane, row0, col0, i, j, r)) = make_float2(acc[i][j][r], acc[i][j][r + 1]);
   __syncthreads();
   p.epi.template apply<TileT>(c, TileT::ldc, m0, n0, split, tid);
+  detail::finish_split_tile<TileT>(p.epi, m0, n0, tid);
 }
 
 /// What of a device decides whether the tensor-core mainloop runs on it: its compute capability
@@ -428,12 +429,13 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
 
 /// weight_gradient on the tensor-core mainloop: dW (m x n) = sum over k of A(m, k) B(n, k), db the row
 /// sums of A when not null, split over k by the same plan (TileT's 32-deep slices) and reduced in the same
-/// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats; `update` as
-/// weight_gradient's.
+/// fixed order; `scratch` holds weight_gradient_scratch<TileT>(m, n, k, sm_count) floats; `update` and
+/// `arrivals` as weight_gradient's.
 template <class TileT, class P = precision::Tf32, class A, class B>
 void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
-                         const B& b, float* dw, float* db, float* scratch, const LayerUpdate<float>& update = {}) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update,
+                         const B& b, float* dw, float* db, float* scratch, const LayerUpdate<float>& update = {},
+                         const ArrivalCounters& arrivals = {}) {
+  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
                                [&](const auto& p, int splits) { launch_gemm_mma<TileT, true, P>(p, splits, d, stream); });
 }
 

@@ -311,7 +311,8 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
           // dW (out, in) = dz^T (out, batch) x input (batch, in); db = row sums of dz^T
           weight_gradient<tile_for<Layer::in>, P>(space.stream(), space.sm_count(), Layer::out, Layer::in, args.batch,
                                                   Columns{args.dz[L], Layer::out}, Columns{input, Layer::in}, dw[L],
-                                                  db[L], scratch, updates ? updates[L] : LayerUpdate<float>{});
+                                                  db[L], scratch, updates ? updates[L] : LayerUpdate<float>{},
+                                                  space.arrival_counters());
         }(),
         ...);
   }(std::make_integer_sequence<int, Spec::count>{});
