@@ -6,6 +6,8 @@
 // ldmatrix and mma.sync).
 #include "gpu_test.hpp"
 
+#include <algorithm>
+
 #include <fusedp/kernels/activation.hpp>
 #include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/gemm_dispatch.cuh>
@@ -126,12 +128,13 @@ void check_conv_both(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
   const auto dzv = gpu_test::upload(space, gpu_test::random_values(batch * g.out_size(), stream + 3));
   const std::size_t scratch_floats = std::max(kc::weight_gradient_scratch<kc::tile_for<Patch>>(O, Patch, batch * s.ohw, sms),
                                               kc::weight_gradient_scratch<kc::mma::mma_tile_for<Patch>>(O, Patch, batch * s.ohw, sms));
-  auto scratch = gpu_test::poisoned<float>(space, scratch_floats + 1);
   // [run][y, dx, dW, db]. Runs: WMMA with the split weight gradient reduced by reduce_splits_kernel;
   // the tensor-core mainloop reducing its own tiles (the stream's arrival counters); WMMA reducing its
   // own tiles, twice (the counters must be back at zero for the second).
   std::vector<float> got[4][4];
   for (int kernel = 0; kernel < 4; ++kernel) {
+    // Poisoned for every run: no run may find the partial products of the one before.
+    auto scratch = gpu_test::poisoned<float>(space, scratch_floats + 1);
     auto y = gpu_test::poisoned<float>(space, batch * g.out_size());
     auto dx = gpu_test::poisoned<float>(space, batch * g.in_size());
     auto dw = gpu_test::poisoned<float>(space, g.out_channels * g.patch());
@@ -158,6 +161,9 @@ void check_conv_both(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
     got[kernel][1] = gpu_test::download(space, dx);
     got[kernel][2] = gpu_test::download(space, dw);
     got[kernel][3] = gpu_test::download(space, db);
+    const fp::ArrivalCounters counters = space.arrival_counters();
+    const auto left = gpu_test::download(space, std::span<const unsigned>(counters.data, counters.count));
+    CHECK(std::count(left.begin(), left.end(), 0u) == std::ptrdiff_t(left.size()));  // all back at zero
   }
   // Both round each operand to TF32 once and accumulate in fp32, in different orders.
   FUSEDP_CHECK_CLOSE(got[1][0], got[0][0], 1e-5, "conv forward");

@@ -99,6 +99,10 @@ bool same_bits(const T& a, const T& b) {
 /// Whether two steps hold the same numbers bit for bit (their padding aside): a Cuda model rewrites the
 /// device copy of its step only when the next one differs (SGD at a constant learning rate: from the
 /// second step on, never).
+// identical() names every field; a field added to a step must be added there too.
+static_assert(sizeof(SgdStep<float>) == 4 * sizeof(float) + 4, "SgdStep changed: update identical()");
+static_assert(sizeof(AdamStep<float>) == 9 * sizeof(float), "AdamStep changed: update identical()");
+
 template <class T>
 [[nodiscard]] bool identical(const SgdStep<T>& a, const SgdStep<T>& b) {
   using detail::same_bits;
@@ -143,7 +147,8 @@ template <class T>
 }
 
 /// Where a tensor's update goes when the kernel that finishes its gradient applies it: the step (device
-/// memory on Cuda, rewritten before every training step so that one recorded graph serves every step),
+/// memory on Cuda, rewritten before a training step whose numbers differ from the last one's, so that
+/// one recorded graph serves every step),
 /// the tensor's parameters and its optimizer state (slot s of element i at state[s * stride + i]), and
 /// whether it is a GEMM weight (decays: what Decay::weights decays) or a bias (the step's decay only
 /// under Decay::all). A default-constructed target is inactive: the kernel only stores the gradient.

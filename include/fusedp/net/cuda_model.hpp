@@ -83,9 +83,10 @@ struct StepGraphKey {
   bool operator==(const StepGraphKey&) const = default;
 };
 
-// One address per type written to a model's step slot (Model::write_op_slot).
+// One address per type written to a model's step slot (Model::write_op_slot); not const, so that no
+// linker folds two of them into one address.
 template <class V>
-inline constexpr char op_slot_tag = 0;
+inline char op_slot_tag = 0;
 
 template <class P>
 CudaSpace<P> activated(CudaSpace<P> space) {

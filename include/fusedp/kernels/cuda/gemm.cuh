@@ -277,13 +277,17 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_split_tile(const Epi& epi, int m0, i
   if constexpr (requires { epi.reduction; }) {
     const auto& r = epi.reduction;  // a SplitTileReduction
     if (!r.active()) return;
-    __shared__ bool last;
     __threadfence();
     __syncthreads();
     unsigned* const count = r.arrivals + std::size_t(blockIdx.x) * gridDim.y + blockIdx.y;
-    if (tid == 0) last = atomicAdd(count, 1u) == unsigned(r.splits - 1);
-    __syncthreads();
-    if (!last) return;
+    bool arrived_last = false;
+    if (tid == 0) {
+      __threadfence();  // cumulative: the block's stores, ordered before it by the barrier
+      arrived_last = atomicAdd(count, 1u) == unsigned(r.splits - 1);
+      __threadfence();
+    }
+    // No static shared memory for the answer: a tensor-core tile may use every byte of the opt-in.
+    if (!__syncthreads_or(arrived_last)) return;
     __threadfence();
     r.template reduce_tile<TileT>(epi.out, epi.m, epi.n, m0, n0, tid);
     if (tid == 0) *count = 0u;

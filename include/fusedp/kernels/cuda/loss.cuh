@@ -82,14 +82,14 @@ using LossReduce = cub::BlockReduce<float, loss_threads>;
 // of the separate one-block pass this replaces (one launch fewer per step).
 __device__ inline void finish_loss(float block_sum, int blocks, float scale, const LossOutput& out,
                                    typename LossReduce::TempStorage& temp) {
-  __shared__ bool last;
+  bool arrived_last = false;
   if (threadIdx.x == 0) {
     out.block_sums[blockIdx.x] = block_sum;
     __threadfence();  // the sum is visible to every block before the count says it is there
-    last = atomicAdd(out.arrivals, 1u) == unsigned(blocks - 1);
+    arrived_last = atomicAdd(out.arrivals, 1u) == unsigned(blocks - 1);
+    __threadfence();
   }
-  __syncthreads();  // `last` for every thread; `temp` free again
-  if (!last) return;
+  if (!__syncthreads_or(arrived_last)) return;  // a barrier too: `temp` is free again
   __threadfence();
   float s = 0.0f;
   for (int i = int(threadIdx.x); i < blocks; i += loss_threads) s += __ldcg(out.block_sums + i);  // from L2
