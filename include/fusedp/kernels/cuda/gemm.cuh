@@ -136,12 +136,26 @@ struct Columns {
 
 /// A value another block of the same kernel wrote (and fenced): read from L2, past this SM's L1, which
 /// does not see other SMs' stores.
-FUSEDP_HD FUSEDP_ALWAYS_INLINE float load_from_l2(const float* p) {
+template <class T>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE T load_from_l2(const T* p) {
 #if defined(__CUDA_ARCH__)
   return __ldcg(p);
 #else
   return *p;
 #endif
+}
+
+/// out[i] = the sum of the `splits` partial products partial[z * stride + i] in split order, then
+/// `target`'s update with `step` (where active): how every split-K weight gradient finishes an element,
+/// whether reduce_splits_kernel or the GEMM's last block (SplitTileReduction) does it, so both give the
+/// same bits.
+template <class T>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_split_sum(const T* partial, int splits, std::size_t stride, std::size_t i,
+                                                     T* out, const UpdateTarget<T>& target, const AnyStep<T>& step) {
+  T s = T(0);
+  for (int z = 0; z < splits; ++z) s += load_from_l2(partial + std::size_t(z) * stride + i);
+  out[i] = s;
+  if (target.active()) target.apply(step, i, s);
 }
 
 /// Calls f(local_row, local_col, row, col) for thread `tid`'s share of the elements of a block's tile
@@ -452,25 +466,14 @@ struct SplitTileReduction {
   template <class TileT>
   FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
     const std::size_t count = std::size_t(m) * n;
-    const bool updating = update.weight.active();
-    const AnyStep<float> step = updating ? update.weight.load() : AnyStep<float>{};
+    const AnyStep<float> step = update.weight.active() ? update.weight.load() : AnyStep<float>{};
     for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int, int, int gm, int gn) {
-      const std::size_t i = std::size_t(gm) * n + gn;
-      float s = 0.0f;
-      for (int z = 0; z < splits; ++z) s += load_from_l2(partial + std::size_t(z) * count + i);
-      out[i] = s;
-      if (updating) update.weight.apply(step, i, s);
+      finish_split_sum(partial, splits, count, std::size_t(gm) * n + gn, out, update.weight, step);
     });
     if (row_out == nullptr || n0 != 0) return;
-    const bool bias = update.bias.active();
-    const AnyStep<float> bias_step = bias ? update.bias.load() : AnyStep<float>{};
-    for (int r = tid; r < TileT::bm && m0 + r < m; r += TileT::threads) {
-      const std::size_t i = std::size_t(m0 + r);
-      float s = 0.0f;
-      for (int z = 0; z < splits; ++z) s += load_from_l2(row_partial + std::size_t(z) * m + i);
-      row_out[i] = s;
-      if (bias) update.bias.apply(bias_step, i, s);
-    }
+    const AnyStep<float> bias_step = update.bias.active() ? update.bias.load() : AnyStep<float>{};
+    for (int r = tid; r < TileT::bm && m0 + r < m; r += TileT::threads)
+      finish_split_sum(row_partial, splits, std::size_t(m), std::size_t(m0 + r), row_out, update.bias, bias_step);
   }
 };
 
@@ -502,18 +505,12 @@ __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t c
                                      int rows, T* row_out, LayerUpdate<T> update) {
   kernel_prologue();
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) {
-    T s = T(0);
-    for (int z = 0; z < splits; ++z) s += partial[std::size_t(z) * count + i];
-    out[i] = s;
-    if (update.weight.active()) update.weight.apply(update.weight.load(), i, s);
-  }
-  if (row_out != nullptr && i < std::size_t(rows)) {
-    T s = T(0);
-    for (int z = 0; z < splits; ++z) s += row_partial[std::size_t(z) * rows + i];
-    row_out[i] = s;
-    if (update.bias.active()) update.bias.apply(update.bias.load(), i, s);
-  }
+  if (i < count)
+    finish_split_sum(partial, splits, count, i, out, update.weight,
+                     update.weight.active() ? update.weight.load() : AnyStep<T>{});
+  if (row_out != nullptr && i < std::size_t(rows))
+    finish_split_sum(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
+                     update.bias.active() ? update.bias.load() : AnyStep<T>{});
 }
 
 /// Scratch (floats) a weight-gradient GEMM of this shape needs for its split partial products.
