@@ -20,7 +20,8 @@
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
 #      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
-#      without programmatic dependent launch (impl=fusedp-no-pdl), and, where ncu exists, each kernel's
+#      without programmatic dependent launch (impl=fusedp-no-pdl) and with split-K GEMMs' parts added
+#      up by a second kernel (impl=fusedp-split-kernel), and, where ncu exists, each kernel's
 #      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
 #      (benchmarks/gpu/kernel_times.py);
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
@@ -266,7 +267,7 @@ if (( torch_ok )); then
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
-  after=$(( after + 20 ))  # and the separate-update and no-pdl runs (two nets each)
+  after=$(( after + 30 ))  # and the separate-update, no-pdl and split-kernel runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
@@ -327,6 +328,15 @@ if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
   for net in lenet cifar; do
     timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --no-dependent-launch |
       tee -a "$OUT/fusedp.txt"
+  done
+fi
+# LeNet and the CIFAR-10 CNN with the parts of their split-K GEMMs added up by a second kernel
+# (impl=fusedp-split-kernel): whether finishing them in the GEMM's last block per tile pays.
+if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
+  log "fusedp train steps with split-K parts added up by a second kernel"
+  for net in lenet cifar; do
+    FUSEDP_CUDA_SPLIT_REDUCTION=kernel timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 \
+      --warmup 10 | tee -a "$OUT/fusedp.txt"
   done
 fi
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute

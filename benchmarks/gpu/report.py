@@ -63,7 +63,8 @@ def read_fusedp(path):
     """{impl: {(net, batch): result}} for each fusedp build that ran (fusedp: the WMMA mainloop;
     fusedp-mma: the layers' GEMMs on the tensor-core one; fusedp-unfused: without the fused gradient
     boundaries; fusedp-separate-update: the optimizer as its own pass; fusedp-no-pdl: without programmatic
-    dependent launch), and the FAILED/NOTE lines."""
+    dependent launch; fusedp-split-kernel: split-K parts added up by a second kernel), and the FAILED/NOTE
+    lines."""
     out, notes = {}, []
     if not path or not os.path.exists(path):
         return out, ["fusedp: no results (the benchmark did not run)"]

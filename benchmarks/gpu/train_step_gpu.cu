@@ -22,6 +22,8 @@
 // --no-dependent-launch: every kernel launched the plain way, each waiting for the one before it to
 // finish before it is scheduled (kernels::cuda::set_dependent_launch(false), the same as
 // FUSEDP_CUDA_DEPENDENT_LAUNCH=off); the lines say impl=fusedp-no-pdl.
+// FUSEDP_CUDA_SPLIT_REDUCTION=kernel: the parts of split-K GEMMs added up by a second kernel, not by
+// the GEMM's last block per tile (kernels/cuda/gemm_dispatch.cuh); the lines say impl=fusedp-split-kernel.
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
@@ -156,6 +158,8 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
               !fp::cuda_fused_gradients ? "fusedp-unfused"
               : o.separate_update       ? "fusedp-separate-update"
               : o.no_dependent_launch   ? "fusedp-no-pdl"
+              : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
+                  ? "fusedp-split-kernel"
               : mma                     ? "fusedp-mma"
                                         : "fusedp",
               name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),

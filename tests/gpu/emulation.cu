@@ -47,7 +47,8 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
   }();
   std::vector<float> c(std::size_t(bm) * ldc);
   const int bx_count = (p.m + bm - 1) / bm, by_count = (p.n + bn - 1) / bn;
-  // The splits in reverse: with a SplitTileReduction the last to arrive, split 0, adds them all up.
+  // The splits in reverse: with an active reduction (SplitTileReduction, LinearForwardReduction) the
+  // last to arrive, split 0, adds them all up.
   for (int z = splits - 1; z >= 0; --z) {
     const int k_begin = z * p.k_chunk, k_end = std::min(p.k, k_begin + p.k_chunk);
     for (int bx = 0; bx < bx_count; ++bx)
@@ -632,6 +633,16 @@ TEST_CASE("a weight gradient that applies the optimizer gives the separate pass'
   REQUIRE(kc::plan_split(ops150.m, ops150.n, ops150.k, TileL::bm, TileL::bn, TileL::bk, 132).splits > 1);
   check_fused_update<TileL>(sgds[1], 132, ops150.m, ops150.n, ops150.k, ops150.a, ops150.b);
   check_fused_update<TileL>(adams[1], 132, ops150.m, ops150.n, ops150.k, ops150.a, ops150.b);
+  // A long batch: many splits (the sums' loads go four splits at a time), 96 columns finished four at a
+  // time, 97 one by one.
+  const int long_batch = 3000;
+  const auto xl = random_values(std::size_t(long_batch) * 97, 38), dzl = random_values(std::size_t(long_batch) * out, 39);
+  for (int cols : {96, 97}) {
+    const auto opsl = kc::linear_stored_dw_operands(long_batch, cols, out, dzl.data(), xl.data());
+    REQUIRE(kc::plan_split(opsl.m, opsl.n, opsl.k, TileL::bm, TileL::bn, TileL::bk, 132).splits >= 9);
+    check_fused_update<TileL>(sgds[0], 132, opsl.m, opsl.n, opsl.k, opsl.a, opsl.b);
+    check_fused_update<TileL>(adams[0], 132, opsl.m, opsl.n, opsl.k, opsl.a, opsl.b);
+  }
   // A conv's dW over batch x pixels, on the tensor-core tile.
   constexpr fp::kernels::ConvGeometry g{3, 9, 11, 3, 1, 1, 6, 9, 11};
   const kc::ConvShape s(g);
@@ -642,6 +653,78 @@ TEST_CASE("a weight gradient that applies the optimizer gives the separate pass'
     check_fused_update<kc::GemmTiles<27>::mma>(sgds[1], sms, cops.m, cops.n, cops.k, cops.a, cops.b);
     check_fused_update<kc::GemmTiles<27>::mma>(adams[0], sms, cops.m, cops.n, cops.k, cops.a, cops.b);
   }
+}
+
+// A Linear forward the plan splits (few rows and columns, a long reduction): kc::split_linear_forward
+// itself with the blocks emulated on `TileT` (either mainloop's grid), its parts finished by the GEMM's
+// last block per tile, against the same parts finished by linear_forward_reduce_kernel's loop written
+// out here: the same bits, every counter back at zero, and both close to the Host model in double.
+template <class Epi, class TileT, int Out>
+void check_split_linear_forward(int batch, int in, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(in);
+  CAPTURE(Out);
+  CAPTURE(TileT::bm);
+  CAPTURE(TileT::bn);
+  using Tiles = kc::GemmTiles<Out>;
+  const kc::SplitPlan s = kc::linear_forward_split<Tiles>(batch, in, Out, sm_count);
+  REQUIRE(s.splits > 1);
+  const fp::Host host{1};
+  const auto x = random_values(std::size_t(batch) * in, 41), w = random_values(std::size_t(Out) * in, 42);
+  const auto b = random_values(std::size_t(Out), 43);
+  const auto xd = widen(x), wd = widen(w), bd = widen(b);
+  const std::size_t count = std::size_t(batch) * Out;
+  std::vector<double> y_ref(count), z_ref(count);
+  kh::linear_forward<Epi>(host, batch, in, Out, wd.data(), bd.data(), xd.data(), y_ref.data(),
+                          Epi::saves_input ? z_ref.data() : nullptr);
+
+  // In the GEMM: scratch poisoned (and one more float), so a tile finished before all its parts arrived,
+  // or a read past the parts, shows.
+  std::vector<float> scratch(kc::linear_forward_scratch<Tiles>(batch, in, Out, sm_count) + 1, nan_value);
+  std::vector<float> y(count, nan_value), z(count, nan_value);
+  std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
+  const fp::ArrivalCounters counters{arrivals.data(), arrivals.size()};
+  REQUIRE(kc::arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(counters, batch, Out));
+  bool in_gemm = false;
+  kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
+                                       Epi::saves_input ? z.data() : nullptr, scratch.data(), counters,
+                                       [&](const auto& p, int splits) {
+                                         if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+                                         emulate_gemm<TileT, false>(p, splits);
+                                       });
+  CHECK(in_gemm);
+  CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
+
+  // The second kernel's way: the same parts, then the sum in split order, the bias, Epi.
+  std::vector<float> parts(scratch.size(), nan_value), y2(count, nan_value), z2(count, nan_value);
+  emulate_gemm<TileT, false>(
+      kc::GemmProblem<kc::Rows, kc::Rows, kc::PartialsRowMajor<kc::LinearForwardReduction<Epi>>>{
+          batch, Out, in, s.k_chunk, kc::Rows{x.data(), in}, kc::Rows{w.data(), in}, {parts.data(), batch, Out, count},
+          nullptr},
+      s.splits);
+  for (std::size_t i = 0; i < count; ++i) {
+    float sum = 0;
+    for (int q = 0; q < s.splits; ++q) sum += parts[std::size_t(q) * count + i];
+    const float v = sum + b[i % Out];
+    z2[i] = v;
+    y2[i] = Epi::apply(v);
+  }
+  CHECK(std::memcmp(y.data(), y2.data(), count * sizeof(float)) == 0);
+  if constexpr (Epi::saves_input) CHECK(std::memcmp(z.data(), z2.data(), count * sizeof(float)) == 0);
+  // fp32 sums of parts exact in double: only their roundings differ.
+  FUSEDP_CHECK_CLOSE(y, y_ref, exact, "split linear y");
+  if constexpr (Epi::saves_input) FUSEDP_CHECK_CLOSE(z, z_ref, exact, "split linear z");
+}
+
+TEST_CASE("a split Linear forward finished by the GEMM's last blocks gives the second kernel's bits (CPU emulation)") {
+  // One tile of output (20 x 70) split many ways; 2 x 3 WMMA tiles (100 x 130); on the tensor-core tile.
+  // Widths that are multiples of 4 (72, 128) are finished four at a time, the others one by one.
+  check_split_linear_forward<Epilogue<Relu>, kc::GemmTiles<70>::wmma, 70>(20, 1000, 132);
+  check_split_linear_forward<Epilogue<Relu>, kc::GemmTiles<72>::wmma, 72>(20, 1000, 132);
+  check_split_linear_forward<Epilogue<Gelu>, kc::GemmTiles<130>::wmma, 130>(100, 600, 132);
+  check_split_linear_forward<Epilogue<Gelu>, kc::GemmTiles<128>::wmma, 128>(100, 600, 132);
+  check_split_linear_forward<Epilogue<>, kc::GemmTiles<130>::mma, 130>(100, 600, 132);
+  check_split_linear_forward<Epilogue<Tanh>, kc::GemmTiles<72>::mma, 72>(20, 1000, 8);
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {
@@ -736,6 +819,23 @@ TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back t
     std::vector<float> y(std::size_t(batch) * out);
     const auto fwd = kc::linear_forward_problem<Epilogue<Relu>>(batch, in, out, w.data(), b.data(), x.data(), y.data(), nullptr);
     CHECK(kc::takes_mma<kc::mma::MmaTile128x128, Tf32>(fwd, mma) == (in % 4 == 0));
+  }
+}
+
+TEST_CASE("the split reduction switch: FUSEDP_CUDA_SPLIT_REDUCTION's values") {
+  CHECK(kc::parse_split_reduction(nullptr) == kc::SplitReduction::gemm);
+  CHECK(kc::parse_split_reduction("") == kc::SplitReduction::gemm);
+  CHECK(kc::parse_split_reduction("gemm") == kc::SplitReduction::gemm);
+  CHECK(kc::parse_split_reduction("kernel") == kc::SplitReduction::kernel);
+  for (const char* bad : {"GEMM", "second", "kernel "}) {
+    std::string message;
+    try {
+      (void)kc::parse_split_reduction(bad);
+    } catch (const fp::InvalidArgument& e) {
+      message = e.what();
+    }
+    CHECK(message.find("FUSEDP_CUDA_SPLIT_REDUCTION is '" + std::string(bad) + "'; it must be 'gemm' or 'kernel'") !=
+          std::string::npos);
   }
 }
 

@@ -12,6 +12,8 @@
 #include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/gemm_dispatch.cuh>
 #include <fusedp/kernels/cuda/gemm_mma.cuh>
+#include <fusedp/kernels/cuda/linear.cuh>
+#include <fusedp/kernels/host/linear.hpp>
 
 #include <cmath>
 #include <vector>
@@ -273,6 +275,65 @@ TEST_CASE("gemm_dispatch: weight_gradient_on with either mainloop, and the fallb
   kc::GemmTarget old = mma_target;
   old.device.arch = 75;  // as on a Turing card: every launch falls back
   CHECK(run(old) == run(kc::GemmTarget{space.stream(), space.sm_count(), {75, 65536}, kc::GemmMainloop::wmma}));
+}
+
+// linear.cuh's split forward (a small batch through a wide layer) on either mainloop: its parts finished
+// by the GEMM's last block per tile (the stream's arrival counters), twice, against the same parts
+// finished by linear_forward_reduce_kernel (no counters): the same bits; each close to the Host model.
+TEST_CASE("linear forward: a split forward finished in the GEMM gives the second kernel's bits") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  fp::Cuda space;
+  using Epi = fp::kernels::Epilogue<fp::kernels::Gelu>;  // saves z too
+  using P = fp::precision::Tf32;
+  constexpr int out = 300;
+  using Tiles = kc::GemmTiles<out>;
+  // 130 rows: three WMMA tiles and two tensor-core ones along m, so the counters' index runs over rows too.
+  const int batch = 130, in = 4096, sms = space.sm_count();
+  const kc::SplitPlan plan = kc::linear_forward_split<Tiles>(batch, in, out, sms);
+  REQUIRE(plan.splits > 1);
+  const auto x = gpu_test::random_values(std::size_t(batch) * in, 730), w = gpu_test::random_values(std::size_t(out) * in, 731);
+  const auto b = gpu_test::random_values(std::size_t(out), 732);
+  const auto dx = gpu_test::upload(space, x), dw = gpu_test::upload(space, w), dbias = gpu_test::upload(space, b);
+  const std::size_t count = std::size_t(batch) * out;
+
+  const fp::Host host{1};
+  const std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end());
+  std::vector<double> y_ref(count), z_ref(count);
+  fp::kernels::host::linear_forward<Epi>(host, batch, in, out, wd.data(), bd.data(), xd.data(), y_ref.data(), z_ref.data());
+
+  for (const kc::GemmMainloop loop : {kc::GemmMainloop::wmma, kc::GemmMainloop::mma}) {
+    CAPTURE(int(loop));
+    if (loop == kc::GemmMainloop::mma && space.architecture() < 80) continue;
+    std::vector<float> got[3][2];  // [second kernel, in the GEMM, again][y, z]
+    for (int run = 0; run < 3; ++run) {
+      kc::GemmTarget t = kc::GemmTarget::of(space, loop);
+      if (run == 0) t.arrivals = {};
+      auto scratch = gpu_test::poisoned<float>(space, kc::linear_forward_scratch<Tiles>(batch, in, out, sms));
+      auto y = gpu_test::poisoned<float>(space, count), z = gpu_test::poisoned<float>(space, count);
+      bool in_gemm = false, tensor_cores = false;
+      kc::split_linear_forward<Epi, Tiles>(
+          t.stream, t.sm_count, batch, in, out, dw.data(), dbias.data(), dx.data(), y.data(), z.data(), scratch.data(),
+          t.arrivals, [&](const auto& p, int splits) {
+            if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+            tensor_cores = kc::takes_mma<typename Tiles::mma, P>(p, t);
+            kc::launch_gemm_on<typename Tiles::wmma, typename Tiles::mma, P, false>(p, splits, t);
+          });
+      CHECK(in_gemm == (run > 0));  // the runs compare what they say they compare
+      CHECK(tensor_cores == (loop == kc::GemmMainloop::mma));
+      got[run][0] = gpu_test::download(space, y);
+      got[run][1] = gpu_test::download(space, z);
+      const fp::ArrivalCounters counters = space.arrival_counters();
+      const auto left = gpu_test::download(space, std::span<const unsigned>(counters.data, counters.count));
+      CHECK(std::count(left.begin(), left.end(), 0u) == std::ptrdiff_t(left.size()));
+    }
+    CHECK(got[1][0] == got[0][0]);
+    CHECK(got[1][1] == got[0][1]);
+    CHECK(got[2][0] == got[0][0]);
+    CHECK(got[2][1] == got[0][1]);
+    // TF32 operands over 4096 terms, against double.
+    FUSEDP_CHECK_CLOSE(got[0][0], y_ref, 5e-3, "split linear y");
+    FUSEDP_CHECK_CLOSE(got[0][1], z_ref, 5e-3, "split linear z");
+  }
 }
 
 TEST_CASE("gemm_mma: a problem it cannot run is refused with a message, nothing launched") {

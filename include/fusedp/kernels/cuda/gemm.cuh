@@ -23,7 +23,9 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace fusedp::kernels::cuda {
@@ -145,17 +147,61 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE T load_from_l2(const T* p) {
 #endif
 }
 
-/// out[i] = the sum of the `splits` partial products partial[z * stride + i] in split order, then
-/// `target`'s update with `step` (where active): how every split-K weight gradient finishes an element,
-/// whether reduce_splits_kernel or the GEMM's last block (SplitTileReduction) does it, so both give the
-/// same bits.
-template <class T>
-FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_split_sum(const T* partial, int splits, std::size_t stride, std::size_t i,
-                                                     T* out, const UpdateTarget<T>& target, const AnyStep<T>& step) {
-  T s = T(0);
-  for (int z = 0; z < splits; ++z) s += load_from_l2(partial + std::size_t(z) * stride + i);
-  out[i] = s;
-  if (target.active()) target.apply(step, i, s);
+/// `L` consecutive elements' values, one per lane.
+template <int L>
+struct Lanes {
+  float v[L];
+};
+
+/// The `L` floats at p (L = 4: one 16-byte load, p 16-byte aligned), written by another block of the
+/// same kernel: load_from_l2.
+template <int L>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE Lanes<L> load_lanes(const float* p) {
+  static_assert(L == 1 || L == 4, "load_lanes: one float or four");
+  if constexpr (L == 1) {
+    return {{load_from_l2(p)}};
+  } else {
+    const float4 q = load_from_l2(reinterpret_cast<const float4*>(p));
+    return {{q.x, q.y, q.z, q.w}};
+  }
+}
+
+/// The sums of the `splits` partial products partial[z * stride + i + c] of elements i + c (c < L), each
+/// in split order from 0: how every split-K GEMM adds up an element, whether a second kernel or the
+/// GEMM's last block does it, so both give the same bits. The loads of four splits are written before
+/// their adds (loops of constant length, which nvcc unrolls): a block that reduces a whole tile alone
+/// keeps several loads in flight per thread (the GPU issues in order, so an add waiting for its load
+/// would hold back the next load). L = 4 needs partial + i and stride 16-byte aligned.
+template <int L>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE Lanes<L> split_sums(const float* partial, int splits, std::size_t stride, std::size_t i) {
+  constexpr int in_flight = 4;
+  Lanes<L> s{};
+  int z = 0;
+  for (; z + in_flight <= splits; z += in_flight) {
+    Lanes<L> v[in_flight];
+    for (int q = 0; q < in_flight; ++q) v[q] = load_lanes<L>(partial + std::size_t(z + q) * stride + i);
+    for (int q = 0; q < in_flight; ++q)
+      for (int c = 0; c < L; ++c) s.v[c] += v[q].v[c];
+  }
+  for (; z < splits; ++z) {
+    const Lanes<L> v = load_lanes<L>(partial + std::size_t(z) * stride + i);
+    for (int c = 0; c < L; ++c) s.v[c] += v.v[c];
+  }
+  return s;
+}
+
+/// out[i + c] = split_sums for c < L, then `target`'s update with `step` where active: how every split-K
+/// weight gradient finishes its elements, whether reduce_splits_kernel or the GEMM's last block
+/// (SplitTileReduction: with L = 4, and the updates in a pass of their own) does it.
+template <int L>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_split_sums(const float* partial, int splits, std::size_t stride,
+                                                      std::size_t i, float* out, const UpdateTarget<float>& target,
+                                                      const AnyStep<float>& step) {
+  const Lanes<L> s = split_sums<L>(partial, splits, stride, i);
+  for (int c = 0; c < L; ++c) {
+    out[i + c] = s.v[c];
+    if (target.active()) target.apply(step, i + c, s.v[c]);
+  }
 }
 
 /// Calls f(local_row, local_col, row, col) for thread `tid`'s share of the elements of a block's tile
@@ -168,6 +214,37 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE void for_each_in_tile(int tid, int m0, int n0, in
     const int ln = MFastest ? idx / TileT::bm : idx % TileT::bn;
     if (m0 + lm < m && n0 + ln < n) f(lm, ln, m0 + lm, n0 + ln);
   }
+}
+
+/// The last block of a split tile finishing its elements: f(row, col, lanes) for thread `tid`'s share,
+/// in runs of four along a row, the threads walking runs fastest (coalesced 16-byte loads of the partial
+/// products). lanes is std::integral_constant<int, 4> for a whole run when `vector` (n % 4 == 0 and the
+/// partial products 16-byte aligned: every run starts 16-byte aligned), else <int, 1> for each element
+/// of the run inside the problem. Host code may call it (tests emulate a block thread by thread).
+template <class TileT, class F>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE void for_each_run_in_tile(int tid, int m0, int n0, int m, int n, bool vector, F&& f) {
+  static_assert(TileT::bn % 4 == 0, "for_each_run_in_tile: tiles of whole runs of four columns");
+  constexpr int runs = TileT::bn / 4;  // per row of the tile
+  // Not unrolled: each run already has four splits' loads in flight, and unrolling the runs too would
+  // raise the whole kernel's registers for its tail (ptxas: 191 -> 255 and spills in a WMMA weight
+  // gradient, 2026-12-05).
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int idx = tid; idx < TileT::bm * runs; idx += TileT::threads) {
+    const int gm = m0 + idx / runs, gn = n0 + (idx % runs) * 4;
+    if (gm >= m || gn >= n) continue;
+    if (vector) {
+      f(gm, gn, std::integral_constant<int, 4>{});
+    } else {
+      for (int c = 0; c < 4 && gn + c < n; ++c) f(gm, gn + c, std::integral_constant<int, 1>{});
+    }
+  }
+}
+
+/// Whether the partial products at `partial`, of an (m x n) output, can be read four at a time.
+[[nodiscard]] FUSEDP_HD FUSEDP_ALWAYS_INLINE bool runs_of_four(const float* partial, int n) {
+  return n % 4 == 0 && reinterpret_cast<std::uintptr_t>(partial) % 16 == 0;
 }
 
 namespace detail {
@@ -283,13 +360,25 @@ __device__ FUSEDP_ALWAYS_INLINE void slot_of(int idx, int& row, int& kk) {
 }  // namespace detail
 
 namespace detail {
-// After the epilogue of a split GEMM whose epilogue carries an active SplitTileReduction: counts this
-// block's arrival at its tile, and the last split to arrive reduces the tile (and resets the count).
-// Every thread fences its own stores (the partial tile, the row sums) before the block counts itself.
+// After the epilogue of a split GEMM whose epilogue has an active `reduction` (StoreRowMajor's
+// SplitTileReduction, PartialsRowMajor's LinearForwardReduction): counts this block's arrival at its
+// tile, and the last split to arrive reduces the tile (and resets the count). Every thread fences its
+// own stores (the partial tile, the row sums) before the block counts itself.
+template <class E>
+concept ReducesSplitTiles = requires(const E& e, unsigned* p) {
+  { e.out } -> std::convertible_to<const float*>;
+  { e.m } -> std::convertible_to<int>;
+  { e.n } -> std::convertible_to<int>;
+  { e.reduction.active() } -> std::convertible_to<bool>;
+  { e.reduction.arrivals } -> std::convertible_to<unsigned*>;
+  { e.reduction.splits } -> std::convertible_to<int>;
+};
 template <class TileT, class Epi>
 __device__ FUSEDP_ALWAYS_INLINE void finish_split_tile(const Epi& epi, int m0, int n0, int tid) {
   if constexpr (requires { epi.reduction; }) {
-    const auto& r = epi.reduction;  // a SplitTileReduction
+    static_assert(ReducesSplitTiles<Epi>, "finish_split_tile: an epilogue with a `reduction` must have out, m, n, "
+                                          "and a reduction with active(), arrivals, splits and reduce_tile<TileT>");
+    const auto& r = epi.reduction;
     if (!r.active()) return;
     __threadfence();
     __syncthreads();
@@ -442,10 +531,6 @@ void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t strea
                                                     stream, p);
 }
 
-/// Epilogue: C to a row-major (m x n) array; a split writes its partial product `split_stride`
-/// elements after the previous split's. With an active `update` (an unsplit weight gradient only) each
-/// stored value is also that weight's finished gradient, and the optimizer's update of the weight is
-/// applied on the spot (kernels/optimizer.hpp: UpdateTarget).
 /// The second half of a split-K weight gradient done by the GEMM's own blocks: each split stores its
 /// partial product, and the last split of a tile to finish (counted in `arrivals`, one counter per
 /// output tile, zero before the launch, set back to zero by that block) adds the tile's partial
@@ -467,16 +552,32 @@ struct SplitTileReduction {
   FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
     const std::size_t count = std::size_t(m) * n;
     const AnyStep<float> step = update.weight.active() ? update.weight.load() : AnyStep<float>{};
-    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int, int, int gm, int gn) {
-      finish_split_sum(partial, splits, count, std::size_t(gm) * n + gn, out, update.weight, step);
+    // The sums first, then the updates in a pass of their own over the same elements (each thread reads
+    // back what it wrote): updates inlined beside four lanes' loads raised a WMMA weight gradient's
+    // registers from 192 to 255 with spills (ptxas, sm_90, 2026-12-05).
+    const bool vector = runs_of_four(partial, n);
+    for_each_run_in_tile<TileT>(tid, m0, n0, m, n, vector, [&](int gm, int gn, auto lanes) {
+      finish_split_sums<decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, out, {}, step);
     });
+    if (update.weight.active())
+      for_each_run_in_tile<TileT>(tid, m0, n0, m, n, vector, [&](int gm, int gn, auto lanes) {
+        const std::size_t i = std::size_t(gm) * n + gn;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+        for (int c = 0; c < decltype(lanes)::value; ++c) update.weight.apply(step, i + c, out[i + c]);
+      });
     if (row_out == nullptr || n0 != 0) return;
     const AnyStep<float> bias_step = update.bias.active() ? update.bias.load() : AnyStep<float>{};
     for (int r = tid; r < TileT::bm && m0 + r < m; r += TileT::threads)
-      finish_split_sum(row_partial, splits, std::size_t(m), std::size_t(m0 + r), row_out, update.bias, bias_step);
+      finish_split_sums<1>(row_partial, splits, std::size_t(m), std::size_t(m0 + r), row_out, update.bias, bias_step);
   }
 };
 
+/// Epilogue: C to a row-major (m x n) array; a split writes its partial product `split_stride`
+/// elements after the previous split's. With an active `update` (an unsplit weight gradient only) each
+/// stored value is also that weight's finished gradient, and the optimizer's update of the weight is
+/// applied on the spot (kernels/optimizer.hpp: UpdateTarget).
 struct StoreRowMajor {
   float* out;
   int m, n;
@@ -497,6 +598,33 @@ struct StoreRowMajor {
   }
 };
 
+/// Epilogue of a split GEMM whose second half is not a weight gradient's: split z's partial product
+/// (m x n, row-major) at out + z * split_stride, and, where `reduction` is active, the last split of each
+/// tile to finish (finish_split_tile) hands the tile to reduction.reduce_tile (linear.cuh's
+/// LinearForwardReduction: bias and activation after the sum).
+template <class Reduction>
+struct PartialsRowMajor {
+  float* out;
+  int m, n;
+  std::size_t split_stride;
+  Reduction reduction{};
+  template <class TileT>
+  FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int split, int tid) const {
+    float* o = out + std::size_t(split) * split_stride;
+    for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
+      o[std::size_t(gm) * n + gn] = c[lm * ldc + ln];
+    });
+  }
+};
+
+/// Whether `arrivals` has a counter for every tile of an m x n output in tiles of each TileT (the grid
+/// of whichever of them runs).
+template <class... TileT>
+[[nodiscard]] bool arrivals_cover(const ArrivalCounters& arrivals, int m, int n) {
+  const auto tiles = [&](int bm, int bn) { return std::size_t((m + bm - 1) / bm) * std::size_t((n + bn - 1) / bn); };
+  return arrivals.data != nullptr && ((tiles(TileT::bm, TileT::bn) <= arrivals.count) && ...);
+}
+
 /// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
 /// second half of a split-K GEMM, so the result does not depend on scheduling. Active updates apply
 /// the optimizer to the weights (out) and the bias (row_out) with the finished sums.
@@ -506,11 +634,11 @@ __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t c
   kernel_prologue();
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count)
-    finish_split_sum(partial, splits, count, i, out, update.weight,
-                     update.weight.active() ? update.weight.load() : AnyStep<T>{});
+    finish_split_sums<1>(partial, splits, count, i, out, update.weight,
+                         update.weight.active() ? update.weight.load() : AnyStep<T>{});
   if (row_out != nullptr && i < std::size_t(rows))
-    finish_split_sum(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
-                     update.bias.active() ? update.bias.load() : AnyStep<T>{});
+    finish_split_sums<1>(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
+                         update.bias.active() ? update.bias.load() : AnyStep<T>{});
 }
 
 /// Scratch (floats) a weight-gradient GEMM of this shape needs for its split partial products.
@@ -539,8 +667,7 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
   const std::size_t count = std::size_t(m) * n;
   float* row_partial = scratch + std::size_t(s.splits) * count;
-  const std::size_t tiles = std::size_t((m + TileT::bm - 1) / TileT::bm) * std::size_t((n + TileT::bn - 1) / TileT::bn);
-  const bool in_kernel = arrivals.data != nullptr && tiles <= arrivals.count;
+  const bool in_kernel = arrivals_cover<TileT>(arrivals, m, n);
   StoreRowMajor partials{scratch, m, n, count};
   if (in_kernel) partials.reduction = {arrivals.data, s.splits, dw, row_partial, db, u};
   run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, partials, db ? row_partial : nullptr}, s.splits);

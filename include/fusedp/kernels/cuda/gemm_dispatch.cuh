@@ -63,9 +63,39 @@ inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMain
   return parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"), default_gemm_mainloop);
 }
 
+/// Who adds up the parts of a split-K GEMM (a weight gradient, a split Linear forward).
+enum class SplitReduction {
+  gemm,    ///< the GEMM's last block per output tile, with the stream's arrival counters (one launch)
+  kernel,  ///< a second kernel (reduce_splits_kernel, linear_forward_reduce_kernel): the same bits
+};
+
+/// The reduction named by `value`, FUSEDP_CUDA_SPLIT_REDUCTION's text: "gemm" or "kernel"; null or
+/// empty is gemm. Anything else is an InvalidArgument naming the variable and the value.
+[[nodiscard]] inline SplitReduction parse_split_reduction(const char* value) {
+  const std::string_view v = value ? value : "";
+  if (v.empty() || v == "gemm") return SplitReduction::gemm;
+  if (v == "kernel") return SplitReduction::kernel;
+  throw InvalidArgument("FUSEDP_CUDA_SPLIT_REDUCTION is '" + std::string(v) +
+                        "'; it must be 'gemm' or 'kernel' (or unset: gemm)");
+}
+
+/// FUSEDP_CUDA_SPLIT_REDUCTION's choice: for comparing the two on a device (benchmarks/gpu/check.sh,
+/// impl=fusedp-split-kernel); the results are the same bits either way.
+[[nodiscard]] inline SplitReduction split_reduction_from_environment() {
+  return parse_split_reduction(std::getenv("FUSEDP_CUDA_SPLIT_REDUCTION"));
+}
+
+/// The arrival counters split GEMMs on `space` finish their tiles with: the stream's, or none when
+/// `reduction` is SplitReduction::kernel.
+template <class P>
+[[nodiscard]] ArrivalCounters split_arrivals(const CudaSpace<P>& space,
+                                             SplitReduction reduction = split_reduction_from_environment()) {
+  return reduction == SplitReduction::gemm ? space.arrival_counters() : ArrivalCounters{};
+}
+
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
 /// architecture and shared memory (what gemm_mma_can_run asks), the preferred mainloop, and the stream's
-/// arrival counters (split weight gradients reduce their own tiles with them).
+/// arrival counters, with which split GEMMs add up their own parts (none: a second kernel does).
 struct GemmTarget {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
@@ -73,10 +103,12 @@ struct GemmTarget {
   GemmMainloop mainloop = GemmMainloop::wmma;
   ArrivalCounters arrivals{};
 
+  /// `space`'s target; the arrival counters unless `reduction` is SplitReduction::kernel.
   template <class P>
   [[nodiscard]] static GemmTarget of(const CudaSpace<P>& space,
-                                     GemmMainloop mainloop = gemm_mainloop_from_environment()) {
-    return {space.stream(), space.sm_count(), MmaDevice::of(space), mainloop, space.arrival_counters()};
+                                     GemmMainloop mainloop = gemm_mainloop_from_environment(),
+                                     SplitReduction reduction = split_reduction_from_environment()) {
+    return {space.stream(), space.sm_count(), MmaDevice::of(space), mainloop, split_arrivals(space, reduction)};
   }
 };
 

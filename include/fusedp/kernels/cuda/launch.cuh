@@ -78,6 +78,14 @@ __device__ FUSEDP_ALWAYS_INLINE void kernel_prologue() {
 }
 
 namespace detail {
+// A failed call on the way to launching `what` throws DeviceError naming the launch, after clearing the
+// error (a launch error is not sticky: the runtime is left clean for the caller).
+inline void check_launch(cudaError_t code, const char* what) {
+  if (code == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fusedp::detail::cuda_check(code, (std::string("launch of ") + what).c_str());
+}
+
 inline std::atomic<bool>& dependent_launch_flag() {
   static std::atomic<bool> on{parse_dependent_launch(std::getenv("FUSEDP_CUDA_DEPENDENT_LAUNCH"))};
   return on;
@@ -92,18 +100,13 @@ template <auto Kernel>
 [[nodiscard]] bool image_has_prologue(const char* what) {
   constexpr int max_devices = 64;
   static std::array<std::atomic<signed char>, max_devices> known{};  // 0 not asked, 1 yes, -1 no
-  auto check = [what](cudaError_t code) {
-    if (code == cudaSuccess) return;
-    (void)cudaGetLastError();  // not sticky: leave the runtime clean for the caller
-    fusedp::detail::cuda_check(code, (std::string("launch of ") + what).c_str());
-  };
   int device = 0;
-  check(cudaGetDevice(&device));
+  check_launch(cudaGetDevice(&device), what);
   if (device < 0 || device >= max_devices) return false;
   signed char k = known[std::size_t(device)].load(std::memory_order_relaxed);
   if (k == 0) {
     cudaFuncAttributes a{};
-    check(cudaFuncGetAttributes(&a, Kernel));
+    check_launch(cudaFuncGetAttributes(&a, Kernel), what);
     k = a.ptxVersion >= 90 ? 1 : -1;
     known[std::size_t(device)].store(k, std::memory_order_relaxed);
   }
@@ -148,11 +151,7 @@ void launch(const char* what, dim3 grid, dim3 block, std::size_t smem, cudaStrea
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
-  const cudaError_t code = cudaLaunchKernelEx(&config, Kernel, args...);
-  if (code != cudaSuccess) {
-    (void)cudaGetLastError();  // a launch error is not sticky: leave the runtime clean for the caller
-    fusedp::detail::cuda_check(code, (std::string("launch of ") + what).c_str());
-  }
+  detail::check_launch(cudaLaunchKernelEx(&config, Kernel, args...), what);
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -1,8 +1,9 @@
 #pragma once
 // Linear on Cuda: y = Epi(x W^T + b) with x (batch, in), W (out, in) as PyTorch, as one GEMM whose
 // epilogue adds the bias and applies the activation; when the (batch, out) grid has too few tiles to
-// fill the GPU (a small batch through a wide layer), the reduction is split over blocks and a second
-// kernel sums the parts in a fixed order and applies bias and activation. Backward as two GEMMs that
+// fill the GPU (a small batch through a wide layer), the reduction is split over blocks and the last
+// block of each tile sums the parts in a fixed order and applies bias and activation (a second kernel
+// does, where the stream has no arrival counters). Backward as two GEMMs that
 // load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
 // gradient; where dy already holds dz (no activation, or the stage above wrote dz through a sink:
 // gradient_sink.cuh), both read it as plain rows and columns, which the tensor-core mainloop copies.
@@ -14,7 +15,6 @@
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
 
-#include <algorithm>
 #include <cstddef>
 
 namespace fusedp::kernels::cuda {
@@ -137,19 +137,51 @@ inline WeightGradientOperands<Columns, Columns> linear_stored_dw_operands(int ba
   return {out, in, batch, Columns{dz, out}, Columns{x, in}};
 }
 
-/// The second half of a split Linear forward: y = Epi(sum of the parts in split order + b), z before Epi.
+/// y[i + c] (and z[i + c], before Epi) of a split Linear forward (batch x n, row-major), c < L: the parts
+/// summed in split order (split_sums), plus the bias, then Epi. Both halves that may finish a split
+/// forward call it, so they give the same bits.
+template <class Epi, int L = 1>
+FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_linear_sums(const float* partial, int splits, std::size_t count,
+                                                       std::size_t i, int n, const float* bias, float* y, float* z) {
+  const Lanes<L> s = split_sums<L>(partial, splits, count, i);
+  const std::size_t col = i % std::size_t(n);  // a run of L never crosses a row (n % L == 0)
+  for (int c = 0; c < L; ++c) {
+    const float v = s.v[c] + bias[col + c];
+    if constexpr (Epi::saves_input) z[i + c] = v;
+    y[i + c] = Epi::apply(v);
+  }
+}
+
+/// The second half of a split Linear forward done by the GEMM's own blocks (as SplitTileReduction does
+/// for a weight gradient): the last split of a tile to finish (counted in `arrivals`, one counter per
+/// output tile, zero before the launch and set back to zero) finishes the tile's elements with
+/// finish_linear_sums, four at a time where it can. One launch fewer per split forward (the CIFAR-10
+/// CNN's fc1).
+template <class Epi>
+struct LinearForwardReduction {
+  unsigned* arrivals = nullptr;
+  int splits = 1;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  float* z = nullptr;  // written only when Epi saves its input
+  [[nodiscard]] FUSEDP_HD bool active() const { return arrivals != nullptr; }
+  template <class TileT>
+  FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
+    const std::size_t count = std::size_t(m) * n;
+    for_each_run_in_tile<TileT>(tid, m0, n0, m, n, runs_of_four(partial, n), [&](int gm, int gn, auto lanes) {
+      finish_linear_sums<Epi, decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, n, bias, y, z);
+    });
+  }
+};
+
+/// The second half of a split Linear forward as a kernel of its own (where the stream has no arrival
+/// counters for the grid): finish_linear_sums for every element.
 template <class Epi>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
                                              const float* bias, float* y, float* z) {
   kernel_prologue();
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    float s = 0.0f;
-    for (int q = 0; q < splits; ++q) s += partial[std::size_t(q) * count + i];
-    const float v = s + bias[i % std::size_t(n)];
-    if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = Epi::apply(v);
-  }
+  for (std::size_t i = grid_index(); i < count; i += grid_stride())
+    finish_linear_sums<Epi>(partial, splits, count, i, n, bias, y, z);
 }
 
 /// The split of linear_forward (WMMA's tile's plan, whichever mainloop runs it: its parts are whole
@@ -167,23 +199,40 @@ std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
   return s.splits == 1 ? 0 : std::size_t(s.splits) * std::size_t(batch) * std::size_t(out);
 }
 
-/// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
-/// linear_forward_scratch floats) on `t`. Tiles: GemmTiles<out>.
-template <class Epi, class Tiles, class P>
-void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const float* x,
-                    float* y, float* z, float* scratch) {
-  const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, t.sm_count);
+/// The flow of linear_forward with the GEMM launched by `run_gemm(problem, splits)`: one GEMM with bias
+/// and Epi in its epilogue when the plan does not split (or there is no scratch), else the parts into
+/// `scratch`, finished by the GEMM's last block per tile where `arrivals` has a counter for every tile of
+/// either mainloop's grid, else by linear_forward_reduce_kernel. Shared by linear_forward and
+/// tests/gpu/emulation.cu, which runs the blocks on the host.
+template <class Epi, class Tiles, class Launch>
+void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
+                          const float* x, float* y, float* z, float* scratch, const ArrivalCounters& arrivals,
+                          Launch&& run_gemm) {
+  const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, sm_count);
   if (s.splits == 1 || scratch == nullptr) {
-    launch_layer_gemm<Tiles, P>(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1, t);
+    run_gemm(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1);
     return;
   }
   const std::size_t count = std::size_t(batch) * out;
-  const GemmProblem<Rows, Rows, StoreRowMajor> p{batch, out, in, s.k_chunk, Rows{x, in}, Rows{w, in},
-                                                 StoreRowMajor{scratch, batch, out, count}, nullptr};
-  launch_layer_gemm<Tiles, P>(p, s.splits, t);
-  const unsigned blocks = unsigned(std::min<std::size_t>((count + 255) / 256, 65535));
-  launch<linear_forward_reduce_kernel<Epi>>("linear_forward_reduce_kernel", blocks, 256, 0, t.stream, scratch, s.splits,
-                                            count, out, b, y, z);
+  const bool in_kernel = arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out);
+  PartialsRowMajor<LinearForwardReduction<Epi>> parts{scratch, batch, out, count};
+  if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z};
+  run_gemm(GemmProblem<Rows, Rows, PartialsRowMajor<LinearForwardReduction<Epi>>>{batch, out, in, s.k_chunk, Rows{x, in},
+                                                                                  Rows{w, in}, parts, nullptr},
+           s.splits);
+  if (in_kernel) return;
+  launch<linear_forward_reduce_kernel<Epi>>("linear_forward_reduce_kernel", elementwise_blocks(count),
+                                            elementwise_threads, 0, stream, scratch, s.splits, count, out, b, y, z);
+}
+
+/// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
+/// linear_forward_scratch floats) on `t`, the split parts finished as split_linear_forward says (by the
+/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>.
+template <class Epi, class Tiles, class P>
+void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const float* x,
+                    float* y, float* z, float* scratch) {
+  split_linear_forward<Epi, Tiles>(t.stream, t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals,
+                                   [&](const auto& p, int splits) { launch_layer_gemm<Tiles, P>(p, splits, t); });
 }
 
 /// Scratch (floats) of linear_backward. Tiles: GemmTiles<in>.

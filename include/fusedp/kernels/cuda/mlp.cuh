@@ -312,7 +312,7 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
           weight_gradient<tile_for<Layer::in>, P>(space.stream(), space.sm_count(), Layer::out, Layer::in, args.batch,
                                                   Columns{args.dz[L], Layer::out}, Columns{input, Layer::in}, dw[L],
                                                   db[L], scratch, updates ? updates[L] : LayerUpdate<float>{},
-                                                  space.arrival_counters());
+                                                  split_arrivals(space));
         }(),
         ...);
   }(std::make_integer_sequence<int, Spec::count>{});

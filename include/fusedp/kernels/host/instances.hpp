@@ -10,7 +10,7 @@
 //
 // How: with FUSEDP_HOST_KERNELS_PREBUILT defined to 1, conv2d.hpp and linear.hpp declare these
 // instances `extern template`, and one translation unit of the program defines them with the same
-// compiler flags (the tests' fusedp_host_kernels library: tests/support/host_kernels_*.cpp). Any other
+// compiler flags (this repository's programs link src/host_kernels_*.cpp, built once). Any other
 // epilogue or element type is instantiated where it is used, as always. The machine code is the same
 // either way; only the unit that compiles it changes, so mixing units with and without the macro is
 // safe (an explicit instantiation and an implicit one of the same function are both mergeable).

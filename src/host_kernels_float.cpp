@@ -1,5 +1,5 @@
-// The tests' prebuilt Host kernels in float (kernels/host/instances.hpp); host_kernels_double.cpp
-// holds the double ones, so the two compile side by side.
+// The Host kernels' common instances in float (kernels/host/instances.hpp), compiled once for this
+// repository's programs: the fusedp_host_kernels_float library of src/CMakeLists.txt.
 #include "fusedp/kernels/host/conv2d.hpp"
 #include "fusedp/kernels/host/linear.hpp"
 
