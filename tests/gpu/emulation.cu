@@ -685,6 +685,8 @@ void check_split_linear_forward(int batch, int in, int sm_count) {
   std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
   const fp::ArrivalCounters counters{arrivals.data(), arrivals.size()};
   REQUIRE(kc::arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(counters, batch, Out));
+  // The walk the widths below are chosen for: runs of four where the width is a multiple of 4.
+  CHECK(kc::runs_of_four(scratch.data(), Out, count) == (Out % 4 == 0));
   bool in_gemm = false;
   kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
                                        Epi::saves_input ? z.data() : nullptr, scratch.data(), counters,
@@ -717,7 +719,7 @@ void check_split_linear_forward(int batch, int in, int sm_count) {
 }
 
 TEST_CASE("a split Linear forward finished by the GEMM's last blocks gives the second kernel's bits (CPU emulation)") {
-  // One tile of output (20 x 70) split many ways; 2 x 3 WMMA tiles (100 x 130); on the tensor-core tile.
+  // One row of WMMA tiles (20 x 70: 1 x 2) split many ways; 2 x 3 (100 x 130); on the tensor-core tile.
   // Widths that are multiples of 4 (72, 128) are finished four at a time, the others one by one.
   check_split_linear_forward<Epilogue<Relu>, kc::GemmTiles<70>::wmma, 70>(20, 1000, 132);
   check_split_linear_forward<Epilogue<Relu>, kc::GemmTiles<72>::wmma, 72>(20, 1000, 132);

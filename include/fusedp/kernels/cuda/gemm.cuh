@@ -242,9 +242,10 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE void for_each_run_in_tile(int tid, int m0, int n0
   }
 }
 
-/// Whether the partial products at `partial`, of an (m x n) output, can be read four at a time.
-[[nodiscard]] FUSEDP_HD FUSEDP_ALWAYS_INLINE bool runs_of_four(const float* partial, int n) {
-  return n % 4 == 0 && reinterpret_cast<std::uintptr_t>(partial) % 16 == 0;
+/// Whether the partial products at `partial`, of an (m x n) output with split z's at partial + z *
+/// stride, can be read four at a time (every run of four starts 16-byte aligned).
+[[nodiscard]] FUSEDP_HD FUSEDP_ALWAYS_INLINE bool runs_of_four(const float* partial, int n, std::size_t stride) {
+  return n % 4 == 0 && stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(partial) % 16 == 0;
 }
 
 namespace detail {
@@ -377,7 +378,7 @@ template <class TileT, class Epi>
 __device__ FUSEDP_ALWAYS_INLINE void finish_split_tile(const Epi& epi, int m0, int n0, int tid) {
   if constexpr (requires { epi.reduction; }) {
     static_assert(ReducesSplitTiles<Epi>, "finish_split_tile: an epilogue with a `reduction` must have out, m, n, "
-                                          "and a reduction with active(), arrivals, splits and reduce_tile<TileT>");
+                                          "and a reduction with active(), arrivals and splits");
     const auto& r = epi.reduction;
     if (!r.active()) return;
     __threadfence();
@@ -555,7 +556,7 @@ struct SplitTileReduction {
     // The sums first, then the updates in a pass of their own over the same elements (each thread reads
     // back what it wrote): updates inlined beside four lanes' loads raised a WMMA weight gradient's
     // registers from 192 to 255 with spills (ptxas, sm_90, 2026-12-05).
-    const bool vector = runs_of_four(partial, n);
+    const bool vector = runs_of_four(partial, n, count);
     for_each_run_in_tile<TileT>(tid, m0, n0, m, n, vector, [&](int gm, int gn, auto lanes) {
       finish_split_sums<decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, out, {}, step);
     });
@@ -631,6 +632,7 @@ template <class... TileT>
 template <class T>
 __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
                                      int rows, T* row_out, LayerUpdate<T> update) {
+  static_assert(std::is_same_v<T, float>, "reduce_splits_kernel: the split sums are float (finish_split_sums)");
   kernel_prologue();
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count)

@@ -168,7 +168,7 @@ struct LinearForwardReduction {
   template <class TileT>
   FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
     const std::size_t count = std::size_t(m) * n;
-    for_each_run_in_tile<TileT>(tid, m0, n0, m, n, runs_of_four(partial, n), [&](int gm, int gn, auto lanes) {
+    for_each_run_in_tile<TileT>(tid, m0, n0, m, n, runs_of_four(partial, n, count), [&](int gm, int gn, auto lanes) {
       finish_linear_sums<Epi, decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, n, bias, y, z);
     });
   }
