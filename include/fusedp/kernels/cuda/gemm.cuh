@@ -632,8 +632,8 @@ template <class... TileT>
 template <class T>
 __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
                                      int rows, T* row_out, LayerUpdate<T> update) {
-  static_assert(std::is_same_v<T, float>, "reduce_splits_kernel: the split sums are float (finish_split_sums)");
   kernel_prologue();
+  static_assert(std::is_same_v<T, float>, "reduce_splits_kernel: the split sums are float (finish_split_sums)");
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count)
     finish_split_sums<1>(partial, splits, count, i, out, update.weight,
