@@ -58,9 +58,12 @@ inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMain
                         (unset == GemmMainloop::mma ? "mma" : "wmma") + ")");
 }
 
-/// FUSEDP_CUDA_GEMM's mainloop (default_gemm_mainloop when unset).
+/// FUSEDP_CUDA_GEMM's mainloop (default_gemm_mainloop when unset), read at the first call in the
+/// process: an eager step asks once per layer, and the process's choice does not change mid-run. A bad
+/// value throws at every call, never cached.
 [[nodiscard]] inline GemmMainloop gemm_mainloop_from_environment() {
-  return parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"), default_gemm_mainloop);
+  static const GemmMainloop chosen = parse_gemm_mainloop(std::getenv("FUSEDP_CUDA_GEMM"), default_gemm_mainloop);
+  return chosen;
 }
 
 /// Who adds up the parts of a split-K GEMM (a weight gradient, a split Linear forward).
@@ -80,9 +83,11 @@ enum class SplitReduction {
 }
 
 /// FUSEDP_CUDA_SPLIT_REDUCTION's choice: for comparing the two on a device (benchmarks/gpu/check.sh,
-/// impl=fusedp-split-kernel); the results are the same bits either way.
+/// impl=fusedp-split-kernel); the results are the same bits either way. Read at the first call in the
+/// process, as gemm_mainloop_from_environment.
 [[nodiscard]] inline SplitReduction split_reduction_from_environment() {
-  return parse_split_reduction(std::getenv("FUSEDP_CUDA_SPLIT_REDUCTION"));
+  static const SplitReduction chosen = parse_split_reduction(std::getenv("FUSEDP_CUDA_SPLIT_REDUCTION"));
+  return chosen;
 }
 
 /// The arrival counters split GEMMs on `space` finish their tiles with: the stream's, or none when
