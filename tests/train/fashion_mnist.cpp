@@ -77,13 +77,13 @@ using WideCnn = fp::Sequential<fp::Input<1, 28, 28>, fp::Conv2d<36, 5>, fp::ReLU
 
 // Test accuracy after `epochs` over the first `samples` training images, SGD with momentum and a cosine
 // decay of the rate to 0 (so the end of the run does not depend on where one noisy step left it).
-double train_wide_cnn(fp::HostPrecision precision, std::size_t samples, int epochs) {
+double train_wide_cnn(fp::HostPrecision precision, std::size_t samples, int epochs, std::uint64_t seed) {
   auto train = fp::data::load_mnist(dir, fp::data::Split::train);
   auto test = fp::data::load_mnist(dir, fp::data::Split::test);
   const auto [mean, stddev] = fp::data::mean_std(train);
   fp::data::normalize(train, mean, stddev);
   fp::data::normalize(test, mean, stddev);
-  fp::Model<WideCnn, fp::Host> model{fp::seed(7), fp::Host{2, precision}};
+  fp::Model<WideCnn, fp::Host> model{fp::seed(seed), fp::Host{2, precision}};
   constexpr std::size_t batch = 64, sample = 784;
   const std::size_t steps = samples / batch;
   const fp::CosineWarmup schedule{0.05f, 0, steps * std::size_t(epochs)};
@@ -111,15 +111,24 @@ double train_wide_cnn(fp::HostPrecision precision, std::size_t samples, int epoc
 
 }  // namespace
 
-TEST_CASE("a CNN trained at precision bf16 reaches the fp32 run's accuracy within half a point") {
+TEST_CASE("a CNN trained at precision bf16 reaches the fp32 runs' accuracy within half a point") {
   if (!have_data()) return;
   // Without AVX-512 BF16 the emulation computes the same bits several times slower: a third of the set.
   const bool hardware = fp::cpu_features().avx512_bf16;
   const std::size_t samples = hardware ? 60000 : 20000;
-  const double fp32 = train_wide_cnn(fp::HostPrecision::fp32, samples, 2);
-  const double bf16 =
-      train_wide_cnn(hardware ? fp::HostPrecision::bf16 : fp::HostPrecision::bf16_emulated, samples, 2);
-  MESSAGE("test accuracy after 2 epochs of " << samples << " images: fp32 " << fp32 << ", bf16 " << bf16);
-  CHECK(fp32 > 0.85);
+  // The mean over three initializations: one run's accuracy moves by a few tenths of a point with the
+  // seed alone. Measured on 20,000 images (bf16 minus fp32, points): seeds 7-12 gave -0.55, +0.26,
+  // +0.09, -0.16, -0.10, -0.23 with bf16 storage, -0.26, +0.03, +0.07, -0.21, -0.05, -0.46 with bf16
+  // operands alone (2026-12-05).
+  double fp32 = 0, bf16 = 0;
+  for (const std::uint64_t seed : {7, 8, 9}) {
+    const double f = train_wide_cnn(fp::HostPrecision::fp32, samples, 2, seed);
+    const double b =
+        train_wide_cnn(hardware ? fp::HostPrecision::bf16 : fp::HostPrecision::bf16_emulated, samples, 2, seed);
+    MESSAGE("seed " << seed << ": test accuracy after 2 epochs of " << samples << " images: fp32 " << f << ", bf16 " << b);
+    CHECK(f > 0.85);
+    fp32 += f / 3;
+    bf16 += b / 3;
+  }
   CHECK(std::abs(bf16 - fp32) <= 0.005);
 }

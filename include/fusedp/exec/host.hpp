@@ -242,7 +242,8 @@ inline std::atomic<int>& host_fit_notes() noexcept {
 /// The arithmetic of a Host's GEMMs (its precision policy, chosen at construction).
 enum class HostPrecision : unsigned char {
   fp32,  ///< fp32 operands and fused multiply-adds (precision::Fp32, the default)
-  bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): VDPBF16PS
+  bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): VDPBF16PS;
+         ///< a float Model's activations and their gradients stored as bf16 values (activation_storage.hpp)
   /// The bf16 arithmetic computed with fp32 instructions, bit for bit what VDPBF16PS computes on
   /// normal numbers, several times slower: for testing bf16 results on CPUs without AVX-512 BF16.
   bf16_emulated,

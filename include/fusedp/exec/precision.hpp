@@ -16,9 +16,11 @@ struct Tf32 {
 struct Fp32 {
   static constexpr const char* name = "fp32";
 };
-/// fp32 master weights, gradients and activations in memory; GEMM operands rounded to bfloat16 on their
-/// way into shared memory (Cuda) or into the packed panels (Host), fp32 accumulation. (Storing
-/// activations in bf16 is a later step.)
+/// Mixed precision: GEMM operands rounded to bfloat16 on their way into shared memory (Cuda) or into
+/// the packed panels (Host), fp32 accumulation; fp32 master weights, gradients and optimizer state.
+/// Activations and activation gradients are stored as bf16 values (net/activation_storage.hpp; the
+/// logits and the loss stay fp32): on the Host today, rounded in its float workspace; Cuda still
+/// stores them in fp32 until its workspace holds 16-bit values.
 struct Bf16 {
   static constexpr const char* name = "bf16";
 };

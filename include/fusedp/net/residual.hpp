@@ -184,7 +184,7 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
     return s;
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
+    ((void)forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
@@ -213,6 +213,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           } else {
             stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
           }
+          round_stored(a.space, s.dx, a.batch * S::in::size);
           current = s.dx;
         }(),
         ...);

@@ -7,6 +7,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/trace.hpp"
 #include "fusedp/layers/activation.hpp"
+#include "fusedp/net/activation_storage.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
 
@@ -110,15 +111,32 @@ template <Network Net, std::size_t J, class LastEpi>
 using epilogue_at = std::conditional_t<!std::is_void_v<LastEpi> && J + 1 == Net::stage_count, LastEpi,
                                        typename Net::template stage<J>::epilogue>;
 
+/// Whether stage J's output is the network's output: every stage after it is a reshape.
+template <Network Net, std::size_t J>
+constexpr bool is_network_output() {
+  for (std::size_t k = J + 1; k < Net::stage_count; ++k)
+    if (!Net::stage_plan[k].aliases_input) return false;
+  return true;
+}
+
+/// What a forward stage wrote: its output values, or none (a stage that ran nothing, a reshape).
+template <class T>
+struct Written {
+  T* y = nullptr;
+  std::size_t count = 0;
+};
+
 /// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
 /// epilogue_at<Net, I, LastEpi>; in evaluation, where folds_next says so, stage I + 1 runs in its
 /// epilogue (into stage I + 1's output, with its `add` and its epilogue), and a stage that the one
-/// before ran runs nothing.
-template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class ArgsOf>
-void forward_folding(const ArgsOf& args_of, bool training) {
+/// before ran runs nothing. Returns the output it wrote, rounded where the space stores activations in
+/// bf16 (activation_storage.hpp), except with KeepOutput the network's output (the logits).
+template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, bool KeepOutput = false,
+          class ArgsOf>
+Written<T> forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
   if constexpr (folded_into_previous<Net, I>()) {
-    if (!training) return;
+    if (!training) return {};
   }
   if constexpr (folds_next<Net, I>()) {
     if (!training) {
@@ -131,10 +149,20 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.fold = &fold;
       a.add = next.add;
       stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I + 1, LastEpi>>(a);
-      return;
+      const Written<T> w{next.y, a.batch * N::out::size};
+      if (!(KeepOutput && is_network_output<Net, I + 1>())) round_stored(a.space, w.y, w.count);
+      return w;
     }
   }
-  stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(args_of.template operator()<I>());
+  const StageArgs<Space, T> a = args_of.template operator()<I>();
+  stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(a);
+  if constexpr (Net::stage_plan[I].aliases_input) {
+    return {};
+  } else {
+    const Written<T> w{a.y, a.batch * S::out::size};
+    if (!(KeepOutput && is_network_output<Net, I>())) round_stored(a.space, w.y, w.count);
+    return w;
+  }
 }
 }  // namespace detail
 
@@ -232,7 +260,7 @@ class StageBinding {
         if (!training) return;  // ran in the epilogue of stage I - 1
       }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
-      detail::forward_folding<Net, I, Space, T>(
+      (void)detail::forward_folding<Net, I, Space, T, void, true>(
           [&]<std::size_t J>() { return args_of<J>(space, store, x, batch, training, scratch); }, training);
     }
   }
@@ -252,6 +280,7 @@ class StageBinding {
       {
         const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
         executor<S>::template backward<typename S::in, typename S::epilogue>(a);
+        if (a.dx) detail::round_stored(space, a.dx, batch * S::in::size);
       }
       current = 1 - current;
     }

@@ -1,8 +1,10 @@
 #pragma once
-// Stand-alone pointwise stages on the Host: an activation chain that no anchor absorbed, and dropout.
+// Stand-alone pointwise stages on the Host: an activation chain that no anchor absorbed, dropout, and
+// the rounding of bf16-stored activations.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/rng.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/dropout.hpp"
 
 #include <cstddef>
@@ -53,6 +55,13 @@ void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool acc
       for (std::size_t i = i0; i < i1; ++i) dst[i] += src[i];
     else
       for (std::size_t i = i0; i < i1; ++i) dst[i] = src[i];
+  });
+}
+
+/// p[i] = p[i] rounded to the nearest bfloat16 (ties to even) over n floats: a bf16-stored activation.
+inline void round_to_bf16(const Host& host, std::size_t n, float* p) {
+  host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
+    for (std::size_t i = i0; i < i1; ++i) p[i] = round_bf16(p[i]);
   });
 }
 
