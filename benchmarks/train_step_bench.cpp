@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"train", "predict"}))
       ->capture_default_str();
   std::string precision = "fp32";
-  app.add_option("--precision", precision, "the GEMMs' arithmetic: fp32, bf16 (AVX-512 BF16) or bf16-emulated")
+  app.add_option("--precision", precision, "the Host's precision: fp32, bf16 (AVX-512 BF16 GEMMs, bf16-stored activations) or bf16-emulated")
       ->check(CLI::IsMember({"fp32", "bf16", "bf16-emulated"}))
       ->capture_default_str();
   try {

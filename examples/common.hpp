@@ -80,7 +80,7 @@ struct TrainFlags {
   std::string reduce = "allreduce";   // allreduce, reduce-broadcast or zero1
   bool deterministic = false;         // AllReduce + Deterministic
   std::string compress = "none";      // none or bf16
-  std::string precision = "fp32";     // the CPU's GEMMs: fp32 or bf16
+  std::string precision = "fp32";     // the CPU's precision: fp32 or bf16
   bool overlap = true;                // reduce buckets while backward continues
   double bucket_mb = 4;               // gradient bucket capacity
   bool sync_bn = false;               // SyncBatchNorm
@@ -148,8 +148,8 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--device", f.device, "where to train: cpu, or cuda[:N] (GPU N, default 0; a build with CUDA)")
       ->capture_default_str();
   app.add_option("--precision", f.precision,
-                 "--device cpu: the arithmetic of the conv and linear GEMMs: fp32, or bf16 (operands rounded to "
-                 "bfloat16, fp32 sums and weights; needs a CPU with AVX-512 BF16)")
+                 "--device cpu: fp32, or bf16 (GEMM operands rounded to bfloat16, activations and their "
+                 "gradients stored as bfloat16 values; fp32 sums, logits and weights; needs a CPU with AVX-512 BF16)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--metrics", f.metrics, "write one JSON object per epoch to this file (scripts/plot_metrics.py plots it)");
@@ -584,7 +584,7 @@ inline constexpr bool on_gpu = !std::is_same_v<typename std::remove_reference_t<
 inline std::string where(const TrainFlags& f, int threads) {
   std::string w = f.device != "cpu" ? "GPU " + (f.device == "cuda" ? std::string("cuda:0") : f.device)
                                     : "CPU, " + std::to_string(threads) + " threads per process" +
-                                          (f.precision == "bf16" ? ", bf16 GEMMs" : "");
+                                          (f.precision == "bf16" ? ", bf16" : "");
   if (wants_parallel(f) || fp::launched_by_mpirun()) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "; gradients: %s%s%s%s%s, %g MiB buckets", f.reduce.c_str(),

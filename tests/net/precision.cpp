@@ -111,24 +111,36 @@ bool all_bf16(const float* p, std::size_t n) {
   return true;
 }
 
-// Runs Net's stages forward and backward on `host` through the StageBinding the models hold, and
-// counts the stored tensors that hold values other than bf16 ones: each stage's output (in training, or
-// in evaluation with its folds) and each stage's input gradient; also whether the logits are bf16.
-template <class Net>
+// What check_stored counts: stored tensors checked, and those holding values other than bf16 ones.
 struct StoredCheck {
-  int outputs = 0, outputs_fp32 = 0, gradients = 0, gradients_fp32 = 0;
+  int outputs = 0, outputs_fp32 = 0;      // the stages' outputs
+  int gradients = 0, gradients_fp32 = 0;  // the stages' input gradients
+  int inner = 0, inner_fp32 = 0;          // inside residual blocks: the body's outputs, its input gradient
   bool logits_bf16 = true;
+  bool input_unchanged = true;
 };
+
+template <class T, class In>
+concept ResidualAt = requires { typename T::template body<In>; T::template fused_add<In>; };
+
+// Runs Net's stages forward (and in training backward) on `host` through the StageBinding the models
+// hold, and checks what they stored: each stage's output (in evaluation, with its folds), each stage's
+// input gradient, and in a residual block the body's outputs (in the block's saved region) and the
+// body's input gradient (backward's first work buffer, just after the block's backward).
 template <class Net>
-StoredCheck<Net> check_stored(const fp::Host& host, bool training) {
+StoredCheck check_stored(const fp::Host& host, bool training) {
   constexpr std::size_t n = 5;
   fp::ParameterStore<Net, fp::Host, float> store(host, 7);
   fp::StageBinding<Net, fp::Host, float> binding;
   binding.reserve(n, std::size_t(host.threads()) * Net::host_scratch_elements);
   std::vector<float> x(n * Net::input_shape::size);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(2 * fp::rng::uniform(23, 0, i) - 1);
-  StoredCheck<Net> c;
-  constexpr std::size_t last = Net::stage_count - 1;
+  const std::vector<float> x0 = x;
+  StoredCheck c;
+  const auto count = [](int& all, int& fp32, const float* p, std::size_t values) {
+    ++all;
+    fp32 += all_bf16(p, values) ? 0 : 1;
+  };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (
         [&] {
@@ -136,63 +148,102 @@ StoredCheck<Net> check_stored(const fp::Host& host, bool training) {
           using S = typename Net::template stage<I>;
           if constexpr (!Net::stage_plan[I].aliases_input) {
             if (!training && fp::detail::folds_next<Net, I>()) return;  // stage I + 1's output, checked there
-            const bool bf = all_bf16(binding.template output_of<I>(x.data(), n), n * S::out::size);
-            if (fp::detail::is_network_output<Net, I>()) {
-              c.logits_bf16 = bf;
-            } else {
-              ++c.outputs;
-              c.outputs_fp32 += bf ? 0 : 1;
+            const float* y = binding.template output_of<I>(x.data(), n);
+            if (fp::detail::is_network_output<Net, I>()) c.logits_bf16 = all_bf16(y, n * S::out::size);
+            else count(c.outputs, c.outputs_fp32, y, n * S::out::size);
+            if constexpr (ResidualAt<typename S::layer, typename S::in>) {
+              using L = typename S::layer;
+              using B = typename L::template body<typename S::in>;
+              if (!training) return;  // evaluation folds the body's BatchNorms: not every region is written
+              const float* body = binding.data() + Net::stage_plan[I].z_offset * n;
+              [&]<std::size_t... J>(std::index_sequence<J...>) {
+                (
+                    [&] {
+                      // With fused_add the last stage writes the block's output, checked above.
+                      if constexpr (J + 1 < B::stage_count || !L::template fused_add<typename S::in>)
+                        count(c.inner, c.inner_fp32, body + B::stage_plan[J].out_offset * n,
+                              n * B::template stage<J>::out::size);
+                    }(),
+                    ...);
+              }(std::make_index_sequence<B::stage_count>{});
             }
           }
         }(),
         ...);
   }(std::make_index_sequence<Net::stage_count>{});
-  if (!training) return c;
-  float* dlogits = binding.gradient_buffer(0, n);
-  for (std::size_t i = 0; i < n * Net::output_shape::size; ++i) dlogits[i] = float(fp::rng::uniform(29, 0, i) - 0.5);
-  int current = 0;
-  fp::NoStageHook done;
-  [&]<std::size_t... R>(std::index_sequence<R...>) {
-    (
-        [&] {
-          constexpr std::size_t I = last - R;
-          using S = typename Net::template stage<I>;
-          const int before = current;
-          binding.template backward_stage<I>(host, store, x.data(), n, current, done, binding.tail());
-          if (I > 0 && current != before) {
-            ++c.gradients;
-            c.gradients_fp32 += all_bf16(binding.gradient_buffer(current, n), n * S::in::size) ? 0 : 1;
-          }
-        }(),
-        ...);
-  }(std::make_index_sequence<Net::stage_count>{});
+  if (training) {
+    float* dlogits = binding.gradient_buffer(0, n);
+    for (std::size_t i = 0; i < n * Net::output_shape::size; ++i) dlogits[i] = float(fp::rng::uniform(29, 0, i) - 0.5);
+    int current = 0;
+    fp::NoStageHook done;
+    [&]<std::size_t... R>(std::index_sequence<R...>) {
+      (
+          [&] {
+            constexpr std::size_t I = Net::stage_count - 1 - R;
+            using S = typename Net::template stage<I>;
+            const int before = current;
+            binding.template backward_stage<I>(host, store, x.data(), n, current, done, binding.tail());
+            if (I == 0 || current == before) return;
+            count(c.gradients, c.gradients_fp32, binding.gradient_buffer(current, n), n * S::in::size);
+            if constexpr (ResidualAt<typename S::layer, typename S::in>) {
+              // The body's dx, before the shortcut's is added, is in the first work buffer, except in an
+              // identity block with a fused add, whose body writes the block's dx directly.
+              using L = typename S::layer;
+              constexpr bool identity = std::is_void_v<typename L::template projection<typename S::in>>;
+              if constexpr (!(identity && L::template fused_add<typename S::in>)) {
+                const float* work = binding.data() + n * (Net::activation_elements + 2 * Net::gradient_elements);
+                count(c.inner, c.inner_fp32, work, n * S::in::size);
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<Net::stage_count>{});
+  }
+  c.input_unchanged = x == x0;
   return c;
 }
 
+// The network's output is a residual block's (BatchNorm adds the identity shortcut), then a Flatten:
+// the logits are the block's output.
+using BlockOutputNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>, fp::ReLU,
+                                      fp::Residual<fp::Conv2d<4, 3, 1, 1>, fp::BatchNorm2d<>, fp::IdentityShortcut>,
+                                      fp::Flatten>;
+// An identity block whose add is a pass of its own (its body ends in a conv).
+using SeparateAddNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>,
+                                      fp::Residual<fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
+                                                   fp::IdentityShortcut>,
+                                      fp::ReLU, fp::Flatten, fp::Linear<3>>;
+
 template <class Net>
-void check_storage(const char* name) {
+void check_storage(const char* name, bool has_block) {
   CAPTURE(name);
   for (const bool training : {true, false}) {
     CAPTURE(training);
-    const StoredCheck<Net> bf = check_stored<Net>(fp::Host{2, fp::HostPrecision::bf16_emulated}, training);
-    CHECK(bf.outputs > 0);
+    const StoredCheck bf = check_stored<Net>(fp::Host{2, fp::HostPrecision::bf16_emulated}, training);
     CHECK(bf.outputs_fp32 == 0);
     CHECK(bf.gradients_fp32 == 0);
+    CHECK(bf.inner_fp32 == 0);
     CHECK_FALSE(bf.logits_bf16);  // the logits stay fp32, for the loss
+    CHECK(bf.input_unchanged);
     // At fp32 nothing is rounded: the same check finds fp32 values in every tensor.
-    const StoredCheck<Net> f = check_stored<Net>(fp::Host{2}, training);
+    const StoredCheck f = check_stored<Net>(fp::Host{2}, training);
     CHECK(f.outputs_fp32 == f.outputs);
     CHECK(f.gradients_fp32 == f.gradients);
+    CHECK(f.inner_fp32 == f.inner);
+    CHECK(bf.outputs == f.outputs);
     CHECK(bf.gradients == f.gradients);
     CHECK((bf.gradients > 0) == training);
+    CHECK((bf.inner > 0) == (has_block && training));
   }
 }
 
 }  // namespace
 
 TEST_CASE("a bf16 Host stores every activation and activation gradient as a bf16 value, the logits in fp32") {
-  check_storage<Net>("conv, pool, tanh, linear");
-  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU");
+  check_storage<Net>("conv, pool, tanh, linear", false);
+  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", true);
+  check_storage<BlockOutputNet>("a residual block's output as the logits", true);
+  check_storage<SeparateAddNet>("an identity block with an add of its own", true);
 }
 
 TEST_CASE("the hardware and the emulated bf16 GEMMs train a network to the same bits") {

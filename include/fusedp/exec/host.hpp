@@ -239,13 +239,15 @@ inline std::atomic<int>& host_fit_notes() noexcept {
 
 }  // namespace detail
 
-/// The arithmetic of a Host's GEMMs (its precision policy, chosen at construction).
+/// A Host's precision policy, chosen at construction: the arithmetic of its GEMMs and, for a float
+/// Model, what its activations and their gradients are stored as (net/activation_storage.hpp).
 enum class HostPrecision : unsigned char {
   fp32,  ///< fp32 operands and fused multiply-adds (precision::Fp32, the default)
   bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): VDPBF16PS;
          ///< a float Model's activations and their gradients stored as bf16 values (activation_storage.hpp)
   /// The bf16 arithmetic computed with fp32 instructions, bit for bit what VDPBF16PS computes on
-  /// normal numbers, several times slower: for testing bf16 results on CPUs without AVX-512 BF16.
+  /// normal numbers, several times slower, with the same bf16 storage: for testing bf16 results on CPUs
+  /// without AVX-512 BF16.
   bf16_emulated,
 };
 

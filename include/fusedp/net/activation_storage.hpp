@@ -3,7 +3,8 @@
 // bfloat16 values: every stage's output and every stage's input gradient, as written to the workspace,
 // is rounded to nearest even; the network's input, its logits and their gradient stay fp32 (the loss
 // and softmax run in fp32), and so do the master weights, gradients, optimizer state and what a stage
-// saves for its own backward (pre-activations, max-pool indices, BatchNorm statistics).
+// saves for its own backward (pre-activations before an epilogue that needs them, a residual block's sum,
+// BatchNorm statistics).
 //
 // Host: a Host at bf16 or bf16_emulated rounds in place after each stage (a float workspace holding
 // bf16 values), the reference for the Cuda space's bf16 storage. Cuda: not yet; its Bf16 rounds the

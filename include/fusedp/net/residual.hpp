@@ -184,7 +184,9 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
     return s;
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((void)forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
+    // With LastEpi the last stage writes the block's output, which the block's own stage rounds (or,
+    // where it is the network's output, keeps in fp32).
+    (forward_folding<Net, I, Space, T, LastEpi, !std::is_void_v<LastEpi>>(args_of, a.training), ...);
   }(std::make_index_sequence<Net::stage_count>{});
 }
 

@@ -119,24 +119,18 @@ constexpr bool is_network_output() {
   return true;
 }
 
-/// What a forward stage wrote: its output values, or none (a stage that ran nothing, a reshape).
-template <class T>
-struct Written {
-  T* y = nullptr;
-  std::size_t count = 0;
-};
-
 /// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
 /// epilogue_at<Net, I, LastEpi>; in evaluation, where folds_next says so, stage I + 1 runs in its
 /// epilogue (into stage I + 1's output, with its `add` and its epilogue), and a stage that the one
-/// before ran runs nothing. Returns the output it wrote, rounded where the space stores activations in
-/// bf16 (activation_storage.hpp), except with KeepOutput the network's output (the logits).
+/// before ran runs nothing. What it wrote is rounded where the space stores activations in bf16
+/// (activation_storage.hpp), except with KeepOutput Net's output (the logits; a block's output, which
+/// the block's stage rounds).
 template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, bool KeepOutput = false,
           class ArgsOf>
-Written<T> forward_folding(const ArgsOf& args_of, bool training) {
+void forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
   if constexpr (folded_into_previous<Net, I>()) {
-    if (!training) return {};
+    if (!training) return;
   }
   if constexpr (folds_next<Net, I>()) {
     if (!training) {
@@ -149,19 +143,14 @@ Written<T> forward_folding(const ArgsOf& args_of, bool training) {
       a.fold = &fold;
       a.add = next.add;
       stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I + 1, LastEpi>>(a);
-      const Written<T> w{next.y, a.batch * N::out::size};
-      if (!(KeepOutput && is_network_output<Net, I + 1>())) round_stored(a.space, w.y, w.count);
-      return w;
+      if (!(KeepOutput && is_network_output<Net, I + 1>())) round_stored(a.space, next.y, a.batch * N::out::size);
+      return;
     }
   }
   const StageArgs<Space, T> a = args_of.template operator()<I>();
   stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(a);
-  if constexpr (Net::stage_plan[I].aliases_input) {
-    return {};
-  } else {
-    const Written<T> w{a.y, a.batch * S::out::size};
-    if (!(KeepOutput && is_network_output<Net, I>())) round_stored(a.space, w.y, w.count);
-    return w;
+  if constexpr (!Net::stage_plan[I].aliases_input) {
+    if (!(KeepOutput && is_network_output<Net, I>())) round_stored(a.space, a.y, a.batch * S::out::size);
   }
 }
 }  // namespace detail
@@ -260,7 +249,7 @@ class StageBinding {
         if (!training) return;  // ran in the epilogue of stage I - 1
       }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
-      (void)detail::forward_folding<Net, I, Space, T, void, true>(
+      detail::forward_folding<Net, I, Space, T, void, true>(
           [&]<std::size_t J>() { return args_of<J>(space, store, x, batch, training, scratch); }, training);
     }
   }
