@@ -15,7 +15,8 @@
 #      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
 #      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
-#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1), LeNet and the CIFAR-10 CNN once
+#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1; LeNet and the CIFAR-10 CNN also
+#      in BF16 there, impl=fusedp-mma-bf16), LeNet and the CIFAR-10 CNN once
 #      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
@@ -168,7 +169,7 @@ log "building benchmarks/gpu/train_step_gpu.cu for $ARCH_FLAG"
   "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread \
     "$ROOT/benchmarks/gpu/gemm_gpu.cu" -o "$OUT/gemm_gpu" &&
   "$NVCC" -std=c++20 -O3 "$ARCH_FLAG" -I"$ROOT/include" -Xcompiler=-pthread -DFUSEDP_CUDA_MMA_LAYERS=1 \
-    "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu_mma"; } > "$OUT/bench_build.log" 2>&1 &
+    -DFUSEDP_BENCH_BF16=1 "$ROOT/benchmarks/gpu/train_step_gpu.cu" -o "$OUT/train_step_gpu_mma"; } > "$OUT/bench_build.log" 2>&1 &
 BENCH_BUILD=$!
 
 if [[ -n "$DOCTEST_DIR" ]]; then
@@ -265,7 +266,7 @@ if (( torch_ok )); then
   # GPU): wait until every one is warm or gone, keeping about 3 s per timing run, fusedp's benchmark
   # and the report; those still cold then are stopped and reported as not measured.
   after=75  # seconds kept for fusedp's benchmarks and the report
-  [[ -x "$OUT/train_step_gpu_mma" ]] && after=115  # and fusedp's second build
+  [[ -x "$OUT/train_step_gpu_mma" ]] && after=135  # and fusedp's second build, with its BF16 runs
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
   after=$(( after + 30 ))  # and the separate-update, no-pdl and split-kernel runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
@@ -364,6 +365,12 @@ if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
   log "fusedp train steps, layers on the tensor-core mainloop (time limit ${bench_limit}s)"
   FUSEDP_CUDA_GEMM=mma timeout "$bench_limit" "$OUT/train_step_gpu_mma" --all --steps 100 --warmup 10 |
     tee -a "$OUT/fusedp.txt"
+  # BF16 (impl=fusedp-mma-bf16): issue 17's BF16 targets, against PyTorch's bf16 autocast modes.
+  for net in lenet cifar; do
+    (( $(left) > 40 )) || break
+    FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_mma" --net "$net" --batch 128 --precision bf16 \
+      --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+  done
 fi
 
 # The tensor-core mainloop against the WMMA one, per GEMM problem of the seed networks (issue 14), and

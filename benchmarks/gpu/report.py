@@ -39,13 +39,14 @@ def _x_of(impl, want):
     return lambda f, t: (f["images_per_s"] / t[impl]["images_per_s"] >= want) if f and impl in t else None
 
 
-def _x_fastest(want):
+def _x_fastest(want, bf16=False):
     def check(f, t):
-        tf32 = [r["images_per_s"] for i, r in t.items() if not i.endswith("-bf16")]
-        return f["images_per_s"] / max(tf32) >= want if f and tf32 else None
+        same = [r["images_per_s"] for i, r in t.items() if i.endswith("-bf16") == bf16]
+        return f["images_per_s"] / max(same) >= want if f and same else None
     return check
 
 
+# Each checks fusedp's faster TF32 build, except those marked bf16, which check its BF16 runs.
 TARGETS = [
     ("lenet", 128, ">= 2x eager (issue 3)", _x_of("torch-eager", 2.0)),
     ("lenet", 128, ">= 1.1x compile (issue 3)", _x_of("torch-compile", 1.1)),
@@ -54,6 +55,8 @@ TARGETS = [
     ("cifar", 128, "<= 0.60 ms TF32 (issue 14)", _ms_at_most(0.60)),
     ("cifar", 128, "<= 0.40 ms TF32 (issue 17)", _ms_at_most(0.40)),
     ("cifar", 128, ">= 1.5x fastest PyTorch TF32 mode (issue 17)", _x_fastest(1.5)),
+    ("cifar", 128, "<= 0.30 ms BF16 (issue 17)", _ms_at_most(0.30), "bf16"),
+    ("cifar", 128, ">= 1.5x fastest PyTorch bf16 mode (issue 17)", _x_fastest(1.5, bf16=True), "bf16"),
     ("mlp64", 1 << 14, ">= 7x eager (issue 14)", _x_of("torch-eager", 7.0)),
     ("mlp128", 1 << 18, "<= 1.3 ms (issue 14)", _ms_at_most(1.3)),
 ]
@@ -108,12 +111,14 @@ def main():
     a = p.parse_args()
     builds, notes = read_fusedp(a.fusedp)
     mine = sorted(builds, key=lambda i: (i != "fusedp", i)) or ["fusedp"]
-    # The ratios and targets take each configuration's faster fusedp build (named in the ratio).
-    ours = {}
+    # The ratios and targets take each configuration's faster fusedp build (named in the ratio), at each
+    # precision: TF32 against PyTorch's TF32 modes, BF16 (impl ...-bf16) against its bf16 autocast ones.
+    ours, ours_bf16 = {}, {}
     for impl in mine:
         for key, r in builds.get(impl, {}).items():
-            if key not in ours or r["images_per_s"] > ours[key]["images_per_s"]:
-                ours[key] = dict(r, impl=impl)
+            best = ours_bf16 if r["precision"] == "bf16" else ours
+            if key not in best or r["images_per_s"] > best[key]["images_per_s"]:
+                best[key] = dict(r, impl=impl)
     theirs = read_torch(a.torch_dir)
     header = open(a.header).read().strip().splitlines() if a.header and os.path.exists(a.header) else []
 
@@ -132,14 +137,17 @@ def main():
         row += [fmt(theirs.get((i, net, batch), {}).get("images_per_s")) for i in impls]
         for bf16 in (False, True):
             best = fastest(theirs, net, batch, bf16)
-            who = f"{f['impl']} / " if f and len(mine) > 1 else ""
-            row.append(f"{f['images_per_s'] / best[1]:.2f} ({who}{best[0].replace('torch-', '')})" if f and best else "-")
+            # fusedp's BF16 run against PyTorch's bf16 modes where it ran, else its TF32 build.
+            mine_here = ours_bf16.get(key, f) if bf16 else f
+            who = f"{mine_here['impl']} / " if mine_here and len(mine) > 1 else ""
+            row.append(f"{mine_here['images_per_s'] / best[1]:.2f} ({who}{best[0].replace('torch-', '')})"
+                       if mine_here and best else "-")
         rows.append(row)
 
     verdicts = []
-    for net, batch, text, check in TARGETS:
+    for net, batch, text, check, *precision in TARGETS:
         t = {i: r for (i, n, b), r in theirs.items() if n == net and b == batch}
-        ok = check(ours.get((net, batch)), t)
+        ok = check((ours_bf16 if precision == ["bf16"] else ours).get((net, batch)), t)
         verdicts.append(f"{net} {batch}: {text}: " + ("met" if ok else "not met" if ok is not None else "not measured"))
 
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
@@ -147,7 +155,7 @@ def main():
     lines.append("  ".join(cols[i].ljust(widths[i]) for i in range(len(cols))))
     for r in rows:
         lines.append("  ".join(r[i].ljust(widths[i]) for i in range(len(cols))))
-    lines += ["", "targets (fusedp in TF32, its faster build):"] + ["  " + v for v in verdicts]
+    lines += ["", "targets (fusedp's faster build, in TF32 unless the target says BF16 or bf16):"] + ["  " + v for v in verdicts]
     graphs = {k: v["graphs"] for k, v in ours.items()}
     if graphs and not all(graphs.values()):
         lines.append("note: some fusedp runs did not replay a CUDA graph: " +
@@ -168,7 +176,8 @@ def main():
             md.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
             for r in rows:
                 md.write("| " + " | ".join(r) + " |\n")
-            md.write("\nTargets (fusedp in TF32, its faster build):\n\n" + "".join(f"- {v}\n" for v in verdicts))
+            md.write("\nTargets (fusedp's faster build, in TF32 unless the target says BF16 or bf16):\n\n" +
+                     "".join(f"- {v}\n" for v in verdicts))
             if pace:
                 md.write("\nHost or GPU (fusedp):\n\n" + "".join(f"- {p.strip()}\n" for p in pace))
             for n in notes:

@@ -32,7 +32,8 @@
 // fused gradient boundaries (net/cuda_plan.hpp), and the lines say impl=fusedp-unfused.
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
-// -DFUSEDP_BENCH_ALL_PRECISIONS=1 adds fp32 and bf16.
+// -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar (issue 17's BF16 targets; impl=...-bf16 in the
+// RESULT line), -DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every network.
 //
 // Written and compiled without a GPU; its numbers exist only once someone runs it on one.
 #include "../../tests/support/fusedp_core.hpp"
@@ -44,6 +45,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include "../../tests/support/seed_networks.hpp"
 
@@ -153,16 +155,19 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   const double med = median(ms);
   const bool mma = fp::kernels::cuda::layers_have_mma &&
                    fp::kernels::cuda::gemm_mainloop_from_environment() == fp::kernels::cuda::GemmMainloop::mma;
+  // The build's name, and "-bf16" for a BF16 run (report.py compares it with PyTorch's bf16 modes).
+  const std::string impl =
+      std::string(!fp::cuda_fused_gradients ? "fusedp-unfused"
+                  : o.separate_update       ? "fusedp-separate-update"
+                  : o.no_dependent_launch   ? "fusedp-no-pdl"
+                  : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
+                      ? "fusedp-split-kernel"
+                  : mma ? "fusedp-mma"
+                        : "fusedp") +
+      (std::is_same_v<typename Space::precision, fp::precision::Bf16> ? "-bf16" : "");
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f "
               "host_ms=%.4f queued_ms=%.4f\n",
-              !fp::cuda_fused_gradients ? "fusedp-unfused"
-              : o.separate_update       ? "fusedp-separate-update"
-              : o.no_dependent_launch   ? "fusedp-no-pdl"
-              : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
-                  ? "fusedp-split-kernel"
-              : mma                     ? "fusedp-mma"
-                                        : "fusedp",
-              name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
+              impl.c_str(), name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
               model.last_step_replayed() ? 1 : 0, double(l), host_ms, queued_ms);
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);
@@ -187,6 +192,16 @@ void run_net(const std::string& net, std::size_t batch, const Options& o) {
   else if (net == "resnet18") run<ResNet18, Space>("resnet18", batch, o, fp::SoftmaxCrossEntropy{}, labels(10));
   else throw fp::InvalidArgument("unknown --net " + net + " (lenet, cifar, mlp64, mlp128, resnet18)");
 }
+
+#if FUSEDP_BENCH_BF16 && !FUSEDP_BENCH_ALL_PRECISIONS
+// The two networks of issue 17's BF16 targets only, so the BF16 build costs two networks' kernels.
+void run_bf16_net(const std::string& net, std::size_t batch, const Options& o) {
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = std::int32_t(i % 10);
+  if (net == "lenet") run<LeNet, fp::CudaBf16>("lenet", batch, o, fp::SoftmaxCrossEntropy{}, y);
+  else run<CifarCnn, fp::CudaBf16>("cifar", batch, o, fp::SoftmaxCrossEntropy{}, y);
+}
+#endif
 
 }  // namespace
 
@@ -237,9 +252,13 @@ int main(int argc, char** argv) {
 #if FUSEDP_BENCH_ALL_PRECISIONS
       else if (precision == "fp32") run_net<fp::CudaFp32>(n, b, o);
       else if (precision == "bf16") run_net<fp::CudaBf16>(n, b, o);
+#elif FUSEDP_BENCH_BF16
+      else if (precision == "bf16" && (n == "lenet" || n == "cifar")) run_bf16_net(n, b, o);
 #endif
-      else throw fp::InvalidArgument("--precision " + precision + " is not built in (tf32; fp32 and bf16 need "
-                                     "-DFUSEDP_BENCH_ALL_PRECISIONS=1, which triples the compile time)");
+      else throw fp::InvalidArgument("--precision " + precision + " is not built in for --net " + n +
+                                     " (tf32; -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar, "
+                                     "-DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every net, which "
+                                     "triples the compile time)");
     } catch (const std::exception& e) {
       std::printf("FAILED impl=fusedp net=%s batch=%zu: %s\n", n.c_str(), b, e.what());
       std::fflush(stdout);
