@@ -9,6 +9,8 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 #include "../support/seed_networks.hpp"
@@ -74,19 +76,19 @@ constexpr bool dz_fusion_is(const std::array<bool, N>& receives, const std::arra
   }(std::make_index_sequence<N>{});
   return ok;
 }
-// LeNet: conv2's dx unpools conv1's dz, Linear<120>'s dx unpools conv2's (through the Flatten); the
-// fused MLP writes plain dx, so Linear<120> (ReLU) forms its own dz.
-static_assert(dz_fusion_is<fp::CudaPlan<LeNet, fp::precision::Tf32>>(std::array<bool, 5>{true, true, false, false, false},
-                                                                    std::array<std::size_t, 5>{5, 0, 5, 1, 5}));
+// LeNet: conv2's dx unpools conv1's dz, Linear<120>'s dx unpools conv2's (through the Flatten), and the
+// fused MLP's kernel writes Linear<120>'s ReLU'd dz.
+static_assert(dz_fusion_is<fp::CudaPlan<LeNet, fp::precision::Tf32>>(std::array<bool, 5>{true, true, false, true, false},
+                                                                    std::array<std::size_t, 5>{5, 0, 5, 1, 3}));
 // fp32: the Linear layers apart, each one's dx is the ReLU'd dz of the one below.
 static_assert(dz_fusion_is<fp::CudaPlan<LeNet, fp::precision::Fp32>>(
     std::array<bool, 6>{true, true, false, true, true, false}, std::array<std::size_t, 6>{6, 0, 6, 1, 3, 4}));
 static_assert(dz_fusion_is<fp::CudaPlan<CifarCnn, fp::precision::Tf32>>(
     std::array<bool, 5>{true, true, false, true, false}, std::array<std::size_t, 5>{5, 0, 5, 1, 3}));
 // Mixed: the conv's dz comes from a MaxPool2d<3> stage (no GEMM): unfused; Linear+ReLU takes its dz from
-// Linear+GELU's dx; the MLP writes plain dx.
+// Linear+GELU's dx, and Linear+GELU its own (through its saved z) from the MLP's kernel.
 static_assert(dz_fusion_is<fp::CudaPlan<Mixed, fp::precision::Tf32>>(
-    std::array<bool, 6>{false, false, false, true, false, false}, std::array<std::size_t, 6>{6, 6, 6, 6, 3, 6}));
+    std::array<bool, 6>{false, false, false, true, true, false}, std::array<std::size_t, 6>{6, 6, 6, 6, 3, 4}));
 static_assert(dz_fusion_is<fp::CudaPlan<Mlp64, fp::precision::Tf32>>(std::array<bool, 1>{false},
                                                                     std::array<std::size_t, 1>{1}));
 
@@ -183,6 +185,46 @@ void check_fused_kernels(int batch, std::uint64_t stream) {
         ...);
   }(std::make_index_sequence<n>{});
   FUSEDP_CHECK_CLOSE(download(space, dxd), g, bound<fp::Cuda>(n), "dx of the run's input");
+
+  // The run's input gradient handed to the group below's sink (cuda_groups.hpp's dx_sink) instead of
+  // stored: what that sink makes of the stored dx on the host, bit for bit (ReLU's derivative is 0 or 1,
+  // so nothing is rounded differently). An activation below, then a conv whose 2 x 2 max-pool was fused
+  // (planes of pp x pp pooled values from (2 pp + 1)^2 pixels: a row and a column no window covers).
+  const std::vector<float> dx = download(space, dxd);
+  const auto same_bits = [](const std::vector<float>& got, const std::vector<float>& want) {
+    return got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0;
+  };
+  {
+    const auto below = random_values(dx.size(), stream + 40);  // a ReLU's outputs: zeros and not
+    std::vector<float> below_relu(below.size());
+    for (std::size_t i = 0; i < below.size(); ++i) below_relu[i] = below[i] > 0 ? below[i] : 0.0f;
+    auto below_d = upload(space, below_relu);
+    auto dz_d = poisoned<float>(space, dx.size());
+    using Sink = kc::ActivationSink<Epilogue<fp::kernels::Relu>>;
+    kc::mlp_backward_to<Spec>(space, args, Sink{dz_d.data(), below_d.data(), nullptr}, dw_ptr, db_ptr, scratch.data());
+    std::vector<float> want(dx.size());
+    const Sink on_host{want.data(), below_relu.data(), nullptr};
+    for (std::size_t i = 0; i < dx.size(); ++i) on_host.put(i, dx[i]);
+    CHECK_MESSAGE(same_bits(download(space, dz_d), want), "the MLP's dx through an ActivationSink");
+  }
+  {
+    constexpr int pp = Spec::in % 25 == 0 ? 5 : 4, planes = Spec::in / (pp * pp), o = 2 * pp + 1;
+    static_assert(planes * pp * pp == Spec::in, "the test's pooled planes must tile the run's input");
+    const auto pooled = random_values(dx.size(), stream + 41);
+    std::vector<std::uint8_t> argmax(dx.size());
+    for (std::size_t i = 0; i < argmax.size(); ++i) argmax[i] = std::uint8_t((i * 7 + 3) % 4);
+    auto pooled_d = upload(space, pooled);
+    auto argmax_d = upload(space, argmax);
+    const std::size_t dense = std::size_t(batch) * planes * o * o;
+    auto dz_d = poisoned<float>(space, dense);
+    using Sink = kc::UnpoolSink<Epilogue<fp::kernels::Relu>, 2>;
+    kc::mlp_backward_to<Spec>(space, args, Sink(dz_d.data(), pooled_d.data(), argmax_d.data(), o, o), dw_ptr, db_ptr,
+                              scratch.data());
+    std::vector<float> want(dense, std::numeric_limits<float>::quiet_NaN());
+    const Sink on_host(want.data(), pooled.data(), argmax.data(), o, o);
+    for (std::size_t i = 0; i < dx.size(); ++i) on_host.put(i, dx[i]);
+    CHECK_MESSAGE(same_bits(download(space, dz_d), want), "the MLP's dx through an UnpoolSink (every pixel written)");
+  }
 }
 
 using fp::kernels::Relu;

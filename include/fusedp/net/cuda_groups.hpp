@@ -214,6 +214,22 @@ struct CudaGroups {
      ...);
   }
 
+  // Stage I (a Conv2d or Linear of group G) backward as StageBinding::backward_stage does it, through its
+  // layer's backward_to: its input gradient into G's sink (dx_sink), its dz read stored when Receives.
+  template <std::size_t G, std::size_t I, bool Receives, class StageDone>
+  void backward_stage_to(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
+    using S = typename Net::template stage<I>;
+    StageArgs<space_type, T> a = backward_args_of<I>(x, batch);
+    a.dy = binding.gradient_buffer(current, batch);
+    a.dx = I > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+    {
+      const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
+      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives>(a, dx_sink<G>(x, batch, a.dx));
+    }
+    current = 1 - current;
+    on_stage_done(I);
+  }
+
   template <std::size_t G, class StageDone>
   void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
     using Gr = typename plan::template group<G>;
@@ -221,17 +237,7 @@ struct CudaGroups {
     if constexpr (Gr::kind == CudaGroupKind::stage && (fused || plan::template updates_in_gemm<G>)) {
       // A Conv2d or Linear (at a fused boundary, or updating its weight in its GEMM when asked): as
       // StageBinding::backward_stage, through backward_to.
-      using S = typename Net::template stage<Gr::first>;
-      StageArgs<space_type, T> a = backward_args_of<Gr::first>(x, batch);
-      a.dy = binding.gradient_buffer(current, batch);
-      a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
-      {
-        const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
-        S::layer::template backward_to<typename S::in, typename S::epilogue, plan::template receives_dz<G>>(
-            a, dx_sink<G>(x, batch, a.dx));
-      }
-      current = 1 - current;
-      on_stage_done(Gr::first);
+      backward_stage_to<G, Gr::first, plan::template receives_dz<G>>(x, batch, current, on_stage_done);
     } else if constexpr (Gr::kind == CudaGroupKind::stage) {
       backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
@@ -252,9 +258,11 @@ struct CudaGroups {
     } else {
       constexpr std::size_t n = Gr::last - Gr::first + 1;
       if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
+        // Layer by layer, the first Linear writing the input gradient where the kernel would have.
         [&]<std::size_t... L>(std::index_sequence<L...>) {
           backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::last - L...>{});
-        }(std::make_index_sequence<n>{});
+        }(std::make_index_sequence<n - 1>{});
+        backward_stage_to<G, Gr::first, false>(x, batch, current, on_stage_done);
         return;
       }
       T* dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
@@ -271,7 +279,7 @@ struct CudaGroups {
       {
         const auto span = trace::SpaceSpans<space_type>::open(space, "MLP", trace::Kind::backward,
                                                               Net::template stage<Gr::first>::first);
-        kernels::cuda::mlp_backward<mlp_spec<Gr>>(space, args, dw, db, scratch, updates);
+        kernels::cuda::mlp_backward_to<mlp_spec<Gr>>(space, args, dx_sink<G>(x, batch, dx), dw, db, scratch, updates);
       }
       current = 1 - current;
       [&]<std::size_t... L>(std::index_sequence<L...>) {

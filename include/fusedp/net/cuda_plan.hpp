@@ -21,7 +21,8 @@
 // Fused gradient boundaries (issue 17): a group that needs its output gradient transformed before its
 // GEMMs (a conv + max-pool: unpooled through the argmax; a Conv2d or Linear stage with an activation:
 // times Epi') receives it already transformed when the group above it (past any Flatten, which moves
-// no memory) is a Conv2d or Linear stage or a conv + max-pool: that group's input-gradient GEMM writes
+// no memory) is a Conv2d or Linear stage, a conv + max-pool or a fused MLP: that group's input-gradient
+// GEMM (the MLP's backward kernel) writes
 // it through a sink (kernels/cuda/gradient_sink.cuh), and no pass of its own runs (receives_dz,
 // dz_receiver). -DFUSEDP_CUDA_FUSED_GRADIENTS=0 turns this off (every group forms its own dz, as
 // before), for measuring what it gives (benchmarks/gpu: train_step_gpu_unfused); like every option
@@ -169,10 +170,11 @@ constexpr bool reshape_group() {
   if constexpr (Gr::kind == CudaGroupKind::stage) return Net::template stage<Gr::first>::kind == LayerKind::reshape;
   else return false;
 }
-// A group whose input-gradient GEMM can hand its values to a sink: a Conv2d or Linear stage, a conv + max-pool.
+// A group whose input-gradient GEMM can hand its values to a sink: a Conv2d or Linear stage, a conv +
+// max-pool, a fused MLP (its kernel's input gradient; where the device cannot run it, its first Linear's).
 template <class Net, class Gr>
 constexpr bool dx_through_sink() {
-  if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+  if constexpr (Gr::kind == CudaGroupKind::conv_maxpool || Gr::kind == CudaGroupKind::mlp) {
     return true;
   } else if constexpr (Gr::kind == CudaGroupKind::stage) {
     using L = typename Net::template stage<Gr::first>::layer;

@@ -18,6 +18,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/cuda/gemm.cuh"
+#include "fusedp/kernels/cuda/gradient_sink.cuh"
 #include "fusedp/kernels/cuda/linear.cuh"
 
 #include <mma.h>
@@ -172,8 +173,11 @@ __device__ void mlp_forward_layer(const MlpArgs<Spec::count>& args, float* act, 
   if constexpr (L + 1 < Spec::count) mlp_forward_layer<Spec, L + 1>(args, act, ws, bs, row0);
 }
 
-template <class Spec, int L>
-__device__ void mlp_backward_layer(const MlpArgs<Spec::count>& args, float* act, float* ws, int row0) {
+// Sink: where the run's input gradient goes (StoreSink{args.dx}, or the dz of the group below:
+// kernels/cuda/gradient_sink.cuh), element (row, c) at flat index row * in + c.
+template <class Spec, int L, class Sink>
+__device__ void mlp_backward_layer(const MlpArgs<Spec::count>& args, float* act, float* ws, int row0,
+                                   const Sink& sink) {
   using Layer = typename Spec::template layer<L>;
   using Epi = typename Layer::epilogue;
   constexpr int I = Layer::in, O = Layer::out, OP = Layer::out_pad;
@@ -198,7 +202,7 @@ __device__ void mlp_backward_layer(const MlpArgs<Spec::count>& args, float* act,
     arow[r * Spec::lda + c] = d;
   }
   __syncwarp();
-  if (L == 0 && args.dx == nullptr) return;
+  if (L == 0 && !sink.active()) return;
 #if FUSEDP_MLP_TENSOR_CORES
   // dy of the layer's input (16 x in_pad) = dz (16 x out_pad) W (out_pad x in_pad)
   mlp_warp_gemm<Spec, OP, Layer::in_pad, true>(arow, ws);
@@ -207,10 +211,10 @@ __device__ void mlp_backward_layer(const MlpArgs<Spec::count>& args, float* act,
     for (int e = lane; e < 16 * I; e += 32) {
       const int r = e / I, c = e % I;
       const int row = row0 + warp * 16 + r;
-      if (row < args.batch) args.dx[std::size_t(row) * I + c] = arow[r * Spec::lda + c];
+      if (row < args.batch) sink.put(std::size_t(row) * I + c, arow[r * Spec::lda + c]);
     }
   } else {
-    mlp_backward_layer<Spec, L - 1>(args, act, ws, row0);
+    mlp_backward_layer<Spec, L - 1>(args, act, ws, row0, sink);
   }
 }
 
@@ -226,15 +230,16 @@ __global__ void __launch_bounds__(Spec::threads) mlp_forward_kernel(const MlpArg
   mlp_forward_layer<Spec, 0>(args, act, ws, bs, row0);
 }
 
-template <class Spec>
-__global__ void __launch_bounds__(Spec::threads) mlp_backward_kernel(const MlpArgs<Spec::count> args) {
+template <class Spec, class Sink>
+__global__ void __launch_bounds__(Spec::threads) mlp_backward_kernel(const MlpArgs<Spec::count> args,
+                                                                     const Sink sink) {
   kernel_prologue();
   extern __shared__ __align__(128) unsigned char mlp_smem[];
   float* act = reinterpret_cast<float*>(mlp_smem);
   float* ws = act + Spec::rows * Spec::lda;
   const int row0 = int(blockIdx.x) * Spec::rows;
   mlp_load_rows<Spec>(act, args.dy, row0, args.batch, Spec::out, Spec::template layer<Spec::count - 1>::out_pad);
-  mlp_backward_layer<Spec, Spec::count - 1>(args, act, ws, row0);
+  mlp_backward_layer<Spec, Spec::count - 1>(args, act, ws, row0, sink);
 }
 
 // Opts a kernel in to more than 48 KiB of dynamic shared memory, once per device.
@@ -290,19 +295,22 @@ std::size_t mlp_backward_scratch(int batch, int sm_count) {
   return s;
 }
 
-/// Backward of the fused run: from args.dy, writes args.dz[l] for every layer, args.dx when not null,
-/// then each layer's dW and db (set, not accumulated) by split-K GEMMs over the batch, which apply
-/// `updates[l]` when given (after the fused kernel has read every weight).
-template <class Spec, class P>
-void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, float* const (&dw)[Spec::count],
-                  float* const (&db)[Spec::count], float* scratch, const LayerUpdate<float>* updates = nullptr) {
+/// Backward of the fused run: from args.dy, writes args.dz[l] for every layer, the run's input gradient
+/// through `sink` when it is active (StoreSink{args.dx}: stored; the group below's UnpoolSink or
+/// ActivationSink: that group's dz, so that it runs no pass of its own), then each layer's dW and db
+/// (set, not accumulated) by split-K GEMMs over the batch, which apply `updates[l]` when given (after
+/// the fused kernel has read every weight). args.dx is not used.
+template <class Spec, class P, class Sink>
+void mlp_backward_to(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, const Sink& sink,
+                     float* const (&dw)[Spec::count], float* const (&db)[Spec::count], float* scratch,
+                     const LayerUpdate<float>* updates = nullptr) {
   if (args.batch <= 0) return;
   detail::check_mlp_device<Spec>(space);
   static std::atomic<std::uint64_t> opted{0};
-  detail::allow_shared_memory(detail::mlp_backward_kernel<Spec>, Spec::smem_bytes, space.device(), opted);
+  detail::allow_shared_memory(detail::mlp_backward_kernel<Spec, Sink>, Spec::smem_bytes, space.device(), opted);
   const unsigned blocks = unsigned((args.batch + Spec::rows - 1) / Spec::rows);
-  launch<detail::mlp_backward_kernel<Spec>>("mlp_backward_kernel", blocks, Spec::threads, Spec::smem_bytes,
-                                            space.stream(), args);
+  launch<detail::mlp_backward_kernel<Spec, Sink>>("mlp_backward_kernel", blocks, Spec::threads, Spec::smem_bytes,
+                                                  space.stream(), args, sink);
   [&]<int... L>(std::integer_sequence<int, L...>) {
     (
         [&] {
@@ -316,6 +324,13 @@ void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, f
         }(),
         ...);
   }(std::make_integer_sequence<int, Spec::count>{});
+}
+
+/// mlp_backward_to with the run's input gradient stored to args.dx (none when it is null).
+template <class Spec, class P>
+void mlp_backward(const CudaSpace<P>& space, const MlpArgs<Spec::count>& args, float* const (&dw)[Spec::count],
+                  float* const (&db)[Spec::count], float* scratch, const LayerUpdate<float>* updates = nullptr) {
+  mlp_backward_to<Spec>(space, args, StoreSink{args.dx}, dw, db, scratch, updates);
 }
 
 }  // namespace fusedp::kernels::cuda
