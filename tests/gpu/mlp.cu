@@ -91,6 +91,9 @@ static_assert(dz_fusion_is<fp::CudaPlan<Mixed, fp::precision::Tf32>>(
     std::array<bool, 6>{false, false, false, true, true, false}, std::array<std::size_t, 6>{6, 6, 6, 6, 3, 4}));
 static_assert(dz_fusion_is<fp::CudaPlan<Mlp64, fp::precision::Tf32>>(std::array<bool, 1>{false},
                                                                     std::array<std::size_t, 1>{1}));
+// Tail: the MLP's kernel writes the first Linear's Tanh'd dz.
+static_assert(dz_fusion_is<fp::CudaPlan<Tail, fp::precision::Tf32>>(std::array<bool, 2>{true, false},
+                                                                   std::array<std::size_t, 2>{2, 0}));
 
 // The fused kernels of Spec against Host Linear stages in double: forward from the same inputs;
 // backward from the same saved outputs (the kernel's own y of each layer), so ReLU masks agree.
@@ -98,7 +101,7 @@ template <class Spec>
 void check_fused_kernels(int batch, std::uint64_t stream) {
   constexpr int n = Spec::count;
   const fp::Cuda space{0};
-  REQUIRE(kc::mlp_supported<Spec>(space));
+  REQUIRE(kc::mlp_supported<Spec>(space));  // (fused_mlp() is on: nothing in this program turns it off)
   const fp::Host host{0};
   const auto x = random_values(std::size_t(batch) * Spec::in, stream);
   const auto dy = random_values(std::size_t(batch) * Spec::out, stream + 1);

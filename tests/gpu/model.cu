@@ -30,6 +30,14 @@ using LeNet = seed_networks::LeNet;
 // of conv2's 9 x 12 output left uncovered by the 2 x 2 windows.
 using Oblong = fp::Sequential<fp::Input<2, 11, 14>, fp::Conv2d<6, 3, 1, 1>, fp::ReLU, fp::Conv2d<8, 3>, fp::ReLU,
                               fp::MaxPool2d<2>, fp::Flatten, fp::Linear<10>>;
+// A fused MLP right after a conv + max-pool: the MLP's backward kernel unpools conv2's dz (UnpoolSink),
+// with the 5th row of conv2's 5 x 8 output left uncovered.
+using PooledMlp = fp::Sequential<fp::Input<2, 7, 10>, fp::Conv2d<6, 3, 1, 1>, fp::ReLU, fp::Conv2d<8, 3>, fp::ReLU,
+                                 fp::MaxPool2d<2>, fp::Flatten, fp::Linear<32>, fp::ReLU, fp::Linear<10>>;
+using PooledMlpPlan = fp::CudaPlan<PooledMlp, fp::precision::Tf32>;
+static_assert(PooledMlpPlan::group_count == 4 && PooledMlpPlan::summary[1].kind == fp::CudaGroupKind::conv_maxpool &&
+              PooledMlpPlan::summary[3].kind == fp::CudaGroupKind::mlp && PooledMlpPlan::receives_dz<1> &&
+              PooledMlpPlan::dz_receiver<3> == 1);
 using Mlp = fp::Sequential<fp::Input<64>, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU, fp::Linear<64>, fp::ReLU,
                            fp::Linear<64>>;
 
@@ -52,12 +60,30 @@ TEST_CASE_TEMPLATE("LeNet matches the Host model in double", Space, FUSEDP_ALL_S
   compare_with_host_double<Space, LeNet, fp::SoftmaxCrossEntropy>(70, labels_for(70, 10, 2), 5, true, 20);
 }
 
+TEST_CASE("LeNet with its MLP group run layer by layer (as where the fused kernels cannot run) matches the Host model "
+          "in double") {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(fp::Cuda);
+  // An sm_86 or sm_89 lacks the shared memory for LeNet's 128-wide fused run: this is its path, with fc2's
+  // input gradient written through fc1's sink.
+  struct Restore {
+    ~Restore() { fp::kernels::cuda::set_fused_mlp(true); }
+  } restore;
+  fp::kernels::cuda::set_fused_mlp(false);
+  REQUIRE_FALSE(fp::kernels::cuda::fused_mlp());
+  compare_with_host_double<fp::Cuda, LeNet, fp::SoftmaxCrossEntropy>(70, labels_for(70, 10, 2), 5, true, 20);
+}
+
 TEST_CASE_TEMPLATE("a non-square CNN with fused gradient boundaries matches the Host model in double", Space,
                    FUSEDP_ALL_SPACES) {
   static_assert(fp::CudaPlan<Oblong, fp::precision::Tf32>::receives_dz<0> &&
                 fp::CudaPlan<Oblong, fp::precision::Tf32>::receives_dz<1>);
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
   compare_with_host_double<Space, Oblong, fp::SoftmaxCrossEntropy>(37, labels_for(37, 10, 3), 5, true, 20);
+}
+
+TEST_CASE("a fused MLP that unpools the conv + max-pool below it matches the Host model in double") {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(fp::Cuda);
+  compare_with_host_double<fp::Cuda, PooledMlp, fp::SoftmaxCrossEntropy>(41, labels_for(41, 10, 4), 5, true, 20);
 }
 
 TEST_CASE_TEMPLATE("a graph replay computes exactly what direct launches compute", Space, fp::CudaFp32, fp::Cuda) {

@@ -69,6 +69,11 @@ TEST_CASE("a named layer is planned on Cuda as the layer itself") {
   CHECK(same_plan<Named<fp::precision::Fp32>, Plain<fp::precision::Fp32>>());
   CHECK(Named<fp::precision::Tf32>::receives_dz<0>);
   CHECK(Named<fp::precision::Tf32>::receives_dz<1>);
+  // fc1 (Linear<120> + ReLU) receives its dz from the fused MLP's kernel (fc2, fc3).
+  CHECK(Named<fp::precision::Tf32>::summary[3].kind == fp::CudaGroupKind::stage);
+  CHECK(Named<fp::precision::Tf32>::receives_dz<3>);
+  CHECK(Named<fp::precision::Tf32>::dz_receiver<4> == 3);
+  CHECK_FALSE(Named<fp::precision::Tf32>::receives_dz<4>);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #pragma once
-// Where an input-gradient GEMM puts its values: the stage below a Conv2d or Linear needs, from the
+// Where an input-gradient GEMM (or the fused MLP's backward kernel, kernels/cuda/mlp.cuh) puts its
+// values: the stage below a Conv2d, a Linear or a fused MLP needs, from the
 // gradient dy of its output, the gradient dz before its epilogue (dy * Epi'), unpooled through the
 // one-byte argmax when its max-pooling was fused into its forward. Without a sink that is a pass of
 // its own over the whole gradient (conv2d.cuh's materialize_dz_kernel, or the on-the-fly expansion in

@@ -5,10 +5,13 @@
 // staged into shared memory in turn, and each warp multiplies its 16 rows on TF32 tensor cores.
 // Forward writes each layer's output once (backward and the next stage need it); backward carries the
 // gradient through the layers on chip, writing each layer's dz once for the weight-gradient GEMMs that
-// follow (split-K GEMMs over the batch, bias gradient fused, kernels/cuda/gemm.cuh).
+// follow (split-K GEMMs over the batch, bias gradient fused, kernels/cuda/gemm.cuh), and hands the run's
+// input gradient to a sink (kernels/cuda/gradient_sink.cuh): stored, or the group below's dz.
 //
 // Widths are padded to multiples of 16 with zero weights, so any width up to 128 works. TF32 only:
-// the plan (net/cuda_plan.hpp) forms MLP stages only for precision::Tf32 on sm_80 or newer.
+// the plan (net/cuda_plan.hpp) forms MLP groups only for precision::Tf32; where a device cannot run
+// the kernels (before sm_80, too little shared memory: mlp_supported) or set_fused_mlp(false) says so,
+// the model runs the group's layers one by one.
 // Verified on an H200 (tests/gpu/mlp.cu; benchmarks/RESULTS.md: 2.9-9.5x PyTorch at 16K rows, but
 // 0.41x eager for width 128 at 2^18 rows, where the weights' staging binds); the block shape was
 // chosen to fit shared memory, not swept.
@@ -71,7 +74,8 @@ struct MlpArgs {
   float* y[N];         // (batch, out_l) each layer's output
   const float* dy;     // (batch, out) gradient of the run's output (backward)
   float* dz[N];        // (batch, out_l) gradient before each epilogue (backward writes them)
-  float* dx;           // (batch, in) gradient of the run's input, or null
+  float* dx;           // (batch, in) gradient of the run's input, or null (mlp_backward; mlp_backward_to
+                       // hands it to its sink instead)
 };
 
 namespace detail {
@@ -264,11 +268,25 @@ void check_mlp_device(const CudaSpace<P>& space) {
 
 }  // namespace detail
 
-/// Whether the fused MLP kernels can run on this device (sm_80+, enough shared memory); otherwise the
-/// caller runs the layers one by one.
+namespace detail {
+inline std::atomic<bool>& fused_mlp_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+}  // namespace detail
+
+/// Whether models use the fused MLP kernels where a device can run them (the default), or run the
+/// layers of every MLP group one by one as on a device that cannot (too little shared memory: LeNet's
+/// 128-wide run on an sm_86 or sm_89), so that path is testable on any device. Set it before a model's
+/// first step: a recorded CUDA graph keeps the kernels it recorded.
+inline void set_fused_mlp(bool on) noexcept { detail::fused_mlp_flag().store(on, std::memory_order_relaxed); }
+[[nodiscard]] inline bool fused_mlp() noexcept { return detail::fused_mlp_flag().load(std::memory_order_relaxed); }
+
+/// Whether the fused MLP kernels run on this device (sm_80+, enough shared memory, fused_mlp());
+/// otherwise the caller runs the layers one by one.
 template <class Spec, class P>
 bool mlp_supported(const CudaSpace<P>& space) {
-  return space.architecture() >= 80 && Spec::smem_bytes <= space.shared_memory_per_block();
+  return fused_mlp() && space.architecture() >= 80 && Spec::smem_bytes <= space.shared_memory_per_block();
 }
 
 /// Forward of the fused run: args.y[l] = Epi_l(y[l-1] W_l^T + b_l), y[-1] = args.x.
