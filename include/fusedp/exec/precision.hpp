@@ -1,8 +1,8 @@
 #pragma once
-// Precision policies: the arithmetic of a space's GEMMs and what its activations are stored in. The same names on both spaces: Cuda takes one
-// as a type (CudaSpace<precision::Tf32>), Host as a constructor argument (Host{threads,
-// precision::Bf16{}}), because every Host kernel serves both with one compiled instance and which
-// instructions run is known only once the CPU is.
+// Precision policies: the arithmetic of a space's GEMMs and what its activations are stored in. The
+// same names on both spaces: Cuda takes one as a type (CudaSpace<precision::Tf32>), Host as a
+// constructor argument (Host{threads, precision::Bf16{}}), because every Host kernel serves both with
+// one compiled instance and which instructions run is known only once the CPU is.
 #include "fusedp/core/config.hpp"
 
 namespace fusedp::precision {

@@ -23,9 +23,10 @@
 // times Epi') receives it already transformed when the group above it (past any Flatten, which moves
 // no memory) is a Conv2d or Linear stage, a conv + max-pool or a fused MLP: that group's input-gradient
 // GEMM (the MLP's backward kernel) writes it through a sink (kernels/cuda/gradient_sink.cuh), and no
-// pass of its own runs (receives_dz, dz_receiver). -DFUSEDP_CUDA_FUSED_GRADIENTS=0 turns this off (every group forms its own dz, as
-// before), for measuring what it gives (benchmarks/gpu: train_step_gpu_unfused); like every option
-// that changes the plan, it must be the same in every translation unit of a program.
+// pass of its own runs (receives_dz, dz_receiver). -DFUSEDP_CUDA_FUSED_GRADIENTS=0 turns this off
+// (every group forms its own dz, as before), for measuring what it gives (benchmarks/gpu:
+// train_step_gpu_unfused); like every option that changes the plan, it must be the same in every
+// translation unit of a program.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/pool_op.hpp"
