@@ -9,6 +9,7 @@
 // It needs no device, so it runs (and must pass) wherever the gpu tests are built.
 #include "gpu_test.hpp"
 
+#include <fusedp/kernels/bf16.hpp>
 #include <fusedp/kernels/cuda/conv2d.cuh>
 #include <fusedp/kernels/cuda/fast_div.hpp>
 #include <fusedp/kernels/cuda/gemm_dispatch.cuh>
@@ -689,7 +690,7 @@ void check_split_linear_forward(int batch, int in, int sm_count) {
   CHECK(kc::runs_of_four(scratch.data(), Out, count) == (Out % 4 == 0));
   bool in_gemm = false;
   kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
-                                       Epi::saves_input ? z.data() : nullptr, scratch.data(), counters,
+                                       Epi::saves_input ? z.data() : nullptr, scratch.data(), counters, false,
                                        [&](const auto& p, int splits) {
                                          if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
                                          emulate_gemm<TileT, false>(p, splits);
@@ -727,6 +728,220 @@ TEST_CASE("a split Linear forward finished by the GEMM's last blocks gives the s
   check_split_linear_forward<Epilogue<Gelu>, kc::GemmTiles<128>::wmma, 128>(100, 600, 132);
   check_split_linear_forward<Epilogue<>, kc::GemmTiles<130>::mma, 130>(100, 600, 132);
   check_split_linear_forward<Epilogue<Tanh>, kc::GemmTiles<72>::mma, 72>(20, 1000, 8);
+}
+
+namespace {
+
+// --- bf16 activation storage (net/activation_storage.hpp) ----------------------------------------------
+// Under precision::Bf16 a stage's output and input gradient are stored as bf16 values; the Cuda kernels
+// round as they write (kernels::stored_value). Each epilogue and sink run with bf16 must store exactly
+// the fp32 run's values rounded, and keep what a stage saves for itself (z) in fp32; the max-pooling
+// epilogue compares the rounded values, so its winner is the one a separate pooling over the stored
+// conv output picks; a sink rounds the GEMM's value before it forms dz, as the unfused pass reads it.
+
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& e : v) e = fp::kernels::round_bf16(e);
+  return v;
+}
+bool holds_non_bf16(const std::vector<float>& v) {
+  return std::any_of(v.begin(), v.end(), [](float e) { return fp::kernels::round_bf16(e) != e; });
+}
+
+template <class Epi, class TileT>
+void check_linear_stores_bf16(int batch, int in, int out) {
+  const auto x = random_values(std::size_t(batch) * in, 71), w = random_values(std::size_t(out) * in, 72);
+  const auto b = random_values(std::size_t(out), 73);
+  std::vector<float> y(std::size_t(batch) * out, nan_value), z(y.size(), nan_value), yb(y.size(), nan_value),
+      zb(y.size(), nan_value);
+  emulate_gemm<TileT, false>(
+      kc::linear_forward_problem<Epi>(batch, in, out, w.data(), b.data(), x.data(), y.data(), z.data(), false), 1);
+  emulate_gemm<TileT, false>(
+      kc::linear_forward_problem<Epi>(batch, in, out, w.data(), b.data(), x.data(), yb.data(), zb.data(), true), 1);
+  REQUIRE(holds_non_bf16(y));
+  check_same_bits(yb, rounded(y), "linear y stored in bf16");
+  if constexpr (Epi::saves_input) check_same_bits(zb, z, "linear z kept in fp32");
+}
+
+// Both ways a split Linear forward finishes: by the GEMM's last blocks, and by the second kernel's loop.
+template <class Epi, class TileT, int Out>
+void check_split_linear_stores_bf16(int batch, int in, int sm_count) {
+  using Tiles = kc::GemmTiles<Out>;
+  const kc::SplitPlan s = kc::linear_forward_split<Tiles>(batch, in, Out, sm_count);
+  REQUIRE(s.splits > 1);
+  const auto x = random_values(std::size_t(batch) * in, 74), w = random_values(std::size_t(Out) * in, 75);
+  const auto b = random_values(std::size_t(Out), 76);
+  const std::size_t count = std::size_t(batch) * Out;
+  std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
+  const fp::ArrivalCounters counters{arrivals.data(), arrivals.size()};
+  std::vector<float> parts;
+  const auto run = [&](bool bf16, std::vector<float>& y, std::vector<float>& z) {
+    std::vector<float> scratch(kc::linear_forward_scratch<Tiles>(batch, in, Out, sm_count), nan_value);
+    bool in_gemm = false;
+    kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
+                                         z.data(), scratch.data(), counters, bf16, [&](const auto& p, int splits) {
+                                           if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+                                           emulate_gemm<TileT, false>(p, splits);
+                                         });
+    CHECK(in_gemm);  // finished by the GEMM's last blocks
+    CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
+    parts = scratch;
+  };
+  std::vector<float> y(count, nan_value), z(count, nan_value), yb(count, nan_value), zb(count, nan_value);
+  run(false, y, z);
+  run(true, yb, zb);
+  REQUIRE(holds_non_bf16(y));
+  check_same_bits(yb, rounded(y), "split linear y stored in bf16");
+  if constexpr (Epi::saves_input) check_same_bits(zb, z, "split linear z kept in fp32");
+  std::vector<float> y2(count, nan_value), z2(count, nan_value);
+  for (std::size_t i = 0; i < count; ++i)
+    kc::finish_linear_sums<Epi>(parts.data(), s.splits, count, i, Out, b.data(), y2.data(), z2.data(), true);
+  check_same_bits(y2, yb, "split linear y stored in bf16 by the second kernel");
+}
+
+template <class Epi, class TileT>
+void check_conv_stores_bf16(const fp::kernels::ConvGeometry& g, int batch) {
+  const kc::ConvShape s(g);
+  const auto x = random_values(batch * g.in_size(), 77), w = random_values(g.out_channels * g.patch(), 78);
+  const auto b = random_values(std::size_t(g.out_channels), 79);
+  const std::size_t n = batch * g.out_size();
+  std::vector<float> y(n, nan_value), z(n, nan_value), yb(n, nan_value), zb(n, nan_value);
+  float* const zp = Epi::saves_input ? z.data() : nullptr;
+  float* const zbp = Epi::saves_input ? zb.data() : nullptr;
+  emulate_gemm<TileT, false>(kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(), zp), 1);
+  emulate_gemm<TileT, false>(
+      kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), yb.data(), zbp, nullptr, nullptr, true), 1);
+  REQUIRE(holds_non_bf16(y));
+  check_same_bits(yb, rounded(y), "conv y stored in bf16");
+  if constexpr (Epi::saves_input) check_same_bits(zb, z, "conv z kept in fp32");
+
+  // Evaluation with a BatchNorm and a residual add folded in: the same rounding of what it writes.
+  const auto mean = random_values(std::size_t(g.out_channels), 80), var = random_values(mean.size(), 81, 0.5f, 2.0f);
+  const auto gamma = random_values(mean.size(), 82), beta = random_values(mean.size(), 83), add = random_values(n, 84);
+  const fp::kernels::BatchNormFold<float> fold{mean.data(), var.data(), gamma.data(), beta.data(), 1e-5};
+  std::vector<float> f(n, nan_value), fb(n, nan_value);
+  emulate_gemm<TileT, false>(
+      kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), f.data(), nullptr, &fold, add.data()), 1);
+  emulate_gemm<TileT, false>(kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), fb.data(), nullptr,
+                                                             &fold, add.data(), true),
+                             1);
+  REQUIRE(holds_non_bf16(f));
+  check_same_bits(fb, rounded(f), "conv y with a folded BatchNorm stored in bf16");
+}
+
+// The fused max-pooling in bf16 against a separate pooling (the Host's) over the conv output stored in
+// bf16: the same pooled values and the same winners, ties that the rounding makes included. Returns
+// the number of windows whose winner the rounding changed (which fp32 comparisons would get wrong).
+template <class Epi, int Kp, class TileT>
+int check_conv_maxpool_stores_bf16(const fp::kernels::ConvGeometry& g, int batch) {
+  const kc::ConvShape s(g);
+  const int ph = g.out_h / Kp, pw = g.out_w / Kp;
+  const fp::kernels::ConvGeometry gp{g.out_channels, g.out_h, g.out_w, Kp, Kp, 0, g.out_channels, ph, pw};
+  const auto x = random_values(batch * g.in_size(), 85), w = random_values(g.out_channels * g.patch(), 86);
+  const auto b = random_values(std::size_t(g.out_channels), 87);
+  std::vector<float> yb(batch * g.out_size(), nan_value);
+  emulate_gemm<TileT, false>(
+      kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), yb.data(), nullptr, nullptr, nullptr, true),
+      1);
+  // The Host's pooling of the stored output; its winners where a unit gradient lands.
+  const fp::Host host{1};
+  const std::size_t pooled_n = batch * gp.out_size();
+  std::vector<float> pooled_ref(pooled_n), ones(pooled_n, 1.0f), winners(yb.size());
+  float* const none = nullptr;
+  kh::pool_forward<fp::kernels::PoolOp::max, Kp, Kp, Epilogue<>>(host, gp, batch, yb.data(), pooled_ref.data(), none);
+  kh::pool_backward<fp::kernels::PoolOp::max, Kp, Kp, Epilogue<>>(host, gp, batch, yb.data(), pooled_ref.data(), none,
+                                                                  ones.data(), winners.data());
+  std::vector<float> pooled(pooled_n, nan_value), pooled_fp32(pooled_n, nan_value);
+  std::vector<std::uint8_t> argmax(pooled_n, 0xff), argmax_fp32(pooled_n, 0xff);
+  emulate_gemm<TileT, false>(kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), pooled.data(),
+                                                                 argmax.data(), true),
+                             1);
+  emulate_gemm<TileT, false>(kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(),
+                                                                 pooled_fp32.data(), argmax_fp32.data()),
+                             1);
+  check_same_bits(pooled, pooled_ref, "pooled values stored in bf16");
+  int wrong = 0, changed = 0;
+  for (std::size_t j = 0; j < pooled_n; ++j) {
+    const std::size_t plane = j / (ph * pw), wp = j % (ph * pw);
+    const int py = int(wp) / pw, px = int(wp) % pw, at = argmax[j];
+    const std::size_t pixel = plane * g.out_h * g.out_w + std::size_t(py * Kp + at / Kp) * g.out_w + px * Kp + at % Kp;
+    wrong += winners[pixel] == 1.0f ? 0 : 1;
+    changed += argmax[j] != argmax_fp32[j] ? 1 : 0;
+  }
+  CHECK_MESSAGE(wrong == 0, wrong << " of " << pooled_n << " windows have another winner than the separate pooling");
+  return changed;
+}
+
+// The sinks with bf16 against the unfused pass reading the stored, rounded input gradient.
+template <class Epi, int Kp>
+void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_out, int batch) {
+  // StoreSink and UnpoolSink: a conv's dx GEMM above a conv + max-pool.
+  const PooledConvBelow<Epi, Kp> below(below_g, batch);
+  const fp::kernels::ConvGeometry up{below_g.out_channels, below.ph, below.pw, 3, 1, 1, upper_out, below.ph, below.pw};
+  const kc::ConvShape s(up);
+  const auto w = random_values(up.out_channels * up.patch(), 88), dz_up = random_values(batch * up.out_size(), 89);
+  const kc::StoredGradient dz{dz_up.data(), s.o, s.ohw, s.ow};
+  std::vector<float> dpool(below.pooled.size(), nan_value), dpool_bf16(dpool.size(), nan_value),
+      fused(below.dz_size(), nan_value);
+  emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem(s, batch, dz, w.data(), dpool.data()), 1);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::conv2d_dx_problem_to(s, batch, dz, w.data(), kc::StoreSink{dpool_bf16.data(), true}), 1);
+  REQUIRE(holds_non_bf16(dpool));
+  check_same_bits(dpool_bf16, rounded(dpool), "dx stored in bf16");
+  kc::UnpoolSink<Epi, Kp> unpool = below.sink(fused.data());
+  unpool.bf16 = true;
+  emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem_to(s, batch, dz, w.data(), unpool), 1);
+  check_same_bits(fused, below.dz_from(dpool_bf16), "dx unpooled from its bf16 value");
+  // Unfused, from an fp32 pooled gradient (the logits' gradient where the pooling is the network's output):
+  // the pooling's input gradient rounded as it would be stored.
+  kc::PooledConvGradient<Epi, Kp> from_fp32{dpool.data(), below.pooled.data(), below.argmax.data(),
+                                            below_g.out_channels, below.ph, below.pw, true};
+  check_same_bits(materialized(from_fp32, batch, below_g.out_channels, below_g.out_h, below_g.out_w),
+                  below.dz_from(dpool_bf16), "dz of a fused max-pooling from an fp32 gradient");
+
+  // ActivationSink: a Linear's dx GEMM above a Linear with Epi (and its y, z).
+  const int in = 29, mid = 45, out = 17;
+  const auto x = random_values(std::size_t(batch) * in, 90), w1 = random_values(std::size_t(mid) * in, 91);
+  const auto b1 = random_values(std::size_t(mid), 92), w2 = random_values(std::size_t(out) * mid, 93);
+  const auto dy2 = random_values(std::size_t(batch) * out, 94);
+  std::vector<float> y(std::size_t(batch) * mid, nan_value), z(y.size(), nan_value);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_forward_problem<Epi>(batch, in, mid, w1.data(), b1.data(), x.data(), y.data(), z.data(), true), 1);
+  const kc::EpilogueGradient<Epilogue<>> g2{dy2.data(), nullptr, nullptr};
+  std::vector<float> dy(y.size(), nan_value), dz_fused(y.size(), nan_value);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_dx_problem_to(batch, mid, out, w2.data(), g2, kc::StoreSink{dy.data(), true}), 1);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_dx_problem_to(batch, mid, out, w2.data(), g2, kc::ActivationSink<Epi>{dz_fused.data(), y.data(), z.data(), true}),
+      1);
+  const kc::EpilogueGradient<Epi> g{dy.data(), y.data(), z.data()};
+  std::vector<float> want(y.size());
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = g(i);
+  check_same_bits(dz_fused, want, "dz formed from the bf16 input gradient");
+}
+
+}  // namespace
+
+TEST_CASE("bf16 storage: epilogues and sinks store the fp32 values rounded, the fused pooling the stored winners (CPU emulation)") {
+  using kc::GemmTiles;
+  check_linear_stores_bf16<Epilogue<Relu>, kc::tile_for<37>>(77, 45, 37);
+  check_linear_stores_bf16<Epilogue<Gelu>, GemmTiles<64>::mma>(33, 45, 64);  // saves z
+  check_split_linear_stores_bf16<Epilogue<Gelu>, kc::GemmTiles<72>::wmma, 72>(20, 1000, 132);
+  check_split_linear_stores_bf16<Epilogue<Tanh>, kc::GemmTiles<72>::mma, 72>(20, 1000, 8);
+  constexpr fp::kernels::ConvGeometry a{3, 11, 9, 3, 2, 1, 5, 6, 5};
+  check_conv_stores_bf16<Epilogue<Relu>, kc::tile_for<5>>(a, 7);
+  constexpr fp::kernels::ConvGeometry b{4, 10, 12, 5, 1, 0, 6, 6, 8};
+  check_conv_stores_bf16<Epilogue<Gelu>, GemmTiles<6>::mma>(b, 5);
+  // Enough windows that the rounding ties some: LeNet's conv1 + pool, a 4x4 pooling with a column left.
+  constexpr fp::kernels::ConvGeometry lenet1{1, 28, 28, 5, 1, 0, 6, 24, 24};
+  int changed = check_conv_maxpool_stores_bf16<Epilogue<Relu>, 2, kc::tile_for<6>>(lenet1, 16);
+  constexpr fp::kernels::ConvGeometry wide{2, 17, 18, 2, 1, 0, 40, 16, 17};
+  changed += check_conv_maxpool_stores_bf16<Epilogue<Tanh>, 4, GemmTiles<40>::mma>(wide, 6);
+  MESSAGE(changed, " pooling windows whose winner the bf16 rounding changed");
+  CHECK(changed > 0);  // the comparison of rounded values was exercised
+  constexpr fp::kernels::ConvGeometry odd{3, 13, 11, 3, 1, 1, 7, 13, 11};
+  check_sinks_store_bf16<Epilogue<Relu>, 2>(odd, 9, 4);
+  check_sinks_store_bf16<Epilogue<Tanh>, 2>(odd, 5, 3);
+  check_sinks_store_bf16<Epilogue<Gelu>, 2>(odd, 6, 2);  // saves z
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {

@@ -19,8 +19,9 @@ struct Fp32 {
 /// Mixed precision: GEMM operands rounded to bfloat16 on their way into shared memory (Cuda) or into
 /// the packed panels (Host), fp32 accumulation; fp32 master weights, gradients and optimizer state.
 /// Activations and activation gradients are stored as bf16 values (net/activation_storage.hpp; the
-/// logits and the loss stay fp32): on the Host today, rounded in its float workspace; Cuda still
-/// stores them in fp32 until its workspace holds 16-bit values.
+/// logits and the loss stay fp32), in both spaces' float workspaces for now: the Cuda kernels round
+/// as they write, the Host after each stage. A 16-bit Cuda workspace, which halves their bytes, is
+/// still to come (issue 17).
 struct Bf16 {
   static constexpr const char* name = "bf16";
 };

@@ -25,4 +25,9 @@ FUSEDP_HD inline float from_bf16(std::uint16_t h) {
 /// x rounded to the nearest bfloat16 value.
 FUSEDP_HD inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 
+/// v as an activation store keeps it: rounded to bf16 where the model stores its activations in bf16
+/// (net/activation_storage.hpp), else v itself. How every Cuda kernel writes a stage's output or input
+/// gradient.
+FUSEDP_HD inline float stored_value(float v, bool bf16) { return bf16 ? round_bf16(v) : v; }
+
 }  // namespace fusedp::kernels

@@ -68,11 +68,11 @@ struct PointwiseStage {
 #if FUSEDP_HAS_CUDA
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
-    kernels::cuda::pointwise_forward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y);
+    kernels::cuda::pointwise_forward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
-    kernels::cuda::pointwise_backward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y, a.dy, a.dx);
+    kernels::cuda::pointwise_backward<Epi>(a.space.stream(), a.batch * In::size, a.x, a.y, a.dy, a.dx, a.bf16_dx);
   }
 #endif
 };

@@ -120,14 +120,14 @@ struct BatchNorm {
     kernels::cuda::batch_norm_forward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training,
                                            double(Momentum), double(Eps), Affine ? a.w : nullptr,
                                            Affine ? a.b : nullptr, a.state, a.x, a.y, a.z, a.sync,
-                                           device_sums(a.scratch), a.add);
+                                           device_sums(a.scratch), a.add, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     kernels::cuda::batch_norm_backward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync,
-                                            device_sums(a.scratch));
+                                            device_sums(a.scratch), a.bf16_dx);
   }
   // SyncBatchNorm's per-channel sums in the stage's scratch (floats), at an 8-byte boundary.
   template <class In, class P>

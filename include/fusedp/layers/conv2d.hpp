@@ -86,11 +86,11 @@ struct Conv2d {
     kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
                                                                          geometry<In>, int(a.batch), a.w,
                                                                          Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold,
-                                                                         a.add);
+                                                                         a.add, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
-    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx});
+    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
@@ -104,21 +104,23 @@ struct Conv2d {
     else backward_from<In>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
-  /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values, `argmax` one byte per pooled value.
+  /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values (stored as bf16 values with a.bf16_y),
+  /// `argmax` one byte per pooled value.
   template <class In, class Epi, int Kp, class T, class P>
   static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
     kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::GemmTiles<Out>, P>(
         kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled,
-        argmax);
+        argmax, a.bf16_y);
   }
   /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
   template <class In, class Epi, int Kp, class T, class P>
   static void backward_maxpool(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                const std::uint8_t* argmax) {
-    backward_maxpool_to<In, Epi, Kp, false>(a, dpool, pooled, argmax, kernels::cuda::StoreSink{a.dx});
+    backward_maxpool_to<In, Epi, Kp, false>(a, dpool, pooled, argmax, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
   }
   /// backward_maxpool with the input gradient to `sink`. DzIn: `dpool` holds instead the conv's dense
-  /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink.
+  /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink. With a.bf16_dx the
+  /// pooling's input gradient is a stored one: dpool is rounded before it is unpooled.
   template <class In, class Epi, int Kp, bool DzIn, class T, class P, class Sink>
   static void backward_maxpool_to(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                   const std::uint8_t* argmax, const Sink& sink) {
@@ -127,7 +129,9 @@ struct Conv2d {
       backward_from<In>(a, kernels::cuda::StoredGradient{dpool, Out, O::height * O::width, O::width}, sink);
     else
       backward_from<In>(
-          a, kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp}, sink);
+          a,
+          kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp, a.bf16_dx},
+          sink);
   }
   /// The backward GEMMs from a dz source (kernels/cuda/conv2d.cuh: conv2d_backward_to).
   template <class In, class T, class P, class Dz, class Sink>

@@ -54,11 +54,13 @@ struct Dropout {
   static constexpr bool cuda_graph_safe = false;
   template <class In, class Epi, class T, class Prec>
   static void forward(const StageArgs<CudaSpace<Prec>, T>& a) {
-    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), a.training, a.x, a.y);
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), a.training, a.x, a.y,
+                           a.bf16_y);
   }
   template <class In, class Epi, class T, class Prec>
   static void backward(const StageArgs<CudaSpace<Prec>, T>& a) {
-    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), true, a.dy, a.dx);
+    kernels::cuda::dropout(a.space.stream(), a.batch * In::size, mask(a, In::size), true, a.dy, a.dx,
+                           a.bf16_dx);
   }
 #endif
 };

@@ -41,13 +41,13 @@ struct GlobalAvgPool2d {
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     kernels::cuda::global_avg_pool_forward<Epi>(a.space.stream(), a.batch * In::channels, In::height * In::width, a.x,
-                                                a.y, a.z);
+                                                a.y, a.z, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     if (a.dx == nullptr) return;
     kernels::cuda::global_avg_pool_backward<Epi>(a.space.stream(), a.batch * In::channels, In::height * In::width,
-                                                 a.y, a.z, a.dy, a.dx);
+                                                 a.y, a.z, a.dy, a.dx, a.bf16_dx);
   }
 #endif
 };

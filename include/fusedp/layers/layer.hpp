@@ -135,6 +135,9 @@ struct StageArgs {
                                                     // its epilogue (layers with folds_batch_norm; see stage_binding.hpp)
   kernels::LayerUpdate<T> update{};  // backward on Cuda: when active, the weight gradient's GEMM also applies
                                      // the optimizer to the weight and bias (net/cuda_plan.hpp: updates_in_gemm)
+  bool bf16_y = false;   // forward: y is stored as bf16 values (net/activation_storage.hpp; Cuda kernels round
+                         // as they write it, the Host binding after the stage)
+  bool bf16_dx = false;  // backward: likewise dx
 };
 
 namespace detail {

@@ -59,11 +59,11 @@ struct Linear {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
     kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
                                                                          int(a.batch), int(In::size), Out, a.w, a.b,
-                                                                         a.x, a.y, a.z, a.scratch);
+                                                                         a.x, a.y, a.z, a.scratch, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
-    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx});
+    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds dz (batch, Out),

@@ -47,12 +47,13 @@ struct Pool2d {
   // never gets here). dy is not changed.
   template <class In, class Epi, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
-    kernels::cuda::pool_forward<Op, K, Stride, Epi>(a.space.stream(), geometry<In>, a.batch, a.x, a.y, a.z);
+    kernels::cuda::pool_forward<Op, K, Stride, Epi>(a.space.stream(), geometry<In>, a.batch, a.x, a.y, a.z,
+                                                    a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     kernels::cuda::pool_backward<Op, K, Stride, Epi>(a.space.stream(), geometry<In>, a.batch, a.x, a.y, a.z, a.dy,
-                                                     a.dx);
+                                                     a.dx, a.bf16_dx);
   }
 #endif
 };

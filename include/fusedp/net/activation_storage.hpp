@@ -6,10 +6,16 @@
 // saves for its own backward (pre-activations before an epilogue that needs them, a residual block's sum,
 // BatchNorm statistics).
 //
-// Host: a Host at bf16 or bf16_emulated rounds in place after each stage (a float workspace holding
-// bf16 values), the reference for the Cuda space's bf16 storage. Cuda: not yet; its Bf16 rounds the
-// GEMM operands only, and the storage comes with 16-bit workspace memory (issue 17).
+// Who decides and who rounds: the stage binding (net/stage_binding.hpp, and a residual block's inner
+// networks) sets StageArgs::bf16_y and bf16_dx from stores_bf16_activations, false for the network's
+// output. Cuda kernels round as they write (kernels::stored_value in every store of a stage's output or
+// input gradient: GEMM epilogues, gradient sinks, the pooling, BatchNorm and elementwise kernels), so
+// the memory is still float but holds bf16 values; a Host at bf16 or bf16_emulated rounds in place
+// after each stage (round_stored), the reference the Cuda space is checked against. A 16-bit
+// workspace, which halves the bytes, keeps these values (issue 17).
+#include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/exec/precision.hpp"
 #include "fusedp/kernels/host/pointwise.hpp"
 
 #include <cstddef>
@@ -20,16 +26,23 @@ namespace fusedp {
 /// Whether a model of scalar T on `space` stores its activations and their gradients as bf16 values.
 template <class T, class Space>
 [[nodiscard]] bool stores_bf16_activations(const Space& space) noexcept {
-  if constexpr (std::is_same_v<Space, Host> && std::is_same_v<T, float>) return space.precision() != HostPrecision::fp32;
-  else return false;
+  if constexpr (std::is_same_v<Space, Host> && std::is_same_v<T, float>) {
+    return space.precision() != HostPrecision::fp32;
+  } else {
+#if FUSEDP_HAS_CUDA
+    if constexpr (std::is_same_v<Space, CudaSpace<precision::Bf16>> && std::is_same_v<T, float>) return true;
+#endif
+    return false;
+  }
 }
 
 namespace detail {
-/// Rounds n stored values at p to bf16 where stores_bf16_activations says so.
+/// Finishes the stores of a stage that wrote n values at p with `bf16` (StageArgs::bf16_y or bf16_dx):
+/// the Host rounds them in place; the Cuda kernels rounded them as they wrote.
 template <class T, class Space>
-void round_stored(const Space& space, T* p, std::size_t n) {
+void round_stored(const Space& space, T* p, std::size_t n, bool bf16) {
   if constexpr (std::is_same_v<Space, Host> && std::is_same_v<T, float>)
-    if (p != nullptr && stores_bf16_activations<T>(space)) kernels::host::round_to_bf16(space, n, p);
+    if (p != nullptr && bf16) kernels::host::round_to_bf16(space, n, p);
 }
 }  // namespace detail
 

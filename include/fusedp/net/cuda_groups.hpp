@@ -7,7 +7,9 @@
 // its dz from the group above, that group's input-gradient GEMM writes it through the sink dx_sink
 // makes, and the group reads it stored. With an active `update` (a training step's fused optimizer) the
 // weight-gradient GEMMs of the groups CudaPlan::updates_in_gemm names also apply the optimizer to their
-// layers' weights and biases. Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
+// layers' weights and biases. Under precision::Bf16 every group stores its output and input gradient
+// as bf16 values (net/activation_storage.hpp), the fused conv + max-pool and the sinks included; the
+// fused MLP runs only under Tf32. Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace fusedp {
@@ -134,10 +137,13 @@ struct CudaGroups {
       using S = typename Net::template stage<Gr::first>;
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::forward, S::first);
+      // The conv's own bf16_y (its output is never the network's): the maximum of bf16 values is one,
+      // also where the pooled values are the logits, as on the Host.
       S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k>(
           args_of<Gr::first>(x, batch, training), binding.template output_of<Gr::first + 1>(x, batch),
           argmax_of<Gr::first>(x, batch));
     } else {
+      static_assert(std::is_same_v<P, precision::Tf32>, "CudaGroups: the fused MLP stores fp32 activations");
       if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
         [&]<std::size_t... L>(std::index_sequence<L...>) {
           forward_stages(x, batch, training, std::index_sequence<Gr::first + L...>{});
@@ -186,12 +192,13 @@ struct CudaGroups {
   }
 
   /// Where the input gradient of group G goes (into `dx`, the gradient buffer the group below reads):
-  /// the sink of the group below when it receives its dz from G (CudaPlan::dz_receiver), else dx itself.
+  /// the sink of the group below when it receives its dz from G (CudaPlan::dz_receiver), else dx itself;
+  /// `bf16`: the input gradient is stored in bf16 (the sink rounds it before it forms dz).
   template <std::size_t G>
-  auto dx_sink(const T* x, std::size_t batch, T* dx) {
+  auto dx_sink(const T* x, std::size_t batch, T* dx, bool bf16) {
     constexpr std::size_t r = plan::template dz_receiver<G>;
     if constexpr (r == plan::group_count) {
-      return kernels::cuda::StoreSink{dx};
+      return kernels::cuda::StoreSink{dx, bf16};
     } else {
       static_assert(plan::template group<G>::first > 0, "CudaGroups: a group below the first one");
       using Below = typename plan::template group<r>;
@@ -200,10 +207,10 @@ struct CudaGroups {
         constexpr int k = detail::max_pool_window_of<typename Net::template stage<Below::first + 1>::layer>;
         return kernels::cuda::UnpoolSink<typename S::epilogue, k>(dx, binding.template output_of<Below::first + 1>(x, batch),
                                                                   argmax_of<Below::first>(x, batch), int(S::out::height),
-                                                                  int(S::out::width));
+                                                                  int(S::out::width), bf16);
       } else {
         const StageArgs<space_type, T> below = args_of<Below::first>(x, batch, true);
-        return kernels::cuda::ActivationSink<typename S::epilogue>{dx, below.y, below.z};
+        return kernels::cuda::ActivationSink<typename S::epilogue>{dx, below.y, below.z, bf16};
       }
     }
   }
@@ -224,7 +231,7 @@ struct CudaGroups {
     a.dx = I > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
     {
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
-      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives>(a, dx_sink<G>(x, batch, a.dx));
+      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives>(a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
     }
     current = 1 - current;
     on_stage_done(I);
@@ -250,7 +257,7 @@ struct CudaGroups {
         const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
         S::layer::template backward_maxpool_to<typename S::in, typename S::epilogue, k, plan::template receives_dz<G>>(
             a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
-            argmax_of<Gr::first>(x, batch), dx_sink<G>(x, batch, a.dx));
+            argmax_of<Gr::first>(x, batch), dx_sink<G>(x, batch, a.dx, a.bf16_dx));
       }
       current = 1 - current;
       on_stage_done(Gr::first + 1);
@@ -279,7 +286,9 @@ struct CudaGroups {
       {
         const auto span = trace::SpaceSpans<space_type>::open(space, "MLP", trace::Kind::backward,
                                                               Net::template stage<Gr::first>::first);
-        kernels::cuda::mlp_backward_to<mlp_spec<Gr>>(space, args, dx_sink<G>(x, batch, dx), dw, db, scratch, updates);
+        kernels::cuda::mlp_backward_to<mlp_spec<Gr>>(space, args,
+                                                     dx_sink<G>(x, batch, dx, args_of<Gr::first>(x, batch, true).bf16_dx),
+                                                     dw, db, scratch, updates);
       }
       current = 1 - current;
       [&]<std::size_t... L>(std::index_sequence<L...>) {

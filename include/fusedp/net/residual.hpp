@@ -131,6 +131,8 @@ constexpr bool has_reshape() {
 }
 
 // The block's own elementwise steps on each space.
+// y and dx are stored as the block's bf16_y and bf16_dx say (the Host binding rounds them after the
+// block, the Cuda kernels as they write).
 template <class Epi, class T>
 void residual_add(const StageArgs<Host, T>& a, std::size_t n, const T* body, const T* shortcut, T* sum) {
   kernels::host::add_forward<Epi>(a.space, n, body, shortcut, sum, a.y);
@@ -139,22 +141,25 @@ template <class Epi, class T>
 void residual_epilogue_backward(const StageArgs<Host, T>& a, std::size_t n, const T* sum) {
   kernels::host::epilogue_backward<Epi>(a.space, n, sum, a.y, a.dy);
 }
+// dst = src, or dst += src into the block's dx (`into_dx`).
 template <class T>
-void residual_copy(const StageArgs<Host, T>& a, std::size_t n, const T* src, T* dst, bool accumulate) {
+void residual_copy(const StageArgs<Host, T>& a, std::size_t n, const T* src, T* dst, bool accumulate, bool into_dx) {
+  (void)into_dx;
   kernels::host::copy_values(a.space, n, src, dst, accumulate);
 }
 #if FUSEDP_HAS_CUDA
 template <class Epi, class T, class P>
 void residual_add(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* body, const T* shortcut, T* sum) {
-  kernels::cuda::add_forward<Epi>(a.space.stream(), n, body, shortcut, sum, a.y);
+  kernels::cuda::add_forward<Epi>(a.space.stream(), n, body, shortcut, sum, a.y, a.bf16_y);
 }
 template <class Epi, class T, class P>
 void residual_epilogue_backward(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* sum) {
   kernels::cuda::epilogue_backward<Epi>(a.space.stream(), n, sum, a.y, a.dy);
 }
 template <class T, class P>
-void residual_copy(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* src, T* dst, bool accumulate) {
-  kernels::cuda::copy_values(a.space.stream(), n, src, dst, accumulate);
+void residual_copy(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* src, T* dst, bool accumulate,
+                   bool into_dx) {
+  kernels::cuda::copy_values(a.space.stream(), n, src, dst, accumulate, into_dx && a.bf16_dx);
 }
 #endif
 
@@ -169,7 +174,8 @@ constexpr double inner_macs() {
 
 /// Runs the stages of an inner network forward over memory `m`, from input `x` (in evaluation folding
 /// as the model does, see stage_binding.hpp). With LastEpi, the last stage writes `last_y` (`last_z`
-/// its values before LastEpi), adding `last_add` before it.
+/// its values before LastEpi), adding `last_add` before it: the block's output, stored as the block's
+/// a.bf16_y says (fp32 where it is the network's output).
 template <Network Net, class LastEpi = void, class Space, class T>
 void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* last_y = nullptr,
                  T* last_z = nullptr, const T* last_add = nullptr) {
@@ -180,13 +186,12 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
       s.y = last_y;
       s.z = last_z;
       s.add = last_add;
+      s.bf16_y = a.bf16_y;
     }
     return s;
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    // With LastEpi the last stage writes the block's output, which the block's own stage rounds (or,
-    // where it is the network's output, keeps in fp32).
-    (forward_folding<Net, I, Space, T, LastEpi, !std::is_void_v<LastEpi>>(args_of, a.training), ...);
+    (forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
@@ -215,7 +220,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           } else {
             stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
           }
-          round_stored(a.space, s.dx, a.batch * S::in::size);
+          round_stored(a.space, s.dx, a.batch * S::in::size, s.bf16_dx);
           current = s.dx;
         }(),
         ...);
@@ -444,25 +449,25 @@ struct Residual {
       T* z = Epi::saves_input ? r.sum : nullptr;
       if constexpr (identity) {
         detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
-        if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, true);
+        if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, true, true);
       } else {
         T* body_dx = a.dx ? r.g[0] : nullptr;
         detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
         detail::run_backward<projection<In>>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
-        if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true);
+        if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true, true);
       }
       return;
     }
     detail::residual_epilogue_backward<Epi>(a, n_out, r.sum);  // a.dy: now the sum's gradient
     T* body_dx = a.dx ? r.g[0] : nullptr;
     if constexpr (identity) {
-      if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, false);
+      if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, false, false);
     } else {
-      detail::residual_copy(a, n_out, a.dy, r.g[0], false);
+      detail::residual_copy(a, n_out, a.dy, r.g[0], false, false);
       detail::run_backward<projection<In>>(a, r.side, a.x, r.g[0], a.dx, r.g[1], r.g[2]);
     }
     detail::run_backward<body<In>>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2]);
-    if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true);
+    if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true, true);
   }
 
 #if FUSEDP_HAS_CUDA

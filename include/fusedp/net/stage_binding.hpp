@@ -49,13 +49,15 @@ struct StageMemory {
   T* work;  // backward's work memory (Net::backward_elements per sample)
 };
 
-/// Stage I's arguments (dy and dx left null).
+/// Stage I's arguments (dy and dx left null; y and dx stored in bf16 where the space stores activations
+/// so, activation_storage.hpp).
 template <Network Net, std::size_t I, class Space, class T>
 StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, const T* x, std::size_t batch,
                                bool training, T* scratch, std::uint64_t seed, std::uint64_t step,
                                std::size_t index, ReplicaSum sync = {}, std::size_t first_sample = 0) {
   constexpr StagePlan p = Net::stage_plan[I];
   using S = typename Net::template stage<I>;
+  const bool bf16 = stores_bf16_activations<T>(space);
   return StageArgs<Space, T>{space,
                              batch,
                              stage_input<Net, I>(m.workspace, x, batch),
@@ -75,7 +77,12 @@ StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, cons
                              p.has_state ? m.state + p.state : nullptr,
                              m.work,
                              training ? sync : ReplicaSum{},
-                             first_sample};
+                             first_sample,
+                             nullptr,
+                             nullptr,
+                             {},
+                             bf16,
+                             bf16};
 }
 
 /// Whether, in evaluation (on either space), stage I of Net (a layer with folds_batch_norm and no
@@ -121,12 +128,10 @@ constexpr bool is_network_output() {
 
 /// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
 /// epilogue_at<Net, I, LastEpi>; in evaluation, where folds_next says so, stage I + 1 runs in its
-/// epilogue (into stage I + 1's output, with its `add` and its epilogue), and a stage that the one
-/// before ran runs nothing. What it wrote is rounded where the space stores activations in bf16
-/// (activation_storage.hpp), except with KeepOutput Net's output (the logits; a block's output, which
-/// the block's stage rounds).
-template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, bool KeepOutput = false,
-          class ArgsOf>
+/// epilogue (into stage I + 1's output, with its `add`, its epilogue and its bf16_y), and a stage that
+/// the one before ran runs nothing. What it wrote is stored in bf16 where its arguments' bf16_y says
+/// so (activation_storage.hpp: the Cuda kernels round as they write, the Host here after them).
+template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class ArgsOf>
 void forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
   if constexpr (folded_into_previous<Net, I>()) {
@@ -142,16 +147,15 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.z = nullptr;  // evaluation: nothing is saved for backward
       a.fold = &fold;
       a.add = next.add;
+      a.bf16_y = next.bf16_y;
       stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I + 1, LastEpi>>(a);
-      if (!(KeepOutput && is_network_output<Net, I + 1>())) round_stored(a.space, next.y, a.batch * N::out::size);
+      round_stored(a.space, a.y, a.batch * N::out::size, a.bf16_y);
       return;
     }
   }
   const StageArgs<Space, T> a = args_of.template operator()<I>();
   stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(a);
-  if constexpr (!Net::stage_plan[I].aliases_input) {
-    if (!(KeepOutput && is_network_output<Net, I>())) round_stored(a.space, a.y, a.batch * S::out::size);
-  }
+  if constexpr (!Net::stage_plan[I].aliases_input) round_stored(a.space, a.y, a.batch * S::out::size, a.bf16_y);
 }
 }  // namespace detail
 
@@ -228,15 +232,18 @@ class StageBinding {
     return detail::stage_input<Net, I>(workspace_.data(), x, batch);
   }
 
-  /// Stage I's arguments for a batch `x` of `batch` samples. `scratch`: the stage's scratch memory.
+  /// Stage I's arguments for a batch `x` of `batch` samples. `scratch`: the stage's scratch memory. The
+  /// network's output (the logits, for the loss) is stored in fp32 at every precision.
   template <std::size_t I>
   StageArgs<Space, T> args_of(const Space& space, store_type& store, const T* x, std::size_t batch, bool training,
                               T* scratch) {
     const detail::StageMemory<T> m{workspace_.data(), store.params().data(), store.grads().data(),
                                    store.buffers().data(),
                                    workspace_.data() + batch * (Net::activation_elements + 2 * Net::gradient_elements)};
-    return detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(), store.steps(),
-                                      Net::template stage<I>::first, sync_, first_sample_);
+    StageArgs<Space, T> a = detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(),
+                                                       store.steps(), Net::template stage<I>::first, sync_, first_sample_);
+    if constexpr (detail::is_network_output<Net, I>()) a.bf16_y = false;
+    return a;
   }
 
   /// Runs stage I forward (a reshape runs nothing: its output aliases its input). Traced as a forward
@@ -249,7 +256,7 @@ class StageBinding {
         if (!training) return;  // ran in the epilogue of stage I - 1
       }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
-      detail::forward_folding<Net, I, Space, T, void, true>(
+      detail::forward_folding<Net, I, Space, T>(
           [&]<std::size_t J>() { return args_of<J>(space, store, x, batch, training, scratch); }, training);
     }
   }
@@ -269,7 +276,7 @@ class StageBinding {
       {
         const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
         executor<S>::template backward<typename S::in, typename S::epilogue>(a);
-        if (a.dx) detail::round_stored(space, a.dx, batch * S::in::size);
+        detail::round_stored(space, a.dx, batch * S::in::size, a.bf16_dx);
       }
       current = 1 - current;
     }

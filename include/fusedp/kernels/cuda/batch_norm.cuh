@@ -17,6 +17,7 @@
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
 
 #include <cstddef>
@@ -75,7 +76,8 @@ template <class Epi>
 __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     double mean, double var, double count, double momentum,
                                                     double eps, const float* gamma, const float* beta, float* state,
-                                                    const float* x, float* y, float* z, const float* add) {
+                                                    const float* x, float* y, float* z, const float* add,
+                                                    bool bf16) {
   const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
                                    beta ? beta[c] : 0.0f};
   if (threadIdx.x == 0) {
@@ -88,21 +90,22 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, i
     const std::size_t i = channel_at(g, c, k);
     const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
     if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = Epi::apply(v);
+    y[i] = stored_value(Epi::apply(v), bf16);
   }
 }
 
 template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                            const float* beta, float* state, const float* x, float* y, float* z, const float* add) {
+                            const float* beta, float* state, const float* x, float* y, float* z, const float* add,
+                            bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double count = double(channel_count(g));
   const double mean = channel_sum(g, c, x, shared) / count;
   const double var = channel_squares(g, c, x, mean, shared) / count;
-  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add);
+  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
 }
 
 // SyncBatchNorm's phases, one block per channel, the sums added over the replicas in between.
@@ -130,18 +133,18 @@ template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const float* x, float* y, float* z, const double* sums,
-                             const double* squares, const float* add) {
+                             const double* squares, const float* add, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
   const double count = sums[g.channels];
   finish_channel<Epi>(g, c, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
-                      z, add);
+                      z, add, bf16);
 }
 
 template <class Epi>
 __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, double eps, const float* gamma,
                                        const float* beta, const float* state, const float* x, float* y, float* z,
-                                       const float* add) {
+                                       const float* add, bool bf16) {
   kernel_prologue();
   const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
@@ -151,7 +154,7 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
                                      gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f};
     const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
     if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = Epi::apply(v);
+    y[i] = stored_value(Epi::apply(v), bf16);
   }
 }
 
@@ -183,12 +186,13 @@ __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, in
 __device__ FUSEDP_ALWAYS_INLINE void input_gradient(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     const float* gamma, const float* state, const float* x,
                                                     const float* dy, float* dx, double sum_dz, double sum_dz_xhat,
-                                                    double count) {
+                                                    double count, bool bf16) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
   const float gm = gamma ? gamma[c] : 1.0f;
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    dx[i] = batch_norm_input_gradient(dy[i], (x[i] - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count);
+    dx[i] = stored_value(batch_norm_input_gradient(dy[i], (x[i] - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count),
+                         bf16);
   }
 }
 
@@ -196,13 +200,13 @@ template <class Epi>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
                                const float* x, const float* y, const float* z, float* dy, float* dx, float* dgamma,
-                               float* dbeta) {
+                               float* dbeta, bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   double sum_dz, sum_dz_xhat;
   gradient_sums<Epi>(g, c, s, state, x, y, z, dy, dgamma, dbeta, shared, sum_dz, sum_dz_xhat);
-  if (dx) input_gradient(g, c, s, gamma, state, x, dy, dx, sum_dz, sum_dz_xhat, double(channel_count(g)));
+  if (dx) input_gradient(g, c, s, gamma, state, x, dy, dx, sum_dz, sum_dz_xhat, double(channel_count(g)), bf16);
 }
 
 // SyncBatchNorm's backward: sums[c] and sums[channels + c] channel c's sums of dz and dz xhat,
@@ -225,24 +229,24 @@ __global__ void __launch_bounds__(batch_norm_threads)
 }
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                                     const float* x, const float* dy, float* dx, const double* sums) {
+                                     const float* x, const float* dy, float* dx, const double* sums, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
-  input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels]);
+  input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels], bf16);
 }
 }  // namespace detail
 
 /// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
-/// `sums` is batch_norm_sync_doubles(channels) doubles of device memory).
+/// `sums` is batch_norm_sync_doubles(channels) doubles of device memory). `bf16`: y stored as bf16 values.
 template <class Epi>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
                         const float* x, float* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
-                        const float* add = nullptr) {
+                        const float* add = nullptr, bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (training && !sync) {
     launch<detail::batch_norm_train_kernel<Epi>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
-                                                 stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add);
+                                                 stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
   } else if (training) {
     double* squares = sums + g.channels + 1;
     launch<detail::batch_norm_sum_kernel>("batch_norm_sum_kernel", blocks, detail::batch_norm_threads, 0, stream, g, x,
@@ -253,24 +257,25 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
     sync(squares, std::size_t(g.channels), stream);
     launch<detail::batch_norm_finish_kernel<Epi>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
                                                   stream, g, s, momentum, eps, gamma, beta, state, x, y, z, sums,
-                                                  squares, add);
+                                                  squares, add, bf16);
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
     launch<detail::batch_norm_eval_kernel<Epi>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
-                                                stream, g, s, eps, gamma, beta, state, x, y, z, add);
+                                                stream, g, s, eps, gamma, beta, state, x, y, z, add, bf16);
   }
 }
 
 /// Backward of a training forward: dy is overwritten with the gradient before the epilogue; `sync`
-/// and `sums` as in forward.
+/// and `sums` as in forward; `bf16`: dx stored as bf16 values.
 template <class Epi>
 void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, const float* gamma,
                          const float* state, const float* x, const float* y, const float* z, float* dy, float* dx,
-                         float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr) {
+                         float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr,
+                         bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (!sync) {
     launch<detail::batch_norm_backward_kernel<Epi>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
-                                                    stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta);
+                                                    stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta, bf16);
     return;
   }
   launch<detail::batch_norm_gradient_sums_kernel<Epi>>("batch_norm_gradient_sums_kernel", blocks,
@@ -280,7 +285,7 @@ void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const B
   if (!dx) return;
   launch<detail::batch_norm_input_gradient_kernel>("batch_norm_input_gradient_kernel", blocks,
                                                    detail::batch_norm_threads, 0, stream, g, s, gamma, state, x, dy, dx,
-                                                   sums);
+                                                   sums, bf16);
 }
 
 }  // namespace fusedp::kernels::cuda

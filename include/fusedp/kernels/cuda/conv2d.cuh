@@ -16,6 +16,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
@@ -87,20 +88,24 @@ struct ConvGradient {
 };
 
 /// dz of a conv stage whose max-pooling was fused in: nonzero only at the maximum of each window, where
-/// it is dpool * Epi'(pooled value) (Epi reads only its output there, which is the pooled value).
+/// it is dpool * Epi'(pooled value) (Epi reads only its output there, which is the pooled value). With
+/// `bf16`, dpool is first rounded as the pooling's stored input gradient would be (it is already a bf16
+/// value unless the pooling is the network's output and dpool the logits' gradient).
 template <class Epi, int Kp>
 struct PooledConvGradient {
   const float* dpool;
   const float* pooled;
   const std::uint8_t* argmax;
   int o, ph, pw;
+  bool bf16 = false;
   FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const {
     const int py = oy / Kp, px = ox / Kp;
     if (py >= ph || px >= pw) return 0.0f;
     const std::size_t j = (std::size_t(img) * o + ch) * (std::size_t(ph) * pw) + std::size_t(py) * pw + px;
     if (argmax[j] != (oy - py * Kp) * Kp + (ox - px * Kp)) return 0.0f;
-    if constexpr (Epi::empty) return dpool[j];
-    else return dpool[j] * Epi::derivative(pooled[j], pooled[j]);
+    const float d = stored_value(dpool[j], bf16);
+    if constexpr (Epi::empty) return d;
+    else return d * Epi::derivative(pooled[j], pooled[j]);
   }
 };
 
@@ -188,7 +193,7 @@ struct PooledIm2colRows {
 /// Epilogue of an unfused conv forward: y[img, o, pixel] = Epi(C + b), z likewise before Epi.
 /// Evaluation with a BatchNorm folded in (fold.mean set): y = Epi(normalize(C + b) + add), each value
 /// normalized as batch_norm_eval_kernel would (the same operations, so the same bits), `add` (a residual
-/// block's shortcut, null when none) in y's layout, nothing saved.
+/// block's shortcut, null when none) in y's layout, nothing saved. `bf16`: y stored as bf16 values.
 template <class Epi>
 struct ConvBiasActivation {
   float* y;
@@ -198,6 +203,7 @@ struct ConvBiasActivation {
   FastDiv div_ohw;
   BatchNormFold<float> fold{};  // mean null: no BatchNorm folded in
   const float* add = nullptr;
+  bool bf16 = false;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
     for_each_in_tile<TileT, true>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
@@ -207,18 +213,19 @@ struct ConvBiasActivation {
       const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
       if (fold.mean != nullptr) {
         const float u = fold.channel(std::size_t(gn)).normalize(v);
-        y[i] = Epi::apply(add ? u + add[i] : u);
+        y[i] = stored_value(Epi::apply(add ? u + add[i] : u), bf16);
         return;
       }
       if constexpr (Epi::saves_input) z[i] = v;
-      y[i] = Epi::apply(v);
+      y[i] = stored_value(Epi::apply(v), bf16);
     });
   }
 };
 
 /// Epilogue of a conv forward with max-pooling fused: for each window in the tile and each channel,
 /// the maximum of Epi(C + b) over the window (the first maximum in scan order; NaN wins, as on Host and
-/// in PyTorch) to pooled[img, o, py, px] and its position in the window to argmax.
+/// in PyTorch) to pooled[img, o, py, px] and its position in the window to argmax. With `bf16` the values
+/// are compared as stored, rounded to bf16: the winner of a separate pooling over the stored conv output.
 template <class Epi, int Kp>
 struct ConvBiasActivationMaxPool {
   float* pooled;
@@ -226,6 +233,7 @@ struct ConvBiasActivationMaxPool {
   const float* bias;
   int windows, n, phw;  // windows: batch * ph * pw
   FastDiv div_phw;
+  bool bf16 = false;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
     constexpr int kk = Kp * Kp, wins = TileT::bm / kk;
@@ -236,10 +244,10 @@ struct ConvBiasActivationMaxPool {
       const int gw = w0 + lw, gn = n0 + ln;
       if (gw >= windows || gn >= n) continue;
       const float b = bias ? bias[gn] : 0.0f;
-      float best = Epi::apply(c[(lw * kk) * ldc + ln] + b);
+      float best = stored_value(Epi::apply(c[(lw * kk) * ldc + ln] + b), bf16);
       int at = 0;
       for (int e = 0; e < kk; ++e) {
-        const float v = Epi::apply(c[(lw * kk + e) * ldc + ln] + b);
+        const float v = stored_value(Epi::apply(c[(lw * kk + e) * ldc + ln] + b), bf16);
         if (v > best || v != v) {
           best = v;
           at = e;
@@ -421,9 +429,10 @@ inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
 template <class Epi>
 GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
     const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* y, float* z,
-    const BatchNormFold<float>* fold = nullptr, const float* add = nullptr) {
+    const BatchNormFold<float>* fold = nullptr, const float* add = nullptr, bool bf16 = false) {
   const int m = batch * s.ohw;
   ConvBiasActivation<Epi> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
+  epi.bf16 = bf16;
   if (fold != nullptr) {
     epi.fold = *fold;
     epi.add = add;
@@ -436,11 +445,11 @@ GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
 template <class Epi, int Kp>
 GemmProblem<PooledIm2colRows<Kp>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv2d_maxpool_problem(
     const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* pooled,
-    std::uint8_t* argmax) {
+    std::uint8_t* argmax, bool bf16 = false) {
   const int ph = s.oh / Kp, pw = s.ow / Kp;
   const int windows = batch * ph * pw;
   const PooledIm2colRows<Kp> a{x, s, ph, pw, FastDiv(pw), FastDiv(ph * pw)};
-  const ConvBiasActivationMaxPool<Epi, Kp> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw)};
+  const ConvBiasActivationMaxPool<Epi, Kp> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw), bf16};
   return {windows * Kp * Kp, s.o, s.patch, s.patch, a, Rows{w, s.patch}, epi, nullptr};
 }
 
@@ -475,26 +484,28 @@ ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch,
 
 /// Forward of Conv2d (no pooling fused) on `t`. Tiles: GemmTiles<out channels>. With `fold`
 /// (evaluation), the BatchNorm after it and `add` (a residual block's shortcut, or null) run in its
-/// epilogue.
+/// epilogue. `bf16`: y stored as bf16 values.
 template <class Epi, class Tiles, class P>
 void conv2d_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
                     const float* x, float* y, float* z, const BatchNormFold<float>* fold = nullptr,
-                    const float* add = nullptr) {
+                    const float* add = nullptr, bool bf16 = false) {
   require(add == nullptr || fold != nullptr, "conv2d_forward on Cuda: an add needs a folded BatchNorm");
   check_conv_extent(g, std::size_t(batch));
-  launch_layer_gemm<Tiles, P>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add), 1, t);
+  launch_layer_gemm<Tiles, P>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add, bf16), 1, t);
 }
 
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
 /// position of each window's maximum. Tiles: GemmTiles<out channels>, whose BM must hold whole windows.
+/// `bf16`: the pooled values stored (and compared) as bf16 values.
 template <class Epi, int Kp, class Tiles, class P>
 void conv2d_maxpool_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
-                            const float* x, float* pooled, std::uint8_t* argmax) {
+                            const float* x, float* pooled, std::uint8_t* argmax, bool bf16 = false) {
   static_assert(Tiles::wmma::bm % (Kp * Kp) == 0 && Tiles::mma::bm % (Kp * Kp) == 0,
                 "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
   static_assert(Kp * Kp <= 256, "conv2d_maxpool_forward: the window index must fit a byte");
   check_conv_extent(g, std::size_t(batch));
-  launch_layer_gemm<Tiles, P>(conv2d_maxpool_problem<Epi, Kp>(ConvShape(g), batch, w, b, x, pooled, argmax), 1, t);
+  launch_layer_gemm<Tiles, P>(conv2d_maxpool_problem<Epi, Kp>(ConvShape(g), batch, w, b, x, pooled, argmax, bf16), 1,
+                              t);
 }
 
 /// Floats of scratch the dense dz of a backward pass takes (rounded up to keep what follows aligned).

@@ -11,7 +11,9 @@
 // A sink is a small FUSEDP_HD functor: put(i, v) receives the GEMM's value v for flat element i of
 // the lower stage's output gradient in that stage's layout (NCHW, or (batch, features)). Each sink
 // computes exactly what the unfused pass computes from the same v (the same float operations), so the
-// two paths give the same bits (tests/gpu/emulation.cu).
+// two paths give the same bits (tests/gpu/emulation.cu). Where the model stores its activation
+// gradients in bf16 (`bf16`, net/activation_storage.hpp), a sink first rounds v to bf16, the value the
+// unfused pass would have read stored, then forms dz from it in fp32 as that pass does.
 //
 //   StoreSink            dy itself (no fusion: what the stage below then reads as its dy)
 //   ActivationSink<Epi>  dz = v * Epi'(z, y) at i (a Conv2d or Linear below with an activation)
@@ -21,6 +23,7 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
 
 #include <cstddef>
@@ -31,8 +34,9 @@ namespace fusedp::kernels::cuda {
 /// The value itself, stored at i: the input gradient as the layer below receives it unfused.
 struct StoreSink {
   float* out;
+  bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return out != nullptr; }
-  FUSEDP_HD void put(std::size_t i, float v) const { out[i] = v; }
+  FUSEDP_HD void put(std::size_t i, float v) const { out[i] = stored_value(v, bf16); }
 };
 
 /// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, z
@@ -42,8 +46,10 @@ struct ActivationSink {
   float* dz;
   const float* y;
   const float* z;
+  bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
-  FUSEDP_HD void put(std::size_t i, float v) const {
+  FUSEDP_HD void put(std::size_t i, float value) const {
+    const float v = stored_value(value, bf16);
     if constexpr (Epi::empty) dz[i] = v;
     else if constexpr (Epi::saves_input) dz[i] = v * Epi::derivative(z[i], y[i]);
     else dz[i] = v * Epi::derivative(y[i], y[i]);
@@ -61,19 +67,21 @@ struct UnpoolSink {
   const std::uint8_t* argmax = nullptr;
   int oh = 0, ow = 0, ph = 0, pw = 0;  // the conv's output and the pooled planes
   FastDiv div_phw, div_pw;
+  bool bf16 = false;
 
   UnpoolSink() = default;
-  FUSEDP_HD UnpoolSink(float* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_)
+  FUSEDP_HD UnpoolSink(float* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_,
+                       bool bf16_ = false)
       : dz(dz_), pooled(pooled_), argmax(argmax_), oh(oh_), ow(ow_), ph(oh_ / Kp), pw(ow_ / Kp),
-        div_phw((oh_ / Kp) * (ow_ / Kp)), div_pw(ow_ / Kp) {}
+        div_phw((oh_ / Kp) * (ow_ / Kp)), div_pw(ow_ / Kp), bf16(bf16_) {}
 
   [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
   FUSEDP_HD void put(std::size_t i, float v) const {
     int plane = 0, r = 0, py = 0, px = 0;
     div_phw.divmod(int(i), plane, r);
     div_pw.divmod(r, py, px);
-    float g = v;
-    if constexpr (!Epi::empty) g = v * Epi::derivative(pooled[i], pooled[i]);
+    float g = stored_value(v, bf16);
+    if constexpr (!Epi::empty) g = g * Epi::derivative(pooled[i], pooled[i]);
     const int at = argmax[i];
     const int y0 = py * Kp, x0 = px * Kp;
     const int y1 = py + 1 == ph ? oh : y0 + Kp, x1 = px + 1 == pw ? ow : x0 + Kp;

@@ -7,10 +7,12 @@
 // load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
 // gradient; where dy already holds dz (no activation, or the stage above wrote dz through a sink:
 // gradient_sink.cuh), both read it as plain rows and columns, which the tensor-core mainloop copies.
-// The input gradient goes to a sink too, so the stage below can receive its dz from this GEMM.
+// The input gradient goes to a sink too, so the stage below can receive its dz from this GEMM. `bf16`:
+// y is stored as bf16 values (kernels::stored_value; the input gradient's sink says so for dx).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/gemm_dispatch.cuh"
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
@@ -58,13 +60,14 @@ struct BiasActivationRows {
   float* z;
   const float* bias;
   int m, n;
+  bool bf16 = false;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
     for_each_in_tile<TileT, false>(tid, m0, n0, m, n, [&](int lm, int ln, int gm, int gn) {
       const float v = c[lm * ldc + ln] + bias[gn];
       const std::size_t i = std::size_t(gm) * n + gn;
       if constexpr (Epi::saves_input) z[i] = v;
-      y[i] = Epi::apply(v);
+      y[i] = stored_value(Epi::apply(v), bf16);
     });
   }
 };
@@ -73,8 +76,8 @@ struct BiasActivationRows {
 template <class Epi>
 GemmProblem<Rows, Rows, BiasActivationRows<Epi>> linear_forward_problem(int batch, int in, int out, const float* w,
                                                                          const float* b, const float* x, float* y,
-                                                                         float* z) {
-  return {batch, out, in, in, Rows{x, in}, Rows{w, in}, BiasActivationRows<Epi>{y, z, b, batch, out}, nullptr};
+                                                                         float* z, bool bf16 = false) {
+  return {batch, out, in, in, Rows{x, in}, Rows{w, in}, BiasActivationRows<Epi>{y, z, b, batch, out, bf16}, nullptr};
 }
 
 /// Epilogue of an input gradient (m, n) row-major: the sink receives C at index row * n + col.
@@ -142,13 +145,14 @@ inline WeightGradientOperands<Columns, Columns> linear_stored_dw_operands(int ba
 /// forward call it, so they give the same bits.
 template <class Epi, int L = 1>
 FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_linear_sums(const float* partial, int splits, std::size_t count,
-                                                       std::size_t i, int n, const float* bias, float* y, float* z) {
+                                                       std::size_t i, int n, const float* bias, float* y, float* z,
+                                                       bool bf16) {
   const Lanes<L> s = split_sums<L>(partial, splits, count, i);
   const std::size_t col = i % std::size_t(n);  // a run of L never crosses a row (n % L == 0)
   for (int c = 0; c < L; ++c) {
     const float v = s.v[c] + bias[col + c];
     if constexpr (Epi::saves_input) z[i + c] = v;
-    y[i + c] = Epi::apply(v);
+    y[i + c] = stored_value(Epi::apply(v), bf16);
   }
 }
 
@@ -164,12 +168,14 @@ struct LinearForwardReduction {
   const float* bias = nullptr;
   float* y = nullptr;
   float* z = nullptr;  // written only when Epi saves its input
+  bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return arrivals != nullptr; }
   template <class TileT>
   FUSEDP_HD void reduce_tile(const float* partial, int m, int n, int m0, int n0, int tid) const {
     const std::size_t count = std::size_t(m) * n;
     for_each_run_in_tile<TileT>(tid, m0, n0, m, n, runs_of_four(partial, n, count), [&](int gm, int gn, auto lanes) {
-      finish_linear_sums<Epi, decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, n, bias, y, z);
+      finish_linear_sums<Epi, decltype(lanes)::value>(partial, splits, count, std::size_t(gm) * n + gn, n, bias, y, z,
+                                                     bf16);
     });
   }
 };
@@ -178,10 +184,10 @@ struct LinearForwardReduction {
 /// counters for the grid): finish_linear_sums for every element.
 template <class Epi>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
-                                             const float* bias, float* y, float* z) {
+                                             const float* bias, float* y, float* z, bool bf16) {
   kernel_prologue();
   for (std::size_t i = grid_index(); i < count; i += grid_stride())
-    finish_linear_sums<Epi>(partial, splits, count, i, n, bias, y, z);
+    finish_linear_sums<Epi>(partial, splits, count, i, n, bias, y, z, bf16);
 }
 
 /// The split of linear_forward (WMMA's tile's plan, whichever mainloop runs it: its parts are whole
@@ -207,31 +213,32 @@ std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
 template <class Epi, class Tiles, class Launch>
 void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
                           const float* x, float* y, float* z, float* scratch, const ArrivalCounters& arrivals,
-                          Launch&& run_gemm) {
+                          bool bf16, Launch&& run_gemm) {
   const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, sm_count);
   if (s.splits == 1 || scratch == nullptr) {
-    run_gemm(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z), 1);
+    run_gemm(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z, bf16), 1);
     return;
   }
   const std::size_t count = std::size_t(batch) * out;
   const bool in_kernel = arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out);
   PartialsRowMajor<LinearForwardReduction<Epi>> parts{scratch, batch, out, count};
-  if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z};
+  if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z, bf16};
   run_gemm(GemmProblem<Rows, Rows, PartialsRowMajor<LinearForwardReduction<Epi>>>{batch, out, in, s.k_chunk, Rows{x, in},
                                                                                   Rows{w, in}, parts, nullptr},
            s.splits);
   if (in_kernel) return;
   launch<linear_forward_reduce_kernel<Epi>>("linear_forward_reduce_kernel", elementwise_blocks(count),
-                                            elementwise_threads, 0, stream, scratch, s.splits, count, out, b, y, z);
+                                            elementwise_threads, 0, stream, scratch, s.splits, count, out, b, y, z,
+                                            bf16);
 }
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
 /// linear_forward_scratch floats) on `t`, the split parts finished as split_linear_forward says (by the
-/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>.
+/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values.
 template <class Epi, class Tiles, class P>
 void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const float* x,
-                    float* y, float* z, float* scratch) {
-  split_linear_forward<Epi, Tiles>(t.stream, t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals,
+                    float* y, float* z, float* scratch, bool bf16 = false) {
+  split_linear_forward<Epi, Tiles>(t.stream, t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals, bf16,
                                    [&](const auto& p, int splits) { launch_layer_gemm<Tiles, P>(p, splits, t); });
 }
 

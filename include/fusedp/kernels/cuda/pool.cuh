@@ -7,6 +7,7 @@
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/conv_geometry.hpp"
 #include "fusedp/kernels/pool_op.hpp"
@@ -49,7 +50,8 @@ struct PoolExtents {
 };
 
 template <PoolOp Op, int K, int S, class Epi>
-__global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const float* x, float* y, float* z) {
+__global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const float* x, float* y, float* z,
+                                    bool bf16) {
   kernel_prologue();
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
   for (std::size_t i = grid_index(); i < outputs; i += grid_stride()) {
@@ -58,13 +60,13 @@ __global__ void pool_forward_kernel(PoolExtents g, std::size_t outputs, const fl
     int arg = 0;
     const float v = pool_window<Op, K, S>(x + plane * in_plane, g.in_w, oy, ox, arg);
     if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = Epi::apply(v);
+    y[i] = stored_value(Epi::apply(v), bf16);
   }
 }
 
 template <PoolOp Op, int K, int S, class Epi>
 __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const float* x, const float* y,
-                                     const float* z, const float* dy, float* dx) {
+                                     const float* z, const float* dy, float* dx, bool bf16) {
   kernel_prologue();
   const std::size_t out_plane = std::size_t(g.out_h) * g.out_w, in_plane = std::size_t(g.in_h) * g.in_w;
   for (std::size_t i = grid_index(); i < inputs; i += grid_stride()) {
@@ -90,31 +92,32 @@ __global__ void pool_backward_kernel(PoolExtents g, std::size_t inputs, const fl
           sum += d * (1.0f / float(K * K));
         }
       }
-    dx[i] = sum;
+    dx[i] = stored_value(sum, bf16);
   }
 }
 }  // namespace detail
 
 /// y = Epi(pool(x)) over K x K windows with stride S (NCHW, floor mode); z = pool(x) when Epi saves it.
+/// `bf16`: y stored as bf16 values.
 template <PoolOp Op, int K, int S, class Epi>
 void pool_forward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch, const float* x, float* y,
-                  float* z) {
+                  float* z, bool bf16 = false) {
   const std::size_t n = batch * g.out_size();
   if (n == 0) return;
   const detail::PoolExtents e{g.in_h, g.in_w, g.out_h, g.out_w};
   launch<detail::pool_forward_kernel<Op, K, S, Epi>>("pool_forward_kernel", elementwise_blocks(n), elementwise_threads,
-                                                     0, stream, e, n, x, y, z);
+                                                     0, stream, e, n, x, y, z, bf16);
 }
 
-/// dx = pool^T(dy * Epi'); dy is not changed.
+/// dx = pool^T(dy * Epi'); dy is not changed. `bf16`: dx stored as bf16 values.
 template <PoolOp Op, int K, int S, class Epi>
 void pool_backward(cudaStream_t stream, const ConvGeometry& g, std::size_t batch, const float* x, const float* y,
-                   const float* z, const float* dy, float* dx) {
+                   const float* z, const float* dy, float* dx, bool bf16 = false) {
   const std::size_t n = batch * g.in_size();
   if (n == 0) return;
   const detail::PoolExtents e{g.in_h, g.in_w, g.out_h, g.out_w};
   launch<detail::pool_backward_kernel<Op, K, S, Epi>>("pool_backward_kernel", elementwise_blocks(n),
-                                                      elementwise_threads, 0, stream, e, n, x, y, z, dy, dx);
+                                                      elementwise_threads, 0, stream, e, n, x, y, z, dy, dx, bf16);
 }
 
 }  // namespace fusedp::kernels::cuda

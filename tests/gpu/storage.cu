@@ -1,0 +1,222 @@
+// tests the Cuda space's bf16 activation storage (net/activation_storage.hpp) through the groups a Cuda
+// model runs (net/cuda_groups.hpp): under precision::Bf16 every stage's output and every input gradient
+// the groups store is a bf16 value (the fused conv + max-pooling and the gradient sinks included), the
+// logits are not, what stages save for their own backward keeps fp32 values, and the input is
+// untouched; under Fp32 the same tensors hold fp32 values. The Host's twin is tests/net/precision.cpp
+// (which also looks inside residual blocks, through the same code); that the values are the fp32 path's
+// rounded (the epilogues, the sinks, the pooling's winners) is tests/gpu/emulation.cu's, on the CPU.
+#include "gpu_test.hpp"
+
+#include <fusedp/kernels/bf16.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fp = fusedp;
+using gpu_test::random_values;
+
+namespace {
+
+// The networks of tests/net/precision.cpp: conv + ReLU + max-pooling (one fused group on Cuda), a conv
+// with Tanh, Linear layers; BatchNorm, a residual block with a projection, average pooling, GELU; a block's
+// output as the logits; an identity block whose add is a pass of its own.
+using Net = fp::Sequential<fp::Input<3, 10, 10>, fp::Conv2d<40, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
+                           fp::Conv2d<36, 3>, fp::Tanh, fp::Flatten, fp::Linear<24>, fp::ReLU, fp::Linear<5>>;
+using BlockNet = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU,
+                                fp::Residual<fp::Conv2d<12, 3, 2, 1>, fp::BatchNorm2d<>, fp::ReLU, fp::Conv2d<12, 3, 1, 1>,
+                                             fp::BatchNorm2d<>, fp::Projection<fp::Conv2d<12, 1, 2, 0>, fp::BatchNorm2d<>>>,
+                                fp::ReLU, fp::AvgPool2d<2>, fp::Flatten, fp::Linear<6>, fp::GELU, fp::Linear<3>>;
+using BlockOutputNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>, fp::ReLU,
+                                      fp::Residual<fp::Conv2d<4, 3, 1, 1>, fp::BatchNorm2d<>, fp::IdentityShortcut>,
+                                      fp::Flatten>;
+using SeparateAddNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>,
+                                      fp::Residual<fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
+                                                   fp::IdentityShortcut>,
+                                      fp::ReLU, fp::Flatten, fp::Linear<3>>;
+// The stages the others leave out: a max-pooling of its own (3 x 3 windows do not fuse), Dropout, an
+// activation no anchor takes (a pointwise stage), global average pooling with an activation.
+using TailNet = fp::Sequential<fp::Input<3, 12, 12>, fp::Conv2d<8, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<3>,
+                               fp::Dropout<0.25f>, fp::Tanh, fp::GlobalAvgPool2d, fp::Sigmoid, fp::Flatten,
+                               fp::Linear<4>>;
+// A fused conv + max-pooling whose pooled values are the logits (their gradient, dlogits, is fp32).
+using PooledOutputNet = fp::Sequential<fp::Input<2, 8, 8>, fp::Conv2d<6, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
+                                       fp::ReLU, fp::MaxPool2d<2>, fp::Flatten>;
+
+std::size_t count_non_bf16(const std::vector<float>& v, std::size_t at, std::size_t n) {
+  std::size_t bad = 0;
+  for (std::size_t i = at; i < at + n; ++i)
+    if (fp::kernels::round_bf16(v[i]) != v[i] && !std::isnan(v[i])) ++bad;
+  return bad;
+}
+
+struct StoredCheck {
+  int outputs = 0, outputs_fp32 = 0;      // the stages' outputs
+  int saved = 0, saved_fp32 = 0;          // what stages save for their own backward (z regions, blocks aside)
+  int gradients = 0, gradients_fp32 = 0;  // the input gradients the groups store
+  bool logits_bf16 = true;
+  bool input_unchanged = true;
+};
+
+// Whether stage I's output region holds a fused conv + max-pooling's argmax bytes instead.
+template <class Plan, std::size_t I>
+constexpr bool holds_argmax() {
+  return []<std::size_t... G>(std::index_sequence<G...>) {
+    return (false || ... ||
+            (Plan::template group<G>::kind == fp::CudaGroupKind::conv_maxpool && Plan::template group<G>::first == I));
+  }(std::make_index_sequence<Plan::group_count>{});
+}
+
+template <class L, class In>
+concept ResidualAt = requires { typename L::template body<In>; };
+
+// Whether dz = dy * Epi' of a bf16 dy is itself a bf16 value (the derivative is 0 or 1): what a sink
+// into a stage with this epilogue stores.
+template <class Epi>
+constexpr bool derivative_is_mask = std::is_same_v<Epi, fp::kernels::Epilogue<>> ||
+                                    std::is_same_v<Epi, fp::kernels::Epilogue<fp::kernels::Relu>>;
+
+// Net's groups on a device of precision P, forward (and in training backward, group by group), and
+// what they stored: every stage output (in evaluation with its folds; not the conv of a fused conv +
+// max-pooling, whose region holds the argmax bytes), every input gradient a group leaves for the group
+// below (unless that group receives a dz whose activation derivative is not a mask: its values are
+// dz, not the stored gradient).
+template <class Net, class P>
+StoredCheck check_stored(bool training) {
+  using Space = fp::CudaSpace<P>;
+  using Groups = fp::CudaGroups<Net, P>;
+  using plan = typename Groups::plan;
+  constexpr std::size_t n = 5;
+  const Space space = gpu_test::make_space<Space>();
+  fp::ParameterStore<Net, Space, float> store(space, 7);
+  fp::StageBinding<Net, Space, float> binding;
+  binding.reserve(n, n * plan::mlp_gradient_elements);
+  fp::DeviceBuffer<float> scratch(std::max<std::size_t>(Groups::scratch_elements(space, n), 1));
+  const std::vector<float> x0 = random_values(n * Net::input_shape::size, 23);
+  auto x = gpu_test::upload(space, x0);
+  Groups groups{space, store, binding, scratch.data()};
+  StoredCheck c;
+  const auto workspace = [&] { return gpu_test::download(space, std::span<float>(binding.data(), binding.allocated())); };
+  groups.forward(x.data(), n, training);
+  {
+    const std::vector<float> ws = workspace();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            using S = typename Net::template stage<I>;
+            if constexpr (!Net::stage_plan[I].aliases_input) {
+              if (!training && fp::detail::folds_next<Net, I>()) return;  // stage I + 1's output, checked there
+              if constexpr (holds_argmax<plan, I>()) return;
+              const std::size_t at = Net::stage_plan[I].out_offset * n, values = n * S::out::size;
+              if (fp::detail::is_network_output<Net, I>()) {
+                c.logits_bf16 = count_non_bf16(ws, at, values) == 0;
+              } else {
+                ++c.outputs;
+                c.outputs_fp32 += count_non_bf16(ws, at, values) == 0 ? 0 : 1;
+              }
+              // (A residual block's region holds its body's stored outputs, bf16 values: not checked here.)
+              if constexpr (Net::stage_plan[I].saves_z && !ResidualAt<typename S::layer, typename S::in>) {
+                if (training) {
+                  // The region runs to the next one the plan places (per sample).
+                  constexpr std::size_t z = Net::stage_plan[I].z_offset;
+                  constexpr std::size_t z_end = [] {
+                    std::size_t end = Net::activation_elements;
+                    for (const auto& p : Net::stage_plan) {
+                      if (!p.aliases_input && p.out_offset > z) end = std::min(end, p.out_offset);
+                      if (p.saves_z && p.z_offset > z) end = std::min(end, p.z_offset);
+                    }
+                    return end;
+                  }();
+                  ++c.saved;
+                  c.saved_fp32 += count_non_bf16(ws, z * n, (z_end - z) * n) == 0 ? 0 : 1;
+                }
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<Net::stage_count>{});
+  }
+  if (training) {
+    const std::vector<float> dlogits = random_values(n * Net::output_shape::size, 29, -0.5f, 0.5f);
+    fp::copy_async(binding.gradient_buffer(0, n), dlogits.data(), dlogits.size(), space.stream());
+    int current = 0;
+    fp::NoStageHook done;
+    [&]<std::size_t... R>(std::index_sequence<R...>) {
+      (
+          [&] {
+            constexpr std::size_t G = plan::group_count - 1 - R;
+            using Gr = typename plan::template group<G>;
+            const int before = current;
+            groups.template backward_group<G>(x.data(), n, current, done);
+            if constexpr (Gr::first > 0) {
+              constexpr std::size_t r = plan::template dz_receiver<G>;
+              if constexpr (r != plan::group_count) {
+                using Below = typename Net::template stage<plan::template group<r>::first>;
+                if constexpr (!derivative_is_mask<typename Below::epilogue>) return;
+              }
+              if (current == before) return;
+              // The input gradient of the group's first stage, (n, its input size), or the dense dz of a conv
+              // + max-pooling below that received it.
+              std::size_t values = n * Net::template stage<Gr::first>::in::size;
+              if constexpr (r != plan::group_count) {
+                using Below = typename plan::template group<r>;
+                if constexpr (Below::kind == fp::CudaGroupKind::conv_maxpool)
+                  values = n * Net::template stage<Below::first>::out::size;
+              }
+              const std::vector<float> g =
+                  gpu_test::download(space, std::span<float>(binding.gradient_buffer(current, n), values));
+              ++c.gradients;
+              c.gradients_fp32 += count_non_bf16(g, 0, g.size()) == 0 ? 0 : 1;
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<plan::group_count>{});
+  }
+  c.input_unchanged = gpu_test::download(space, x) == x0;
+  return c;
+}
+
+// What a network's check should find besides: input gradients checked (false where every one feeds a
+// stage whose activation derivative is not a mask), saved regions, logits that are not bf16 values (a
+// max-pooling's output is the maximum of stored values: bf16 ones).
+struct Expect {
+  bool gradients = true;
+  bool saves = false;
+  bool fp32_logits = true;
+};
+
+template <class Net>
+void check_storage(const char* name, Expect expect) {
+  CAPTURE(name);
+  for (const bool training : {true, false}) {
+    CAPTURE(training);
+    const StoredCheck bf = check_stored<Net, fp::precision::Bf16>(training);
+    CHECK(bf.outputs_fp32 == 0);
+    CHECK(bf.gradients_fp32 == 0);
+    CHECK(bf.saved_fp32 == bf.saved);
+    CHECK(bf.logits_bf16 == !expect.fp32_logits);  // the logits are not rounded, for the loss
+    CHECK(bf.input_unchanged);
+    // At fp32 nothing is rounded: the same check finds fp32 values in every tensor.
+    const StoredCheck f = check_stored<Net, fp::precision::Fp32>(training);
+    CHECK(f.outputs_fp32 == f.outputs);
+    CHECK(f.gradients_fp32 == f.gradients);
+    CHECK(bf.outputs > 0);
+    CHECK((bf.saved > 0) == (training && expect.saves));
+    CHECK((bf.gradients > 0) == (training && expect.gradients));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as a bf16 value, the logits in fp32") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  check_storage<Net>("conv + pool fused, tanh, linear", {});
+  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.saves = true});
+  check_storage<BlockOutputNet>("a residual block's output as the logits", {});
+  check_storage<SeparateAddNet>("an identity block with an add of its own", {});
+  check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});
+  check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits", {.fp32_logits = false});
+}
