@@ -83,7 +83,7 @@ constexpr bool derivative_is_mask = std::is_same_v<Epi, fp::kernels::Epilogue<>>
 // what they stored: every stage output (in evaluation with its folds; not the conv of a fused conv +
 // max-pooling, whose region holds the argmax bytes), every input gradient a group leaves for the group
 // below (unless that group receives a dz whose activation derivative is not a mask: its values are
-// dz, not the stored gradient).
+// dz, not the stored gradient: that a sink rounds before it multiplies is tests/gpu/emulation.cu's).
 template <class Net, class P>
 StoredCheck check_stored(bool training) {
   using Space = fp::CudaSpace<P>;
@@ -203,6 +203,8 @@ void check_storage(const char* name, Expect expect) {
     const StoredCheck f = check_stored<Net, fp::precision::Fp32>(training);
     CHECK(f.outputs_fp32 == f.outputs);
     CHECK(f.gradients_fp32 == f.gradients);
+    CHECK(bf.outputs == f.outputs);  // the same tensors at both precisions (the plans group alike)
+    CHECK(bf.gradients == f.gradients);
     CHECK(bf.outputs > 0);
     CHECK((bf.saved > 0) == (training && expect.saves));
     CHECK((bf.gradients > 0) == (training && expect.gradients));
