@@ -155,7 +155,9 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region);
 ///                                    or saved_elements<In, Epi>, given the epilogue after it
 ///   forward_macs<In> (optional)      GEMM multiply-adds per sample (forward_macs_of has the default)
-///   forward/backward (anchors)       per space, with StageArgs
+///   forward/backward (anchors)       per space, with StageArgs; on Cuda its kernels store y (forward)
+///                                    and dx (backward) as bf16 values where bf16_y / bf16_dx say so
+///                                    (kernels::stored_value; the Host binding rounds after the stage)
 template <class L>
 concept Layer = requires {
   { L::kind } -> std::convertible_to<LayerKind>;
