@@ -31,6 +31,7 @@ struct Options {
   int steps = 50;
   int warmup = 5;
   bool mpi = false;
+  std::string update = "fused";  // the fused update (each bucket after its sum) or one pass after the last
 };
 
 template <class P>
@@ -42,6 +43,7 @@ int time_steps(P& dp, const Options& o, const char* mode) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(7, 0, i) - 1;
   for (std::size_t i = 0; i < global; ++i) y[i] = std::int32_t(i % 10);
   fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
+  dp.use_fused_update(o.update == "fused");
   std::vector<double> ms;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -52,8 +54,8 @@ int time_steps(P& dp, const Options& o, const char* mode) {
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   if (dp.is_root())
-    std::printf("fusedp Parallel %s  %s  %zu replicas x batch %zu  %d threads each  %.3f ms/step  %.0f images/s\n",
-                mode, o.net.c_str(), dp.world_size(), o.batch, o.threads_per_replica, median,
+    std::printf("fusedp Parallel %s  %s  %zu replicas x batch %zu  %d threads each  update %s  %.3f ms/step  %.0f images/s\n",
+                mode, o.net.c_str(), dp.world_size(), o.batch, o.threads_per_replica, o.update.c_str(), median,
                 double(global) / (median * 1e-3));
   return 0;
 }
@@ -87,6 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_flag("--mpi", o.mpi, "one replica per MPI rank (run under mpirun)");
+  app.add_option("--update", o.update, "fused: each bucket updated after its sum; pass: one pass after the last")
+      ->check(CLI::IsMember({"fused", "pass"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

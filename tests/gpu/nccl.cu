@@ -5,12 +5,15 @@
 // = ZeRO-1). Compress<bf16> with one rank reproduces a model whose gradients were rounded to bfloat16
 // (to nearest even) before each update, bit for bit. With two or more devices, 2 replicas with B/2
 // samples each reproduce 1 replica with B (Compress within the Host test's bfloat16 bound, 1e-2). A
-// communicator whose peer never arrives gives up after its timeout instead of hanging.
+// communicator whose peer never arrives gives up after its timeout instead of hanging. The fused update
+// (each bucket's update queued behind its all-reduce) gives the one pass's parameters and optimizer
+// state bit for bit.
 #include "gpu_test.hpp"
 
 #include <fusedp/parallel/parallel.hpp>
 #include <fusedp/train/parallel_checkpoint.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -166,6 +169,42 @@ TEST_CASE("Parallel on Cuda, world size 1, reproduces Model<Net, Cuda> with the 
   world_one_reproduces_model<fp::CudaFp32, fp::scatter::Sharded, fp::Sum, fp::reduce::ReduceScatter<>>(
       "fp32, Sharded, Sum, ReduceScatter");
   world_one_reproduces_model<fp::Cuda, fp::reduce::ReduceScatter<>>("tf32, ReduceScatter");
+}
+
+TEST_CASE("Parallel on Cuda: the fused update (each bucket behind its all-reduce) is bit for bit the one pass") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const int devices = std::min(fp::cuda_device_count(), 2);
+  const fp::AdamW adamw{{.lr = 0.01f, .weight_decay = 0.05f, .decay = fp::Decay::weights}};
+  using DP = fp::Parallel<LeNet, fp::CudaFp32, Small, fp::Overlap>;
+  DP fused{fp::replicas(devices), fp::seed(9)}, separate{fp::replicas(devices), fp::seed(9)};
+  CHECK(fused.uses_fused_update());
+  separate.use_fused_update(false);
+  fp::AdamW a = adamw, b = adamw;
+  for (int s = 0; s < 6; ++s) {
+    const Batch x = batch_of(batch, std::uint64_t(s));
+    const float la = fused.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                      fp::SoftmaxCrossEntropy{}, a);
+    const float lb = separate.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                         fp::SoftmaxCrossEntropy{}, b);
+    CHECK_MESSAGE(la == lb, "step " << s);
+  }
+  for (int r = 0; r < devices; ++r) {
+    INFO("replica " << r);
+    auto& f = fused.model(std::size_t(r));
+    auto& g = separate.model(std::size_t(r));
+    CHECK(f.steps() == g.steps());
+    CHECK(f.optimizer_steps() == g.optimizer_steps());
+    CHECK(params_on_host(f) == params_on_host(g));
+    std::vector<float> ga(LeNet::param_storage), gb(LeNet::param_storage);
+    f.copy_grads_to_host(ga);
+    g.copy_grads_to_host(gb);
+    CHECK(ga == gb);
+    std::vector<float> sa(f.optimizer_state().size()), sb(g.optimizer_state().size());
+    REQUIRE(sa.size() == 2 * LeNet::param_storage);
+    f.copy_optimizer_state_to_host(sa);
+    g.copy_optimizer_state_to_host(sb);
+    CHECK(sa == sb);
+  }
 }
 
 TEST_CASE("Parallel on Cuda: ReduceScatter keeps optimizer state for its block only, equal to the model's") {

@@ -1,7 +1,8 @@
 // Under mpirun: one replica per rank reproduces one model trained on the global batch, for every
 // reduce policy and knob (20 steps; losses and parameters within 1e-5 relative, Compress<bf16>
 // within 1e-2); Sharded with uneven shards; Deterministic bitwise equal to accumulating the shard
-// gradients in rank order.
+// gradients in rank order; the fused update (each bucket updated as its reduction completes, the
+// started ones after the wait) bitwise equal to the one pass after the last reduction.
 #include "../support/fusedp_core.hpp"
 #include "../support/relative_error.hpp"
 #include <fusedp/parallel/parallel.hpp>
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace fp = fusedp;
@@ -93,6 +95,32 @@ void check_deterministic(const fp::MpiWorld& world) {
   if (world.rank() == 0 && same) std::printf("%-28s bitwise equal to accumulation in rank order\n", "Deterministic");
 }
 
+// Parallel's fused update against the one pass (use_fused_update(false)), bit for bit: with Overlap
+// the buckets' MPI reductions are started during backward, and each is updated once it is complete.
+template <class P, class Opt>
+void check_fused_update(const fp::MpiWorld& world, const char* name, const Opt& opt) {
+  P fused{world, fp::seed(4), {.threads = 1}};
+  P separate{world, fp::seed(4), {.threads = 1}};
+  separate.use_fused_update(false);
+  Opt a = opt, b = opt;
+  bool same = true;
+  for (int s = 0; s < 6; ++s) {
+    const Batch x = batch_of(batch, std::uint64_t(s));
+    const float la = fused.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                      fp::SoftmaxCrossEntropy{}, a);
+    const float lb = separate.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                         fp::SoftmaxCrossEntropy{}, b);
+    same = same && std::memcmp(&la, &lb, sizeof la) == 0;
+  }
+  const auto& f = fused.model();
+  const auto& g = separate.model();
+  same = same && std::memcmp(f.params().data(), g.params().data(), f.params().size_bytes()) == 0;
+  same = same && f.optimizer_state().size() == g.optimizer_state().size() &&
+         std::memcmp(f.optimizer_state().data(), g.optimizer_state().data(), f.optimizer_state().size_bytes()) == 0;
+  mpi_test::check(same, world.rank(), std::string(name) + ": the fused update differs from the one pass");
+  if (world.rank() == 0 && same) std::printf("%-28s fused update bitwise equal to the one pass\n", name);
+}
+
 int main(int argc, char** argv) {
   fp::MpiWorld world(&argc, &argv);
   try {
@@ -106,6 +134,10 @@ int main(int argc, char** argv) {
     check_policy<fp::Parallel<Net, fp::Host, fp::Deterministic>>(world, ref, "Deterministic", 1e-5);
     check_policy<fp::Parallel<Net, fp::Host, fp::Compress<fp::bf16>>>(world, ref, "Compress<bf16>", 1e-2);
     check_deterministic(world);
+    using Overlapped = fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<512>>;
+    check_fused_update<Overlapped>(world, "fused update, Overlap", fp::AdamW{{.lr = 1e-2f, .decay = fp::Decay::weights}});
+    check_fused_update<fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<512>, fp::Deterministic>>(
+        world, "fused update, Deterministic", sgd);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
     return 1;

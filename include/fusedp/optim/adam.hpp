@@ -56,14 +56,15 @@ struct AdamFamily {
             options.decay == Decay::all};
   }
 
-  /// Updates n parameters (moments m then v in `state`); `runs` as Sgd's.
+  /// Updates n parameters (moments m then v in `state`, `stride` elements apart; 0: n); `runs` as
+  /// Sgd's. A part of a larger buffer passes that buffer's slot stride.
   template <class T>
   void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
-            const kernels::DecayRuns& runs = {}) const {
+            const kernels::DecayRuns& runs = {}, std::size_t stride = 0) const {
     check_runs(runs);
     const kernels::AdamStep<T> op = update<T>(t);
     T* m = state;
-    T* v = state + n;
+    T* v = state + (stride != 0 ? stride : n);
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
       kernels::apply_with_decay(op, runs, i0, i1, [&](const kernels::AdamStep<T>& o, std::size_t j0, std::size_t j1) {
         for (std::size_t i = j0; i < j1; ++i) o(params[i], grads[i], m[i], v[i]);
@@ -72,13 +73,13 @@ struct AdamFamily {
   }
 
 #if FUSEDP_HAS_CUDA
-  /// One fused kernel over n device parameters (moments m then v in `state`), queued on the space's
-  /// stream (`runs` in device memory).
+  /// One fused kernel over n device parameters (moments m then v in `state`, `stride` apart; 0: n),
+  /// queued on the space's stream (`runs` in device memory).
   template <class T, class P>
   void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
-            const kernels::DecayRuns& runs = {}) const {
+            const kernels::DecayRuns& runs = {}, std::size_t stride = 0) const {
     check_runs(runs);
-    kernels::cuda::apply_optimizer<2>(space.stream(), params, grads, state, n, update<T>(t), nullptr, runs);
+    kernels::cuda::apply_optimizer<2>(space.stream(), params, grads, state, n, update<T>(t), nullptr, runs, stride);
   }
 #endif
 

@@ -51,10 +51,11 @@ struct Sgd {
   }
 
   /// Updates n parameters; `state` holds n values; t is the 1-based number of this step; `runs` where
-  /// the network's weights lie (needed by Decay::weights; Model and Parallel pass them).
+  /// the network's weights lie (needed by Decay::weights; Model and Parallel pass them). `stride`:
+  /// elements between state slots (one slot here, so unused; Adam's takes it).
   template <class T>
   void step(const Host& host, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
-            const kernels::DecayRuns& runs = {}) const {
+            const kernels::DecayRuns& runs = {}, [[maybe_unused]] std::size_t stride = 0) const {
     check_runs(runs);
     const kernels::SgdStep<T> op = update<T>(t);
     host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
@@ -68,7 +69,7 @@ struct Sgd {
   /// One fused kernel over n device parameters, queued on the space's stream (`runs` in device memory).
   template <class T, class P>
   void step(const CudaSpace<P>& space, T* params, const T* grads, T* state, std::size_t n, std::uint64_t t,
-            const kernels::DecayRuns& runs = {}) const {
+            const kernels::DecayRuns& runs = {}, [[maybe_unused]] std::size_t stride = 0) const {
     check_runs(runs);
     kernels::cuda::apply_optimizer<1>(space.stream(), params, grads, state, n, update<T>(t), nullptr, runs);
   }

@@ -5,7 +5,9 @@
 // among the ranks of its machine). Each replica's BucketReducer (parallel/reducer.hpp, the one the Host
 // uses) queues the reductions on the replica's NcclChannel: with Overlap a bucket's collective is queued
 // as soon as the Cuda model's stage hook says backward has queued its last gradient (an event orders it
-// after those kernels); the update waits for the last one (another event). Shards' gradients are their
+// after those kernels); the update waits for the last one (another event), or, with AllReduce and an
+// optimizer that is not Guarded, is queued bucket by bucket on the communication stream behind each
+// bucket's all-reduce (the fused update: parallel/detail/bucket_update.hpp). Shards' gradients are their
 // share of the global mean (Model::compute_gradients' normalizer), so every reduction is a plain sum.
 // Available on Cuda: every policy of Host. AllReduce; ReduceBroadcast; ReduceScatter (ZeRO-1: see
 // ZeroLayout); Deterministic (an all-gather and a sum in rank order, the Host's order and bits);
@@ -22,10 +24,12 @@
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
+#include "fusedp/kernels/cuda/optimizer.cuh"
 #include "fusedp/kernels/cuda/pointwise.cuh"
 #include "fusedp/net/model.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
 #include "fusedp/parallel/detail/accumulate.hpp"
+#include "fusedp/parallel/detail/bucket_update.hpp"
 #include "fusedp/parallel/detail/startup.hpp"
 #include "fusedp/parallel/detail/step.hpp"
 #include "fusedp/parallel/nccl.hpp"
@@ -123,6 +127,14 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   [[nodiscard]] std::size_t local_replicas() const noexcept { return replicas_.size(); }
   /// Micro-batches per step (ParallelOptions::accumulate).
   [[nodiscard]] std::size_t accumulate() const noexcept { return std::size_t(options_.accumulate); }
+  /// The fused update (on by default): with AllReduce and an optimizer that is not Guarded, each
+  /// bucket's update is queued on the communication stream right behind the bucket's all-reduce (with
+  /// Overlap, while backward goes on) instead of one pass after the last reduction; the same bits
+  /// either way (parallel/detail/bucket_update.hpp). The update applied is the optimizer's per-element
+  /// update<float>(t) (kernels::cuda::apply_optimizer), not its step(). A step that fails in a
+  /// reduction may leave the buckets reduced before it updated, with the step not counted.
+  void use_fused_update(bool on) noexcept { fused_update_ = on; }
+  [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
   /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
   [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }
@@ -262,14 +274,34 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       const std::size_t micro = std::size_t(options_.accumulate);
       if (micro > 1 && rep.acc.size() == 0) rep.acc = DeviceBuffer<float>(Net::param_storage);
       cudaStream_t stream = rep.model.space().stream();
+      // The fused update: each bucket's update queued on the communication stream right behind its
+      // all-reduce, while backward goes on (the same bits as one pass).
+      const bool by_bucket = updates_buckets<Opt>() && fused_update_ && rep.reducer.covers(Net::param_storage) &&
+                             parallel::detail::holds_state_of(rep.model, opt);
+      parallel::detail::BucketStep<float> bucket_step{};
+      if constexpr (updates_buckets<Opt>()) {
+        if (by_bucket) bucket_step = parallel::detail::bucket_step(rep.model, opt);
+      }
+      auto on_final = [&](std::size_t begin, std::size_t end) {
+        if constexpr (updates_buckets<Opt>()) {
+          if (!by_bucket) return;
+          const kernels::DecayRuns runs = rep.model.decay_runs(begin);
+          opt.check_runs(runs);
+          const trace::CudaScope span(rep.channel.stream(), "optimizer", trace::Kind::optimizer, std::int64_t(begin), 0,
+                                      trace::comm_lane + trace::current_lane());
+          kernels::cuda::apply_optimizer<int(Opt::state_slots)>(
+              rep.channel.stream(), bucket_step.params + begin, bucket_step.grads + begin, bucket_step.state + begin,
+              end - begin, opt.template update<float>(bucket_step.t), nullptr, runs, bucket_step.stride);
+        }
+      };
       losses[r] = parallel::detail::accumulate_gradients(
           rep.model, rep.reducer.plan(), rep.acc.data(), micro, inputs.subspan(s.offset * in, s.count * in),
           parallel::detail::targets_of(targets, batch, s), loss, normalizer, sync, process_first + s.offset,
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, true); },
           [&](const float* src, float* dst, std::size_t n) { kernels::cuda::copy_values(stream, n, src, dst, false); },
-          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage); });
-      rep.reducer.finish(rep.channel, grads, zero_);
-      finish(rep, global_index(r), opt);
+          [&](std::size_t stage) { rep.reducer.stage_done(rep.channel, grads, stage, on_final); });
+      rep.reducer.finish(rep.channel, grads, zero_, on_final);
+      finish(rep, global_index(r), opt, by_bucket);
     };
     if (replicas_.size() == 1) run(0);
     else pool_.run_on_all([&](int r) { run(std::size_t(r)); });
@@ -299,6 +331,16 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
  private:
   using Reducer = parallel::BucketReducer<policy>;
+  // Whether a step with Opt can apply the update bucket by bucket (parallel/detail/bucket_update.hpp).
+  template <class Opt>
+  static constexpr bool updates_buckets() {
+    return parallel::detail::updates_buckets<policy, Opt> &&
+           requires(const Opt& o, const kernels::DecayRuns& d) {
+             o.template update<float>(std::uint64_t(1));
+             o.check_runs(d);
+             Opt::state_slots;
+           };
+  }
 
   struct Replica {
     model_type model;
@@ -403,15 +445,17 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   }
 
   // After the last bucket: the update waits for the reductions (and a guarded optimizer decides on
-  // them); ReduceBroadcast steps on the root and broadcasts its parameters; ReduceScatter updates this
-  // rank's block and all-gathers. Then waits for it all, polling NCCL (see NcclCommunicator::wait).
+  // them), unless the buckets were updated as they were reduced (`by_bucket`); ReduceBroadcast steps on
+  // the root and broadcasts its parameters; ReduceScatter updates this rank's block and all-gathers.
+  // Then waits for it all, polling NCCL (see NcclCommunicator::wait).
   template <class Opt>
-  void finish(Replica& rep, std::size_t global, Opt& opt) {
+  void finish(Replica& rep, std::size_t global, Opt& opt, bool by_bucket) {
     double factor = 1.0;
     if constexpr (requires { typename Opt::on_nonfinite; }) factor = decide(rep, global, opt);
     rep.channel.finish_into_model_stream();
     if constexpr (reduce_kind == parallel::detail::ReduceKind::all_reduce) {
-      (void)rep.model.apply_step(opt, factor);
+      if (by_bucket) rep.model.count_step(true);
+      else (void)rep.model.apply_step(opt, factor);
     } else if constexpr (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast) {
       // Only the root holds the summed gradient and the optimizer state.
       if (global == 0) (void)rep.model.apply_step(opt, factor);
@@ -469,6 +513,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   parallel::ZeroLayout zero_;
   std::vector<double> weights_;
   std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks the replicas hold
+  bool fused_update_ = true;
 };
 
 }  // namespace fusedp

@@ -18,6 +18,7 @@
 #include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/parallel/bucket_plan.hpp"
 #include "fusedp/parallel/detail/accumulate.hpp"
+#include "fusedp/parallel/detail/bucket_update.hpp"
 #include "fusedp/parallel/detail/startup.hpp"
 #include "fusedp/parallel/detail/step.hpp"
 #include "fusedp/parallel/gradient_channel.hpp"
@@ -118,6 +119,14 @@ class Parallel<Net, Host, Policies...> {
   [[nodiscard]] std::size_t local_replicas() const noexcept { return models_.size(); }
   /// Micro-batches per step (ParallelOptions::accumulate).
   [[nodiscard]] std::size_t accumulate() const noexcept { return std::size_t(options_.accumulate); }
+  /// The fused update (on by default): with AllReduce and an optimizer that is not Guarded, each
+  /// replica updates a bucket's parameters once that bucket's sum is final (in-process: right after
+  /// its sum; MPI with Overlap: after backward, as the started reductions are waited for), instead of
+  /// in one pass after the last reduction; the same bits either way (parallel/detail/bucket_update.hpp).
+  /// A step that fails in a reduction may leave the buckets reduced before it updated, with the step
+  /// not counted (so their next update takes the same step number).
+  void use_fused_update(bool on) noexcept { fused_update_ = on; }
+  [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
   /// Replica `i` of this process. All replicas hold the same parameters between steps.
   [[nodiscard]] model_type& model(std::size_t i = 0) { return models_.at(i); }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return models_.at(i); }
@@ -240,6 +249,14 @@ class Parallel<Net, Host, Policies...> {
   using Reducer = parallel::BucketReducer<policy>;
   template <class Opt>
   static constexpr bool guarded = requires { typename Opt::on_nonfinite; };
+  // Whether a step with Opt can apply the update bucket by bucket (parallel/detail/bucket_update.hpp).
+  template <class Opt>
+  static constexpr bool updates_buckets() {
+    return parallel::detail::updates_buckets<policy, Opt> &&
+           requires(const Opt& o, const Host& h, float* p, std::size_t n, const kernels::DecayRuns& d) {
+             o.step(h, p, p, p, n, std::uint64_t(1), d, n);
+           };
+  }
 
   static int check_replicas(Replicas r) {
     require(r.count >= 1, "Parallel: replica count must be >= 1, got ", r.count);
@@ -334,13 +351,29 @@ class Parallel<Net, Host, Policies...> {
     const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? channel.replica_sum() : ReplicaSum{};
     const std::size_t micro = std::size_t(options_.accumulate);
     if (micro > 1 && acc_[r].size() == 0) acc_[r] = HostBuffer<float>(Net::param_storage);
+    // The fused update: each bucket's update as soon as its sum is final (the same bits as one pass).
+    const bool by_bucket = updates_buckets<Opt>() && fused_update_ && reducer.covers(Net::param_storage) &&
+                           parallel::detail::holds_state_of(m, opt);
+    parallel::detail::BucketStep<float> bucket_step{};
+    if constexpr (updates_buckets<Opt>()) {
+      if (by_bucket) bucket_step = parallel::detail::bucket_step(m, opt);
+    }
+    auto on_final = [&](std::size_t begin, std::size_t end) {
+      if constexpr (updates_buckets<Opt>()) {
+        if (!by_bucket) return;
+        const trace::Scope span("optimizer", trace::Kind::optimizer);
+        opt.step(m.space(), bucket_step.params + begin, bucket_step.grads + begin, bucket_step.state + begin,
+                 end - begin, bucket_step.t, m.decay_runs(begin), bucket_step.stride);
+      }
+    };
     const float l = parallel::detail::accumulate_gradients(
         m, reducer.plan(), acc_[r].data(), micro, inputs, targets, loss, normalizer, sync, first_sample,
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, true); },
         [&](const float* src, float* dst, std::size_t n) { kernels::host::copy_values(m.space(), n, src, dst, false); },
-        [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage); });
-    reducer.finish(channel, m.grads().data(), zero_);
-    update(r, channel, opt);
+        [&](std::size_t stage) { reducer.stage_done(channel, m.grads().data(), stage, on_final); });
+    reducer.finish(channel, m.grads().data(), zero_, on_final);
+    if (by_bucket) m.count_step(true);
+    else update(r, channel, opt);
     if constexpr (policy::broadcast_buffers) {
       const trace::Scope span("broadcast state", trace::Kind::collective);
       channel.comm().broadcast(m.buffers().data(), Net::state_storage, 0);
@@ -428,6 +461,7 @@ class Parallel<Net, Host, Policies...> {
   std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks zero_state_ holds
   std::vector<HostBuffer<float>> acc_;  // accumulate > 1: each replica's sum of its micro-batches' gradients
   std::vector<std::vector<std::uint64_t>> counts_;  // Sharded: each replica's room for every replica's count
+  bool fused_update_ = true;
 };
 
 }  // namespace fusedp

@@ -24,19 +24,20 @@ __global__ void set_value_kernel(Op* dst, Op value) {
   *dst = value;
 }
 
-// Slots: optimizer state values per parameter (1: Sgd's momentum; 2: Adam's moments, m then v).
+// Slots: optimizer state values per parameter (1: Sgd's momentum; 2: Adam's moments, m then v,
+// `stride` elements apart: n for a whole buffer, the whole buffer's size for a part of it).
 // Under Decay::weights (op.decay_all false) each element finds whether it decays in the network's
 // runs (a binary search over a few dozen bounds, in cache; the pass stays memory-bound).
 template <int Slots, class Op, class T>
-__global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, Op by_value, const Op* from_device,
-                                 DecayRuns runs) {
+__global__ void optimizer_kernel(T* params, const T* grads, T* state, std::size_t n, std::size_t stride, Op by_value,
+                                 const Op* from_device, DecayRuns runs) {
   kernel_prologue();
   const Op op = from_device ? *from_device : by_value;
   const Op plain = without_decay(op);
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
     const Op& o = op.decay_all || runs.decays(i) ? op : plain;
     if constexpr (Slots == 1) o(params[i], grads[i], state[i]);
-    else o(params[i], grads[i], state[i], state[n + i]);
+    else o(params[i], grads[i], state[i], state[stride + i]);
   }
 }
 // The pass over the parameters whose weight-gradient GEMMs did not apply the update (BatchNorm's, the
@@ -64,14 +65,17 @@ void set_value(cudaStream_t stream, Op* dst, const Op& value) {
   launch<detail::set_value_kernel<Op>>("set_value_kernel", 1, 1, 0, stream, dst, value);
 }
 
-/// Applies `op` to n parameters; `state` holds Slots x n values. When `from_device` is not null the op
-/// is read from there (graph replays), else `op` is used.
+/// Applies `op` to n parameters; `state` holds Slots slots of n values, `stride` apart (0: n; a part of
+/// a larger buffer passes that buffer's size). When `from_device` is not null the op is read from there
+/// (graph replays), else `op` is used.
 template <int Slots, class Op, class T>
 void apply_optimizer(cudaStream_t stream, T* params, const T* grads, T* state, std::size_t n, const Op& op,
-                     const std::type_identity_t<Op>* from_device = nullptr, const DecayRuns& runs = {}) {
+                     const std::type_identity_t<Op>* from_device = nullptr, const DecayRuns& runs = {},
+                     std::size_t stride = 0) {
   if (n == 0) return;
   launch<detail::optimizer_kernel<Slots, Op, T>>("optimizer_kernel", elementwise_blocks(n), elementwise_threads, 0,
-                                                 stream, params, grads, state, n, op, from_device, runs);
+                                                 stream, params, grads, state, n, stride != 0 ? stride : n, op,
+                                                 from_device, runs);
 }
 
 /// The update of the parameters `rest` names: what remains of the optimizer's pass when the
