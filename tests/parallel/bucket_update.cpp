@@ -39,7 +39,8 @@ struct Batch {
 };
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  // memcmp never sees an empty span's null pointer (a replica without optimizer state).
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 // One traced step of `dp`: its loss, replica 0's optimizer spans, and whether the first of them began
