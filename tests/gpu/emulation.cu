@@ -18,6 +18,7 @@
 #include <fusedp/kernels/host/conv2d.hpp>
 #include <fusedp/kernels/host/linear.hpp>
 #include <fusedp/kernels/host/pool.hpp>
+#include <fusedp/net/cuda_groups.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -1071,4 +1072,44 @@ TEST_CASE("weight gradients on the tensor-core mainloop: whole-slice splits, scr
         for (const kc::SplitPlan& s : {pm, pw})
           if (s.splits > 1) CHECK(scratch >= std::size_t(s.splits) * (std::size_t(sh.m) * sh.n + sh.m));
       }
+}
+
+// A model reserves its scratch once, for the largest batch it has seen (Model::reserve), and then runs
+// any smaller batch in it: an epoch's last batch, a Parallel replica's micro-batches. A split-K plan
+// gives fewer rows more splits, so the floats a stage needs are not monotonic in the batch; the scratch
+// must be the most over every batch up to the reserved one (CudaGroups::scratch_elements), not the need
+// at that batch, or the smaller batch's partial sums run past the buffer on the device.
+template <class Net>
+void check_scratch_serves_smaller_batches(int reserved, bool expect_dip) {
+  using Groups = fp::CudaGroups<Net, fp::precision::Tf32>;
+  for (const int sms : {1, 108, 132}) {
+    CAPTURE(sms);
+    const std::size_t scratch = Groups::scratch_elements(sms, std::size_t(reserved));
+    const std::size_t at_reserved = Groups::scratch_elements_at(sms, std::size_t(reserved));
+    int dips = 0;
+    for (int b = 1; b <= reserved; ++b) {
+      CAPTURE(b);
+      const std::size_t need = Groups::scratch_elements_at(sms, std::size_t(b));
+      CHECK(need <= scratch);
+      dips += need > at_reserved;
+    }
+    CHECK(scratch >= at_reserved);
+    // The case that makes this test matter: some smaller batch needs more than the reserved one.
+    if (expect_dip && sms == 132) {
+      MESSAGE(dips, " batches below ", reserved, " need more scratch than ", reserved, " itself (", at_reserved,
+              " floats) on 132 SMs; reserved ", scratch);
+      CHECK(dips > 0);
+    }
+  }
+}
+
+TEST_CASE("a model's scratch serves every batch up to the one it reserved for") {
+  // Linear 4096 -> 1024 splits its forward over `in`: 9 splits at batch 100, 16 at 60 (132 SMs).
+  using WideLinear = fp::Sequential<fp::Input<4096>, fp::Linear<1024>, fp::ReLU, fp::Linear<10>>;
+  check_scratch_serves_smaller_batches<WideLinear>(100, true);
+  check_scratch_serves_smaller_batches<WideLinear>(256, false);
+  using Cnn = fp::Sequential<fp::Input<3, 32, 32>, fp::Conv2d<32, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>,
+                             fp::Conv2d<64, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<2>, fp::Flatten, fp::Linear<1024>,
+                             fp::ReLU, fp::Linear<10>>;
+  check_scratch_serves_smaller_batches<Cnn>(128, false);
 }

@@ -265,6 +265,28 @@ TEST_CASE_TEMPLATE("a learning rate changed between replayed steps takes effect 
   }
 }
 
+// The loss kernel takes its options as launch arguments, which a recorded graph keeps: a changed
+// label_smoothing must record the step again (StepGraphKey::loss_options), or the replay trains with the
+// old one. Compared with a model that records no graph, loss and parameters bit for bit at every step.
+TEST_CASE("a loss option changed between replayed steps takes effect at once") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const std::size_t batch = 32;
+  const auto x = random_values(batch * 784, 82);
+  const auto y = labels_for(batch, 10, 83);
+  fp::Model<LeNet, fp::Cuda> graphed{fp::seed(9), fp::Cuda{0}}, direct{fp::seed(9), fp::Cuda{0}};
+  direct.use_graphs(false);
+  fp::Sgd og{{.lr = 0.05f, .momentum = 0.9f}}, od = og;
+  for (const float smoothing : {0.1f, 0.1f, 0.1f, 0.0f, 0.0f, 0.3f}) {
+    CAPTURE(smoothing);
+    const fp::SoftmaxCrossEntropy loss{smoothing};
+    const float a = graphed.train_step(std::span<const float>(x), std::span(y), loss, og);
+    const float b = direct.train_step(std::span<const float>(x), std::span(y), loss, od);
+    CHECK(a == b);
+    CHECK(params_on_host(graphed) == params_on_host(direct));
+  }
+  CHECK(graphed.last_step_replayed() == false);  // the last step's option was new: recorded, not replayed
+}
+
 TEST_CASE("asynchronous steps and the deferred loss give what train_step gives") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   const std::size_t batch = 64;

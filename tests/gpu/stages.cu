@@ -55,7 +55,7 @@ void check_stage(std::size_t batch, std::uint64_t stream) {
   auto ys = poisoned<float>(space, ny), zs = poisoned<float>(space, Epi::saves_input ? ny : 0);
   auto dxs = poisoned<float>(space, nx), dws = poisoned<float>(space, nw), dbs = poisoned<float>(space, nb);
   std::size_t cuda_scratch = 0;
-  if constexpr (fp::is_cuda_space_v<Space>) cuda_scratch = Layer::template cuda_scratch<In>(batch, space);
+  if constexpr (fp::is_cuda_space_v<Space>) cuda_scratch = Layer::template cuda_scratch<In>(batch, space.sm_count());
   auto scratch = poisoned<float>(space, scratch_for_host_or(space, fp::host_scratch_of<Layer, In>(), cuda_scratch) + 1);
   fp::StageArgs<Space, float> a{space,     batch,      xs.data(),  ys.data(),      Epi::saves_input ? zs.data() : nullptr,
                                 ws.data(), bs.data(),  dys.data(), dxs.data(),     dws.data(),
@@ -113,7 +113,7 @@ void check_conv_maxpool(std::size_t batch, std::uint64_t stream) {
   auto mids = poisoned<float>(space, nm), dmids = poisoned<float>(space, nm), ys = poisoned<float>(space, ny);
   auto dxs = poisoned<float>(space, nx), dws = poisoned<float>(space, nw), dbs = poisoned<float>(space, nb);
   std::size_t cuda_scratch = 0;
-  if constexpr (fp::is_cuda_space_v<Space>) cuda_scratch = Conv::template cuda_scratch<In>(batch, space);
+  if constexpr (fp::is_cuda_space_v<Space>) cuda_scratch = Conv::template cuda_scratch<In>(batch, space.sm_count());
   auto scratch = poisoned<float>(space, scratch_for_host_or(space, fp::host_scratch_of<Conv, In>(), cuda_scratch) + 1);
   fp::StageArgs<Space, float> ac{space,      batch,     xs.data(),   mids.data(), nullptr,
                                  ws.data(),  bs.data(), dmids.data(), dxs.data(), dws.data(),

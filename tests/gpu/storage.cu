@@ -94,7 +94,7 @@ StoredCheck check_stored(bool training) {
   fp::ParameterStore<Net, Space, float> store(space, 7);
   fp::StageBinding<Net, Space, float> binding;
   binding.reserve(n, n * plan::mlp_gradient_elements);
-  fp::DeviceBuffer<float> scratch(std::max<std::size_t>(Groups::scratch_elements(space, n), 1));
+  fp::DeviceBuffer<float> scratch(std::max<std::size_t>(Groups::scratch_elements(space.sm_count(), n), 1));
   const std::vector<float> x0 = random_values(n * Net::input_shape::size, 23);
   auto x = gpu_test::upload(space, x0);
   Groups groups{space, store, binding, scratch.data()};

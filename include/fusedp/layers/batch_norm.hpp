@@ -130,8 +130,8 @@ struct BatchNorm {
                                             device_sums(a.scratch), a.bf16_dx);
   }
   // SyncBatchNorm's per-channel sums in the stage's scratch (floats), at an 8-byte boundary.
-  template <class In, class P>
-  static std::size_t cuda_scratch(std::size_t, const CudaSpace<P>&) {
+  template <class In>
+  static std::size_t cuda_scratch(std::size_t, int) {
     return 2 * kernels::batch_norm_sync_doubles(std::size_t(In::channels)) + 1;
   }
   static double* device_sums(float* scratch) {

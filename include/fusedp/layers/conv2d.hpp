@@ -141,10 +141,11 @@ struct Conv2d {
                                                                            sink, a.dw, Bias ? a.db : nullptr, a.scratch,
                                                                            a.update);
   }
-  /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
-  template <class In, class P>
-  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
-    return kernels::cuda::conv2d_backward_scratch<cuda_tile_w<In>>(geometry<In>, int(batch), space.sm_count());
+  /// Floats of Cuda workspace backward needs at exactly this batch size on a device of `sm_count` SMs
+  /// (the dense dz and split-K partial sums; see CudaGroups::scratch_elements).
+  template <class In>
+  static std::size_t cuda_scratch(std::size_t batch, int sm_count) {
+    return kernels::cuda::conv2d_backward_scratch<cuda_tile_w<In>>(geometry<In>, int(batch), sm_count);
   }
 #endif
 };

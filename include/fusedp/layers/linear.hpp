@@ -80,13 +80,14 @@ struct Linear {
       kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z,
                                                        a.dy, sink, a.dw, a.db, a.scratch, a.update);
   }
-  /// Floats of Cuda workspace backward needs at this batch size (split-K partial sums).
-  template <class In, class P>
-  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+  /// Floats of Cuda workspace forward and backward need at exactly this batch size on a device of
+  /// `sm_count` SMs (split-K partial sums; not monotonic in the batch, see CudaGroups::scratch_elements).
+  template <class In>
+  static std::size_t cuda_scratch(std::size_t batch, int sm_count) {
     return std::max(kernels::cuda::linear_backward_scratch<kernels::cuda::GemmTiles<int(In::size)>>(
-                        int(batch), int(In::size), Out, space.sm_count()),
+                        int(batch), int(In::size), Out, sm_count),
                     kernels::cuda::linear_forward_scratch<kernels::cuda::GemmTiles<Out>>(int(batch), int(In::size),
-                                                                                       Out, space.sm_count()));
+                                                                                       Out, sm_count));
   }
 #endif
 };

@@ -62,15 +62,16 @@ struct CudaGroups {
   /// training step; the caller then updates plan::rest_runs).
   kernels::UpdateTarget<T> update{};
 
-  /// Scratch floats the stages and fused groups need at `batch` (the largest of them).
-  static std::size_t scratch_elements(const space_type& space, std::size_t batch) {
+  /// Scratch floats the stages and fused groups need at exactly `batch` samples on a device of
+  /// `sm_count` SMs (the largest of them).
+  static std::size_t scratch_elements_at(int sm_count, std::size_t batch) {
     std::size_t most = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
             using S = typename Net::template stage<I>;
-            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, space); })
-              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, space));
+            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, sm_count); })
+              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, sm_count));
           }(),
           ...);
     }(std::make_index_sequence<Net::stage_count>{});
@@ -79,10 +80,20 @@ struct CudaGroups {
           [&] {
             using Gr = typename plan::template group<G>;
             if constexpr (Gr::kind == CudaGroupKind::mlp)
-              most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), space.sm_count()));
+              most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), sm_count));
           }(),
           ...);
     }(std::make_index_sequence<plan::group_count>{});
+    return most;
+  }
+  /// Scratch floats that serve every batch from 1 to `batch`: the most scratch_elements_at asks for
+  /// over them. The need is not monotonic in the batch: a split-K plan gives fewer rows more splits
+  /// (a Linear 4096 -> 1024 on 132 SMs asks for more at batch 60 than at 100), so a model that
+  /// reserved for its largest batch must still fit an epoch's smaller last one. A few integer
+  /// operations a stage and batch, once per reserve.
+  static std::size_t scratch_elements(int sm_count, std::size_t batch) {
+    std::size_t most = 0;
+    for (std::size_t b = 1; b <= batch; ++b) most = std::max(most, scratch_elements_at(sm_count, b));
     return most;
   }
 

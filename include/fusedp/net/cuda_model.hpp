@@ -69,6 +69,19 @@ constexpr bool cuda_graph_safe() {
   else return true;
 }
 
+// A loss's options as the recorded loss kernel holds them (its launch arguments: SoftmaxCrossEntropy's
+// label_smoothing), byte for byte.
+using LossOptions = std::array<unsigned char, 16>;
+template <class Loss>
+LossOptions loss_options(const Loss& loss) {
+  static_assert(std::is_trivially_copyable_v<Loss> && sizeof(Loss) <= sizeof(LossOptions),
+                "fusedp::Model on Cuda: a loss recorded in a step graph must be trivially copyable, of at most "
+                "16 bytes (its options are part of the graph's key)");
+  LossOptions bytes{};
+  if constexpr (!std::is_empty_v<Loss>) std::memcpy(bytes.data(), &loss, sizeof(Loss));
+  return bytes;
+}
+
 // What a recorded training step depends on: replaying it is right only while all of these are unchanged.
 struct StepGraphKey {
   std::size_t batch = 0;
@@ -77,9 +90,11 @@ struct StepGraphKey {
   const void* workspace = nullptr;
   const void* state = nullptr;
   const char* loss = nullptr;
+  LossOptions loss_options{};
   const char* optimizer = nullptr;
   bool fused_update = false;
   bool dependent_launch = false;  // kernels::cuda::dependent_launch() when it was recorded
+  bool fused_mlp = false;         // kernels::cuda::fused_mlp() when it was recorded
   bool operator==(const StepGraphKey&) const = default;
 };
 
@@ -310,7 +325,7 @@ class Model<Net, CudaSpace<P>, T> {
     space_.synchronize();  // nothing in flight may use what is freed below
     graphs_.clear();
     binding_.reserve(batch, batch * plan::mlp_gradient_elements);
-    scratch_ = buffer<float>(CudaGroups<Net, P>::scratch_elements(space_, batch));
+    scratch_ = buffer<float>(CudaGroups<Net, P>::scratch_elements(space_.sm_count(), batch));
     loss_.allocate(batch);
     staging_.allocate(batch * input_size, batch * target_bytes, batch * output_size);
   }
@@ -476,8 +491,17 @@ class Model<Net, CudaSpace<P>, T> {
         if (fused) write_op_slot(Any::of(op));
       }
       if (!fused) write_op_slot(op);
-      const detail::StepGraphKey key{batch, x, targets, binding_.data(), state.data(), Loss::name, Opt::name, fused,
-                                       kernels::cuda::dependent_launch()};
+      const detail::StepGraphKey key{batch,
+                                     x,
+                                     targets,
+                                     binding_.data(),
+                                     state.data(),
+                                     Loss::name,
+                                     detail::loss_options(loss),
+                                     Opt::name,
+                                     fused,
+                                     kernels::cuda::dependent_launch(),
+                                     kernels::cuda::fused_mlp()};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
         if (fused) {
           const kernels::UpdateTarget<T> whole{reinterpret_cast<const Any*>(op_slot_.data()), store_.params().data(),

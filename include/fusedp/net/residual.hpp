@@ -472,10 +472,10 @@ struct Residual {
 
 #if FUSEDP_HAS_CUDA
   /// Floats of Cuda workspace backward needs: the most any inner stage needs (they run one by one).
-  template <class In, class P>
-  static std::size_t cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
-    std::size_t most = inner_cuda_scratch<body<In>>(batch, space);
-    if constexpr (!identity) most = std::max(most, inner_cuda_scratch<projection<In>>(batch, space));
+  template <class In>
+  static std::size_t cuda_scratch(std::size_t batch, int sm_count) {
+    std::size_t most = inner_cuda_scratch<body<In>>(batch, sm_count);
+    if constexpr (!identity) most = std::max(most, inner_cuda_scratch<projection<In>>(batch, sm_count));
     return most;
   }
 #endif
@@ -484,15 +484,15 @@ struct Residual {
   static_assert(body_size > 0);
 
 #if FUSEDP_HAS_CUDA
-  template <class Net, class P>
-  static std::size_t inner_cuda_scratch(std::size_t batch, const CudaSpace<P>& space) {
+  template <class Net>
+  static std::size_t inner_cuda_scratch(std::size_t batch, int sm_count) {
     std::size_t most = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
             using S = typename Net::template stage<I>;
-            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, space); })
-              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, space));
+            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, sm_count); })
+              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, sm_count));
           }(),
           ...);
     }(std::make_index_sequence<Net::stage_count>{});

@@ -28,13 +28,16 @@ fs::path include_dir() {
   return fs::path(root) / "include" / "fusedp";
 }
 
-// The text with // and /* */ comments replaced by spaces (string literals kept; none of the kernels'
-// headers holds "//" in a string).
+// The text with // and /* */ comments replaced by spaces (string and character literals kept, and
+// skipped: a '"' must not open a string, nor a "//" in a string a comment). A ' after a letter or digit
+// is a digit separator (1'000), not a character literal.
 std::string without_comments(const std::string& s) {
   std::string out = s;
   for (std::size_t i = 0; i + 1 < out.size(); ++i) {
-    if (out[i] == '"') {
-      for (++i; i < out.size() && out[i] != '"'; ++i)
+    const bool char_literal = out[i] == '\'' && (i == 0 || !std::isalnum(static_cast<unsigned char>(out[i - 1])));
+    if (out[i] == '"' || char_literal) {
+      const char close = out[i];
+      for (++i; i < out.size() && out[i] != close; ++i)
         if (out[i] == '\\') ++i;
     } else if (out[i] == '/' && out[i + 1] == '/') {
       for (; i < out.size() && out[i] != '\n'; ++i) out[i] = ' ';
@@ -145,6 +148,23 @@ TEST_CASE("the scan itself: finds a kernel, its name and its first statement, pa
   CHECK(k[1].name == "bad");
   CHECK(k[1].first_statement == "inti=n;");
   CHECK(k[1].line == 7);
+}
+
+TEST_CASE("the scan itself: a quote in a character literal opens no string, a digit separator no literal") {
+  // exec/trace.hpp writes '"' in JSON: read as a string's start, the rest of the file was misparsed.
+  const std::string text = without_comments(
+      "inline char quote() { return '\"'; }  // a \" in a comment\n"
+      "constexpr int n = 1'000;\n"
+      "__global__ void after_quote(int n) { int i = n; }\n"
+      "const char* s = \"// not a comment\";\n"
+      "__global__ void after_string(int n) { kernel_prologue(); }\n");
+  const auto k = kernels_in("t.cuh", text);
+  REQUIRE(k.size() == 2);
+  CHECK(k[0].name == "after_quote");
+  CHECK(k[0].first_statement == "inti=n;");
+  CHECK(k[0].line == 3);
+  CHECK(k[1].name == "after_string");
+  CHECK(k[1].first_statement == "kernel_prologue();");
 }
 
 TEST_CASE("FUSEDP_CUDA_DEPENDENT_LAUNCH: on when unset, off by 'off' or '0', anything else is an error naming it") {

@@ -132,7 +132,9 @@ concept AddressableGradient = requires(const Dz& d) {
 template <class Dz>
 __global__ void materialize_dz_kernel(const Dz dz, int n, FastDiv div_ohw, FastDiv div_ow, FastDiv div_o, float* out) {
   kernel_prologue();
-  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
+  // The index in size_t: n may lie within a grid's stride of 2^31.
+  for (std::size_t j = grid_index(); j < std::size_t(n); j += grid_stride()) {
+    const int i = int(j);
     int t = 0, pix = 0, img = 0, ch = 0, oy = 0, ox = 0;
     div_ohw.divmod(i, t, pix);
     div_o.divmod(t, img, ch);

@@ -90,6 +90,15 @@ struct Operand<precision::Bf16> {
   __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 
+/// The longest reduction a GEMM launch takes: the kernels index k in int and step past a split's end by
+/// at most a slice (32 or 64), so k keeps that much room below 2^31.
+inline constexpr int gemm_k_limit = 0x7fffffff - 65536;
+/// Throws InvalidArgument naming `what` when the reduction is longer than gemm_k_limit.
+inline void check_gemm_k(const char* what, int k) {
+  require(k <= gemm_k_limit, what, ": a reduction over ", k, " terms exceeds the kernels' int indices (at most ",
+          gemm_k_limit, "); use smaller batches");
+}
+
 /// Everything one GEMM launch needs. A loader is a functor `at(row, k)` with a `k_fastest` flag saying
 /// which index walks contiguous memory; it is only called inside the problem (rows < m or n, k < k), so
 /// it returns zeros only for its own reasons (convolution padding). The epilogue's
@@ -419,7 +428,7 @@ __global__ void __launch_bounds__(TileT::threads) gemm_kernel(const GemmProblem<
   const int tid = int(threadIdx.x);
   const int m0 = int(blockIdx.x) * BM, n0 = int(blockIdx.y) * BN, split = int(blockIdx.z);
   const int k_begin = split * p.k_chunk;
-  const int k_end = min(p.k, k_begin + p.k_chunk);
+  const int k_end = k_begin + min(p.k_chunk, p.k - k_begin);  // k_begin + k_chunk may pass 2^31
 
   float ra[EA], rb[EB];
   float rs[RowSums ? EA : 1];
@@ -515,15 +524,17 @@ inline SplitPlan plan_split(int m, int n, int k, int bm, int bn, int bk, int sm_
   if (tiles >= target || k <= 2 * min_chunk) return {1, k};
   long splits = std::min<long>((target + tiles - 1) / tiles, k / min_chunk);
   splits = std::clamp<long>(splits, 1, 65535);
-  int chunk = int((k + splits - 1) / splits);
+  // In long: k + splits and k + chunk may pass 2^31 for k near it.
+  long chunk = (long(k) + splits - 1) / splits;
   chunk = (chunk + bk - 1) / bk * bk;
-  return {(k + chunk - 1) / chunk, chunk};
+  return {int((long(k) + chunk - 1) / chunk), int(chunk)};
 }
 
 /// Launches gemm_kernel on `stream` over a grid of (m / BM) x (n / BN) x splits blocks.
 template <class TileT, class P, bool RowSums, class A, class B, class Epi>
 void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t stream) {
   if (p.m <= 0 || p.n <= 0) return;
+  check_gemm_k("gemm", p.k);
   const unsigned gx = unsigned((p.m + TileT::bm - 1) / TileT::bm);
   const unsigned gy = unsigned((p.n + TileT::bn - 1) / TileT::bn);
   require(gy <= 65535u && splits >= 1 && splits <= 65535, "gemm: grid of ", gx, " x ", gy, " x ", splits,

@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int m0 = int(blockIdx.x) * TileT::bm, n0 = int(blockIdx.y) * TileT::bn, split = int(blockIdx.z);
   const int k_begin = split * p.k_chunk;
-  const int k_end = min(p.k, k_begin + p.k_chunk);
+  const int k_end = k_begin + min(p.k_chunk, p.k - k_begin);  // k_begin + k_chunk may pass 2^31
   const int slices = k_begin < k_end ? (k_end - k_begin + mma::slice_k - 1) / mma::slice_k : 0;
 
   // Cursors: a gathered operand's row-dependent index math once per thread (MN-major: each thread
@@ -408,6 +408,7 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
   static_assert(CopyOperand<A> && CopyOperand<B>,
                 "launch_gemm_mma: an operand without source()/base()/copy_floats (CopyOperand) cannot be copied");
   if (p.m <= 0 || p.n <= 0) return;
+  check_gemm_k("gemm_mma", p.k);
   constexpr std::size_t bytes = TileT::template smem_bytes<major_of<A>, major_of<B>>;
   require(gemm_mma_can_run<TileT>(p, d), "gemm_mma: needs sm_80 or later (this device: sm_", d.arch, ") with ",
           bytes, " bytes of shared memory per block (it allows ", d.smem_per_block,

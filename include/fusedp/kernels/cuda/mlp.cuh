@@ -277,8 +277,8 @@ inline std::atomic<bool>& fused_mlp_flag() {
 
 /// Whether models use the fused MLP kernels where a device can run them (the default), or run the
 /// layers of every MLP group one by one as on a device that cannot (too little shared memory: LeNet's
-/// 128-wide run on an sm_86 or sm_89), so that path is testable on any device. Set it before a model's
-/// first step: a recorded CUDA graph keeps the kernels it recorded.
+/// 128-wide run on an sm_86 or sm_89), so that path is testable on any device. Model's step graphs are
+/// recorded again after a change (Parallel's steps are not recorded).
 inline void set_fused_mlp(bool on) noexcept { detail::fused_mlp_flag().store(on, std::memory_order_relaxed); }
 [[nodiscard]] inline bool fused_mlp() noexcept { return detail::fused_mlp_flag().load(std::memory_order_relaxed); }
 
