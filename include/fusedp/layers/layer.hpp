@@ -155,6 +155,8 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   saved_elements<In> (optional)    per-sample memory forward leaves for backward (the z region);
 ///                                    or saved_elements<In, Epi>, given the epilogue after it
 ///   forward_macs<In> (optional)      GEMM multiply-adds per sample (forward_macs_of has the default)
+///   cuda_scratch<In>(batch, sm_count) (optional)  floats of Cuda workspace its kernels need at exactly
+///                                    this batch on a device of sm_count SMs (cuda_scratch_of)
 ///   forward/backward (anchors)       per space, with StageArgs; on Cuda its kernels store y (forward)
 ///                                    and dx (backward) as bf16 values where bf16_y / bf16_dx say so
 ///                                    (kernels::stored_value; the Host binding rounds after the stage)
@@ -194,6 +196,17 @@ template <class L, class In>
 constexpr std::size_t backward_elements_of() {
   if constexpr (requires { L::template backward_elements<In>; }) return L::template backward_elements<In>;
   else return 0;
+}
+
+/// Floats of Cuda workspace layer L at input In needs at exactly `batch` samples on a device of
+/// `sm_count` SMs (0 for a layer without cuda_scratch<>). Not monotonic in the batch where a split-K
+/// plan depends on it: net/cuda_groups.hpp reserves the most over every batch up to its largest.
+template <class L, class In>
+std::size_t cuda_scratch_of(std::size_t batch, int sm_count) {
+  if constexpr (requires { L::template cuda_scratch<In>(batch, sm_count); })
+    return L::template cuda_scratch<In>(batch, sm_count);
+  else
+    return 0;
 }
 
 /// Multiply-adds of layer L's forward for one sample at input In, as utilization counts them (the

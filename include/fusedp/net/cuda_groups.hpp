@@ -70,8 +70,7 @@ struct CudaGroups {
       (
           [&] {
             using S = typename Net::template stage<I>;
-            if constexpr (requires { S::layer::template cuda_scratch<typename S::in>(batch, sm_count); })
-              most = std::max(most, S::layer::template cuda_scratch<typename S::in>(batch, sm_count));
+            most = std::max(most, cuda_scratch_of<typename S::layer, typename S::in>(batch, sm_count));
           }(),
           ...);
     }(std::make_index_sequence<Net::stage_count>{});
