@@ -98,7 +98,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     world_ = std::size_t(world.size());
     parallel::MpiCommunicator& comm = *processes_.mpi();
     world.collective_watch().set_hosts(parallel::detail::check_same_run(
-        {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(P::name[0]) << 56),  // and the precision
+        {Net::fingerprint, Net::param_count, policy::hash ^ precision_hash,  // and the precision
          world_, options.agree_on, std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes),
          fusedp::detail::processor_name()},
         world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
@@ -170,9 +170,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
           FUSEDP_CUDA_CHECK(cudaMemcpyAsync(whole.data() + block.offset, rep.zero_state.data() + k * block.count,
                                             block.count * sizeof(float), cudaMemcpyDeviceToDevice, cs));
           rep.channel.all_gather_blocks(whole.data(), zero_);
+          // The gather first, under the communicator's timeout: a copy into pageable memory blocks the
+          // host until the stream reaches it, so queued behind a gather that waits for a dead peer it
+          // would hang without one.
+          rep.channel.comm().wait(cs, "Parallel::gather_optimizer_state (the ZeRO-1 blocks)");
           FUSEDP_CUDA_CHECK(cudaMemcpyAsync(full.data() + k * n, whole.data(), n * sizeof(float),
                                             cudaMemcpyDeviceToHost, cs));
-          rep.channel.comm().wait(cs, "Parallel::gather_optimizer_state (the ZeRO-1 blocks)");
+          FUSEDP_CUDA_CHECK(cudaStreamSynchronize(cs));
         }
       } else {
         for (std::size_t r = 0; r < replicas_.size(); ++r) {
@@ -208,9 +212,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
         if (!full.empty())
           for (std::size_t k = 0; k < Opt::state_slots; ++k)
             std::copy_n(full.data() + k * n + block.offset, block.count, mine.data() + k * block.count);
+        // On the model's stream, waited for: a plain cudaMemcpy from pageable memory runs on the legacy
+        // default stream, which the model's non-blocking stream (the next step's update) does not wait for.
         if (!mine.empty())
-          FUSEDP_CUDA_CHECK(cudaMemcpy(rep.zero_state.data(), mine.data(), mine.size() * sizeof(float),
-                                       cudaMemcpyHostToDevice));
+          fusedp::detail::copy_to_space(rep.model.space(), rep.zero_state.data(), mine.data(), mine.size());
       } else {
         if (reduce_kind == parallel::detail::ReduceKind::reduce_broadcast && global_index(r) != 0) continue;
         if (full.empty()) rep.model.template load_optimizer_state<Opt>(std::vector<float>(Opt::state_slots * n, 0.0f));
@@ -331,6 +336,13 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 
  private:
   using Reducer = parallel::BucketReducer<policy>;
+  // The precision's whole name, for the ranks' start-up check (its first letter alone would let two
+  // precisions whose names share it pass as one).
+  static constexpr std::uint64_t precision_hash = [] {
+    fusedp::detail::Fnv1a f;
+    f.text(P::name);
+    return f.h;
+  }();
   // Whether a step with Opt can apply the update bucket by bucket (parallel/detail/bucket_update.hpp).
   template <class Opt>
   static constexpr bool updates_buckets() {
