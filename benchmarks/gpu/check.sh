@@ -21,7 +21,8 @@
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
 #      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
-#      without programmatic dependent launch (impl=fusedp-no-pdl) and with split-K GEMMs' parts added
+#      without programmatic dependent launch (impl=fusedp-no-pdl), with backward's weight gradients in
+#      order on one stream (impl=fusedp-serial) and with split-K GEMMs' parts added
 #      up by a second kernel (impl=fusedp-split-kernel), and, where ncu exists, each kernel's
 #      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
 #      (benchmarks/gpu/kernel_times.py);
@@ -268,7 +269,7 @@ if (( torch_ok )); then
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=135  # and fusedp's second build, with its BF16 runs
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
-  after=$(( after + 30 ))  # and the separate-update, no-pdl and split-kernel runs (two nets each)
+  after=$(( after + 40 ))  # and the separate-update, no-pdl, serial-backward and split-kernel runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
@@ -328,6 +329,15 @@ if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
   log "fusedp train steps without programmatic dependent launch"
   for net in lenet cifar; do
     timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --no-dependent-launch |
+      tee -a "$OUT/fusedp.txt"
+  done
+fi
+# LeNet and the CIFAR-10 CNN with each weight gradient after its layer's input gradient on one stream
+# (impl=fusedp-serial): what running it beside the next layer's backward gives, in the same run (issue 17).
+if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
+  log "fusedp train steps with backward in order on one stream"
+  for net in lenet cifar; do
+    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --serial-backward |
       tee -a "$OUT/fusedp.txt"
   done
 fi

@@ -15,13 +15,15 @@
 //
 //   train_step_gpu --all                       the set check.sh runs
 //   train_step_gpu --net mlp64 --batch 16384 [--steps 100] [--warmup 10] [--precision tf32|fp32|bf16]
-//                  [--separate-update] [--no-dependent-launch] [--no-queued]
+//                  [--separate-update] [--no-dependent-launch] [--serial-backward] [--no-queued]
 //
 // --separate-update: the optimizer as one pass over every parameter after backward, not applied by
 // the weight-gradient GEMMs (Model::use_fused_update(false)); the lines say impl=fusedp-separate-update.
 // --no-dependent-launch: every kernel launched the plain way, each waiting for the one before it to
 // finish before it is scheduled (kernels::cuda::set_dependent_launch(false), the same as
 // FUSEDP_CUDA_DEPENDENT_LAUNCH=off); the lines say impl=fusedp-no-pdl.
+// --serial-backward: each weight-gradient GEMM after its layer's input gradient on the model's stream,
+// not beside the next layer's (Model::use_backward_branches(false)); the lines say impl=fusedp-serial.
 // FUSEDP_CUDA_SPLIT_REDUCTION=kernel: the parts of split-K GEMMs added up by a second kernel, not by
 // the GEMM's last block per tile (kernels/cuda/gemm_dispatch.cuh); the lines say impl=fusedp-split-kernel.
 //
@@ -67,6 +69,7 @@ struct Options {
   int warmup = 10;
   bool separate_update = false;
   bool no_dependent_launch = false;
+  bool serial_backward = false;
   bool queued = true;
 };
 
@@ -88,6 +91,7 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
   Space space{0};
   fp::Model<Net, Space> model{fp::seed(1), space};
   model.use_fused_update(!o.separate_update);
+  model.use_backward_branches(!o.serial_backward);
   fp::Sgd opt{{.lr = 0.01f, .momentum = 0.9f}};
   std::vector<float> x(batch * Net::input_shape::size);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(7, 0, i) - 1;
@@ -160,6 +164,7 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
       std::string(!fp::cuda_fused_gradients ? "fusedp-unfused"
                   : o.separate_update       ? "fusedp-separate-update"
                   : o.no_dependent_launch   ? "fusedp-no-pdl"
+                  : o.serial_backward       ? "fusedp-serial"
                   : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
                       ? "fusedp-split-kernel"
                   : mma ? "fusedp-mma"
@@ -227,12 +232,13 @@ int main(int argc, char** argv) {
     else if (a == "--precision") precision = value();
     else if (a == "--separate-update") o.separate_update = true;
     else if (a == "--no-dependent-launch") o.no_dependent_launch = true;
+    else if (a == "--serial-backward") o.serial_backward = true;
     else if (a == "--no-queued") o.queued = false;
     else {
       std::fprintf(stderr,
                    "usage: train_step_gpu --all | --net lenet|cifar|mlp64|mlp128|resnet18 --batch N "
                    "[--steps 100] [--warmup 10] [--precision tf32|fp32|bf16] [--separate-update] "
-                   "[--no-dependent-launch] [--no-queued]\n");
+                   "[--no-dependent-launch] [--serial-backward] [--no-queued]\n");
       return 2;
     }
   }

@@ -3,7 +3,8 @@
 // tolerate the few ReLU signs and pooling winners that TF32 and BF16 rounding flip, and a non-square
 // CNN whose backward runs the fused gradient boundaries (gradient_sink.cuh); CUDA-graph replay
 // against direct launches (bit for bit); the optimizer fused into the weight gradients against its
-// separate pass (bit for bit); programmatic dependent launch against plain launches (bit for bit); a
+// separate pass (bit for bit); programmatic dependent launch against plain launches (bit for bit);
+// backward's concurrent weight gradients against the serial order (bit for bit); a
 // learning rate changed between replayed steps;
 // asynchronous steps; parameter transfer; bad input. One test
 // body for every space where it makes sense (Host runs it too, as a check of the harness).
@@ -233,6 +234,86 @@ TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launch
     CAPTURE(graphs);
     check_dependent_launch<LeNet, Space>(64, graphs, 70);
     check_dependent_launch<seed_networks::CifarCnn, Space>(32, graphs, 72);
+  }
+}
+
+// Issue 17: backward's weight-gradient GEMMs on a second stream beside the next layer's input gradient
+// (net/backward_cursor.hpp; concurrent branches of the recorded graph) against the serial order, bit for
+// bit: the same kernels with the same operands and the same split order, only concurrent. A third model
+// holds every forked weight gradient back for about 0.1 ms (kernels/cuda/branch_delay.cuh), so that a
+// missing wait would let the model's stream overwrite what it reads, and change bits. Parameters,
+// gradients, momentum and losses after steps one at a time and queued back to back; then the gradients
+// of compute_gradients, whose stage hook (a reducer's) must hear of every stage once, last first.
+// tests/net/backward_cursor.cpp checks the cursor's joins against a model of two streams on the CPU.
+template <class Net, class Space>
+void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t stream) {
+  namespace kc = fp::kernels::cuda;
+  struct Restore {
+    ~Restore() { kc::set_branch_delay(0); }
+  } restore;
+  const auto x = random_values(batch * Net::input_shape::size, stream);
+  const auto y = labels_for(batch, Net::output_shape::size, stream + 1);
+  fp::Model<Net, Space> branched{fp::seed(8), make_space<Space>()}, serial{fp::seed(8), make_space<Space>()},
+      delayed{fp::seed(8), make_space<Space>()};
+  for (auto* m : {&branched, &serial, &delayed}) m->use_graphs(graphs);
+  serial.use_backward_branches(false);
+  CHECK(branched.uses_backward_branches());
+  fp::Sgd o1{{.lr = 0.05f, .momentum = 0.9f}}, o2 = o1, o3 = o1;
+  const fp::SoftmaxCrossEntropy loss{};
+  const auto xs = std::span<const float>(x);
+  const auto ys = std::span(y);
+  for (int s = 0; s < 4; ++s) {
+    const float a = branched.train_step(xs, ys, loss, o1);
+    const float b = serial.train_step(xs, ys, loss, o2);
+    kc::set_branch_delay(200'000);
+    const float c = delayed.train_step(xs, ys, loss, o3);
+    kc::set_branch_delay(0);
+    CHECK(a == b);
+    CHECK(c == b);
+  }
+  for (int s = 0; s < 3; ++s) {
+    branched.train_step_async(xs, ys, loss, o1);
+    serial.train_step_async(xs, ys, loss, o2);
+    kc::set_branch_delay(200'000);
+    delayed.train_step_async(xs, ys, loss, o3);
+    kc::set_branch_delay(0);
+  }
+  CHECK(branched.last_loss() == serial.last_loss());
+  CHECK(delayed.last_loss() == serial.last_loss());
+  CHECK(branched.last_step_replayed() == graphs);
+  check_same_state(branched, serial);
+  check_same_state(delayed, serial);
+
+  std::vector<std::size_t> heard;
+  kc::set_branch_delay(200'000);
+  const float l1 = delayed.compute_gradients(xs, ys, loss, [&](std::size_t stage) { heard.push_back(stage); });
+  kc::set_branch_delay(0);
+  const float l2 = serial.compute_gradients(xs, ys, loss);
+  CHECK(l1 == l2);
+  REQUIRE(heard.size() == Net::stage_count);
+  for (std::size_t k = 0; k < heard.size(); ++k) CHECK(heard[k] == Net::stage_count - 1 - k);
+  check_same_state(delayed, serial);
+
+  // Turned off and on again between replayed steps: a graph of its own each way, the same bits.
+  branched.use_backward_branches(false);
+  (void)branched.train_step(xs, ys, loss, o1);
+  branched.use_backward_branches(true);
+  (void)branched.train_step(xs, ys, loss, o1);
+  (void)serial.train_step(xs, ys, loss, o2);
+  (void)serial.train_step(xs, ys, loss, o2);
+  check_same_state(branched, serial);
+}
+
+TEST_CASE_TEMPLATE("backward's concurrent weight gradients give the bits of the serial order", Space, fp::CudaFp32,
+                   fp::Cuda) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  for (const bool graphs : {true, false}) {
+    CAPTURE(graphs);
+    check_backward_branches<LeNet, Space>(64, graphs, 90);
+    check_backward_branches<seed_networks::CifarCnn, Space>(32, graphs, 92);
+    check_backward_branches<Oblong, Space>(9, graphs, 94);
+    check_backward_branches<PooledMlp, Space>(7, graphs, 96);
+    check_backward_branches<Smooth, Space>(5, graphs, 98);
   }
 }
 

@@ -226,6 +226,37 @@ TEST_CASE_TEMPLATE("a ResNet's tensors updated in their GEMMs and the pass over 
   CHECK(s1 == s2);
 }
 
+// Issue 17: backward's weight gradients on the side stream (net/backward_cursor.hpp) with BatchNorm steps,
+// blocks and the pass over the rest between them: bit for bit the serial order, under AdamW.
+TEST_CASE_TEMPLATE("a ResNet's and a normalized MLP's concurrent weight gradients give the bits of the serial order",
+                   Space, fp::CudaFp32, fp::Cuda) {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const auto run = []<class Net>(std::size_t batch, std::uint64_t stream) {
+    const auto x = random_values(batch * Net::input_shape::size, stream);
+    const auto y = labels_for(batch, Net::output_shape::size, stream + 1);
+    fp::Model<Net, Space> branched{fp::seed(9), make_space<Space>()}, serial{fp::seed(9), make_space<Space>()};
+    serial.use_backward_branches(false);
+    fp::AdamW o1{{.lr = 1e-3f, .weight_decay = 0.01f}}, o2 = o1;
+    for (int s = 0; s < 3; ++s) {
+      // Every forked weight gradient held back ~0.1 ms (kernels/cuda/branch_delay.cuh): a missing wait
+      // would let the BatchNorm and block steps overwrite what it reads.
+      fp::kernels::cuda::set_branch_delay(200'000);
+      const float a = branched.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+      fp::kernels::cuda::set_branch_delay(0);
+      const float b = serial.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+      CHECK(a == b);
+    }
+    CHECK(params_on_host(branched) == params_on_host(serial));
+    CHECK(grads_on_host(branched) == grads_on_host(serial));
+    std::vector<float> s1(branched.optimizer_state().size()), s2(s1.size());
+    branched.copy_optimizer_state_to_host(s1);
+    serial.copy_optimizer_state_to_host(s2);
+    CHECK(s1 == s2);
+  };
+  run.template operator()<SmallResNet>(12, 97);
+  run.template operator()<NormMlp>(10, 99);
+}
+
 TEST_CASE_TEMPLATE("Decay::weights on each space: the weights decay, BatchNorm and biases do not", Space, fp::Host,
                    fp::CudaFp32) {
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);

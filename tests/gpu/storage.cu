@@ -142,22 +142,24 @@ StoredCheck check_stored(bool training) {
   if (training) {
     const std::vector<float> dlogits = random_values(n * Net::output_shape::size, 29, -0.5f, 0.5f);
     fp::copy_async(binding.gradient_buffer(0, n), dlogits.data(), dlogits.size(), space.stream());
-    int current = 0;
     fp::NoStageHook done;
+    // In order, as a model with use_backward_branches(false) runs it (the gradient buffers alternate).
+    typename Groups::template cursor_type<fp::NoStageHook> cur(
+        {binding.gradient_buffer(0, n), binding.gradient_buffer(1, n), nullptr}, scratch.data(), 0, nullptr, done);
     [&]<std::size_t... R>(std::index_sequence<R...>) {
       (
           [&] {
             constexpr std::size_t G = plan::group_count - 1 - R;
             using Gr = typename plan::template group<G>;
-            const int before = current;
-            groups.template backward_group<G>(x.data(), n, current, done);
+            const std::size_t before = cur.steps();
+            groups.template backward_group<G>(x.data(), n, cur);
             if constexpr (Gr::first > 0) {
               constexpr std::size_t r = plan::template dz_receiver<G>;
               if constexpr (r != plan::group_count) {
                 using Below = typename Net::template stage<plan::template group<r>::first>;
                 if constexpr (!derivative_is_mask<typename Below::epilogue>) return;
               }
-              if (current == before) return;
+              if (cur.steps() == before) return;
               // The input gradient of the group's first stage, (n, its input size), or the dense dz of a conv
               // + max-pooling below that received it.
               std::size_t values = n * Net::template stage<Gr::first>::in::size;
@@ -167,13 +169,14 @@ StoredCheck check_stored(bool training) {
                   values = n * Net::template stage<Below::first>::out::size;
               }
               const std::vector<float> g =
-                  gpu_test::download(space, std::span<float>(binding.gradient_buffer(current, n), values));
+                  gpu_test::download(space, std::span<float>(cur.dy(), values));
               ++c.gradients;
               c.gradients_fp32 += count_non_bf16(g, 0, g.size()) == 0 ? 0 : 1;
             }
           }(),
           ...);
     }(std::make_index_sequence<plan::group_count>{});
+    cur.finish();
   }
   c.input_unchanged = gpu_test::download(space, x) == x0;
   return c;

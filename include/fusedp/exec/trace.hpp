@@ -15,7 +15,9 @@
 // r's communicator does: each bucket's reduction from the moment it is handed over until it is seen
 // complete (kind reduce). A blocking reduction is one span on each lane with the same two times; a
 // reduction started during backward (Overlap over MPI) runs on the comm lane while the replica goes on,
-// and only the wait for it at the end of backward is on the replica's lane. So, over a run,
+// and only the wait for it at the end of backward is on the replica's lane. Lane branch_lane + r holds
+// the weight-gradient GEMMs a Cuda replica runs on its side stream beside the rest of its backward
+// (kind backward; exec/cuda_branch.hpp): they overlap the stages on lane r. So, over a run,
 //   overlap = 1 - (time in wait spans) / (time in reduce spans)
 // is the fraction of reduction time hidden behind backward: exactly 0 when every reduction blocks.
 //
@@ -77,6 +79,8 @@ enum class Kind : std::uint8_t {
 
 /// The first comm lane: replica r's communicator is lane comm_lane + r.
 inline constexpr std::uint32_t comm_lane = 1000;
+/// The first branch lane: replica r's weight gradients on a side stream are lane branch_lane + r.
+inline constexpr std::uint32_t branch_lane = 2000;
 
 /// One span. `name` has static storage (a layer's name, a literal).
 struct Span {
@@ -181,7 +185,8 @@ class Recorder {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       for (const Span& s : spans_) {
-        if (s.kind == Kind::reduce && s.lane >= comm_lane) lanes[s.lane - comm_lane].first.emplace_back(s.begin_ns, s.end_ns);
+        if (s.kind == Kind::reduce && s.lane >= comm_lane && s.lane < branch_lane)
+          lanes[s.lane - comm_lane].first.emplace_back(s.begin_ns, s.end_ns);
         else if (s.kind == Kind::wait && s.lane < comm_lane) lanes[s.lane].second.emplace_back(s.begin_ns, s.end_ns);
       }
     }
@@ -216,8 +221,9 @@ class Recorder {
     std::map<std::uint32_t, std::string> lanes = lane_names_;
     for (const Span& s : spans_)
       if (!lanes.count(s.lane))
-        lanes[s.lane] = s.lane >= comm_lane ? "replica " + std::to_string(s.lane - comm_lane) + " comm"
-                                            : "replica " + std::to_string(s.lane);
+        lanes[s.lane] = s.lane >= branch_lane ? "replica " + std::to_string(s.lane - branch_lane) + " backward branch"
+                        : s.lane >= comm_lane ? "replica " + std::to_string(s.lane - comm_lane) + " comm"
+                                              : "replica " + std::to_string(s.lane);
     for (const auto& [lane, name] : lanes) {
       std::snprintf(buf, sizeof buf, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,\"args\":{\"name\":\"",
                     rank_, lane);

@@ -136,7 +136,7 @@ struct Conv2d {
   /// The backward GEMMs from a dz source (kernels/cuda/conv2d.cuh: conv2d_backward_to).
   template <class In, class T, class P, class Dz, class Sink>
   static void backward_from(const StageArgs<CudaSpace<P>, T>& a, const Dz& dz, const Sink& sink) {
-    kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space),
+    kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index)),
                                                                            geometry<In>, int(a.batch), dz, a.w, a.x,
                                                                            sink, a.dw, Bias ? a.db : nullptr, a.scratch,
                                                                            a.update);

@@ -104,6 +104,8 @@ struct StateSpec {
   float fill = 0.0f;
 };
 
+class CudaSideStream;  // exec/cuda_branch.hpp (nvcc only)
+
 /// Everything a stage needs in one pass on one space. Forward reads x, w, b and writes y (and z, the
 /// values before the epilogue, when the epilogue saves them); backward reads x, y, z, w, dy and writes
 /// dx (null for the first stage), dw, db. dy may be overwritten.
@@ -138,6 +140,9 @@ struct StageArgs {
   bool bf16_y = false;   // forward: y is stored as bf16 values (net/activation_storage.hpp; Cuda kernels round
                          // as they write it, the Host binding after the stage)
   bool bf16_dx = false;  // backward: likewise dx
+  const CudaSideStream* weight_branch = nullptr;  // backward on Cuda: when set, the weight-gradient GEMM runs
+                                                  // on this side stream (exec/cuda_branch.hpp), which the
+                                                  // caller joins (net/backward_cursor.hpp)
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
@@ -72,7 +73,7 @@ struct Linear {
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
     using Tiles = kernels::cuda::GemmTiles<int(In::size)>;
-    const auto target = kernels::cuda::layer_target(a.space);
+    const auto target = kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index));
     if constexpr (DzIn)
       kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.dy, sink,
                                                       a.dw, a.db, a.scratch, a.update);

@@ -9,14 +9,20 @@
 // weight-gradient GEMMs of the groups CudaPlan::updates_in_gemm names also apply the optimizer to their
 // layers' weights and biases. Under precision::Bf16 every group stores its output and input gradient
 // as bf16 values (net/activation_storage.hpp), the fused conv + max-pool and the sinks included; the
-// fused MLP runs only under Tf32. Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
+// fused MLP runs only under Tf32. With a side stream, each Conv2d and Linear group (alone or with its
+// fused max-pooling) but the first layer runs its weight-gradient GEMM on it, beside the next group's
+// backward, over three gradient buffers and two scratch halves (net/backward_cursor.hpp). Layers inside
+// a Residual block, and those of an MLP group run layer by layer (but its first Linear), run in order.
+// Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/cuda_branch.hpp"
 #include "fusedp/kernels/cuda/gradient_sink.cuh"
 #include "fusedp/kernels/cuda/mlp.cuh"
 #include "fusedp/layers/conv2d.hpp"
+#include "fusedp/net/backward_cursor.hpp"
 #include "fusedp/net/cuda_plan.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
@@ -61,6 +67,22 @@ struct CudaGroups {
   /// optimizer to their layers' weights and biases in their weight-gradient GEMMs (backward of a
   /// training step; the caller then updates plan::rest_runs).
   kernels::UpdateTarget<T> update{};
+  /// When set: backward forks each Conv2d's and Linear's weight gradient onto it, using
+  /// `third_gradients` ((batch, Net::gradient_elements) values) and the scratch as two halves of
+  /// `scratch_stride` floats.
+  const CudaSideStream* side = nullptr;
+  T* third_gradients = nullptr;
+  std::size_t scratch_stride = 0;
+
+  // The model's stream waits for the side stream's marks (BackwardCursor's Side).
+  struct SideJoin {
+    const CudaSideStream* side;
+    cudaStream_t main;
+    void mark(int slot) const { side->mark(slot); }
+    void join(int slot) const { side->join(slot, main); }
+  };
+  template <class StageDone>
+  using cursor_type = BackwardCursor<T, SideJoin, StageDone>;
 
   /// Scratch floats the stages and fused groups need at exactly `batch` samples on a device of
   /// `sm_count` SMs (the largest of them).
@@ -119,12 +141,26 @@ struct CudaGroups {
       return {};
     }
   }
-  // Stage I's arguments for its backward, with the updates its GEMMs apply.
-  template <std::size_t I>
-  StageArgs<space_type, T> backward_args_of(const T* x, std::size_t batch) {
+  // Stage I's arguments for its backward as the cursor's current step: its scratch, the updates its
+  // GEMMs apply and the side stream its weight gradient takes (branched<I>).
+  template <std::size_t I, class Cursor>
+  StageArgs<space_type, T> backward_args_of(const T* x, std::size_t batch, Cursor& cur) {
     StageArgs<space_type, T> a = args_of<I>(x, batch, true);
+    a.scratch = cur.scratch();
     a.update = layer_update<I>();
+    if (branched<I>(cur)) {
+      cur.will_fork();
+      a.weight_branch = side;
+    }
     return a;
+  }
+  // Whether stage I's weight gradient forks onto the side stream: where there is one and the stage
+  // has an input gradient for it to run beside. The first stage's has none: on the model's stream it
+  // runs beside the weight gradient the step before forked, where on the side stream it would queue
+  // behind it.
+  template <std::size_t I, class Cursor>
+  static bool branched(const Cursor& cur) {
+    return I > 0 && cur.side() != nullptr;
   }
 
   /// Runs every group forward.
@@ -192,13 +228,17 @@ struct CudaGroups {
   }
 
   /// Runs every group backward, last first, from the loss gradient in gradient buffer 0; tells
-  /// `on_stage_done(i)` when stage i's gradients are queued.
+  /// `on_stage_done(i)` when stage i's gradients are queued on the model's stream (after the side
+  /// stream's part of them: BackwardCursor).
   template <class StageDone>
   void backward(const T* x, std::size_t batch, StageDone& on_stage_done) {
-    int current = 0;
+    const SideJoin join{side, space.stream()};
+    cursor_type<StageDone> cur({binding.gradient_buffer(0, batch), binding.gradient_buffer(1, batch), third_gradients},
+                               scratch, scratch_stride, side != nullptr ? &join : nullptr, on_stage_done);
     [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (backward_group<plan::group_count - 1 - G>(x, batch, current, on_stage_done), ...);
+      (backward_group<plan::group_count - 1 - G>(x, batch, cur), ...);
     }(std::make_index_sequence<plan::group_count>{});
+    cur.finish();
   }
 
   /// Where the input gradient of group G goes (into `dx`, the gradient buffer the group below reads):
@@ -225,65 +265,77 @@ struct CudaGroups {
     }
   }
 
-  template <class StageDone, std::size_t... I>
-  void backward_stages(const T* x, std::size_t batch, int& current, StageDone& on_stage_done, std::index_sequence<I...>) {
-    (binding.template backward_stage<I>(space, store, x, batch, current, on_stage_done, scratch, layer_update<I>()),
-     ...);
+  // Stages I... in order, each as StageBinding runs it, all on the model's stream.
+  template <class Cursor, std::size_t... I>
+  void backward_stages(const T* x, std::size_t batch, Cursor& cur, std::index_sequence<I...>) {
+    (
+        [&] {
+          binding.template backward_stage_between<I>(space, store, x, batch, cur.dy(), cur.dx(), cur, cur.scratch(),
+                                                     layer_update<I>());
+          if constexpr (StageBinding<Net, space_type, T>::template runs_backward<I>) cur.step_done();
+        }(),
+        ...);
+  }
+  // After stage I's Conv2d or Linear step: branched when its weight gradient went to the side stream.
+  template <std::size_t I, class Cursor>
+  static void gemm_step_done(Cursor& cur) {
+    if (branched<I>(cur)) cur.step_branched();
+    else cur.step_done();
   }
 
   // Stage I (a Conv2d or Linear of group G) backward as StageBinding::backward_stage does it, through its
   // layer's backward_to: its input gradient into G's sink (dx_sink), its dz read stored when Receives.
-  template <std::size_t G, std::size_t I, bool Receives, class StageDone>
-  void backward_stage_to(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
+  template <std::size_t G, std::size_t I, bool Receives, class Cursor>
+  void backward_stage_to(const T* x, std::size_t batch, Cursor& cur) {
     using S = typename Net::template stage<I>;
-    StageArgs<space_type, T> a = backward_args_of<I>(x, batch);
-    a.dy = binding.gradient_buffer(current, batch);
-    a.dx = I > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+    StageArgs<space_type, T> a = backward_args_of<I>(x, batch, cur);
+    a.dy = cur.dy();
+    a.dx = I > 0 ? cur.dx() : nullptr;
     {
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
       S::layer::template backward_to<typename S::in, typename S::epilogue, Receives>(a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
     }
-    current = 1 - current;
-    on_stage_done(I);
+    gemm_step_done<I>(cur);
+    cur(I);
   }
 
-  template <std::size_t G, class StageDone>
-  void backward_group(const T* x, std::size_t batch, int& current, StageDone& on_stage_done) {
+  template <std::size_t G, class Cursor>
+  void backward_group(const T* x, std::size_t batch, Cursor& cur) {
     using Gr = typename plan::template group<G>;
     constexpr bool fused = plan::template receives_dz<G> || plan::template dz_receiver<G> != plan::group_count;
     if constexpr (Gr::kind == CudaGroupKind::stage && (fused || plan::template updates_in_gemm<G>)) {
       // A Conv2d or Linear (at a fused boundary, or updating its weight in its GEMM when asked): as
       // StageBinding::backward_stage, through backward_to.
-      backward_stage_to<G, Gr::first, plan::template receives_dz<G>>(x, batch, current, on_stage_done);
+      backward_stage_to<G, Gr::first, plan::template receives_dz<G>>(x, batch, cur);
     } else if constexpr (Gr::kind == CudaGroupKind::stage) {
-      backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::first>{});
+      backward_stages(x, batch, cur, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
       constexpr int k = detail::max_pool_window_of<typename Net::template stage<Gr::first + 1>::layer>;
-      StageArgs<space_type, T> a = backward_args_of<Gr::first>(x, batch);
-      a.dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
+      StageArgs<space_type, T> a = backward_args_of<Gr::first>(x, batch, cur);
+      a.dx = Gr::first > 0 ? cur.dx() : nullptr;
       {
-        // With receives_dz, gradient buffer `current` holds the conv's dense dz, not the pooled gradient.
+        // With receives_dz, the cursor's dy holds the conv's dense dz, not the pooled gradient.
         const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
         S::layer::template backward_maxpool_to<typename S::in, typename S::epilogue, k, plan::template receives_dz<G>>(
-            a, binding.gradient_buffer(current, batch), binding.template output_of<Gr::first + 1>(x, batch),
-            argmax_of<Gr::first>(x, batch), dx_sink<G>(x, batch, a.dx, a.bf16_dx));
+            a, cur.dy(), binding.template output_of<Gr::first + 1>(x, batch), argmax_of<Gr::first>(x, batch),
+            dx_sink<G>(x, batch, a.dx, a.bf16_dx));
       }
-      current = 1 - current;
-      on_stage_done(Gr::first + 1);
-      on_stage_done(Gr::first);
+      gemm_step_done<Gr::first>(cur);
+      cur(Gr::first + 1);
+      cur(Gr::first);
     } else {
       constexpr std::size_t n = Gr::last - Gr::first + 1;
       if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
         // Layer by layer, the first Linear writing the input gradient where the kernel would have.
         [&]<std::size_t... L>(std::index_sequence<L...>) {
-          backward_stages(x, batch, current, on_stage_done, std::index_sequence<Gr::last - L...>{});
+          backward_stages(x, batch, cur, std::index_sequence<Gr::last - L...>{});
         }(std::make_index_sequence<n - 1>{});
-        backward_stage_to<G, Gr::first, false>(x, batch, current, on_stage_done);
+        backward_stage_to<G, Gr::first, false>(x, batch, cur);
         return;
       }
-      T* dx = Gr::first > 0 ? binding.gradient_buffer(1 - current, batch) : nullptr;
-      const auto args = mlp_args<Gr>(x, batch, binding.gradient_buffer(current, batch), dx);
+      T* dx = Gr::first > 0 ? cur.dx() : nullptr;
+      const auto args = mlp_args<Gr>(x, batch, cur.dy(), dx);
       float* dw[n];
       float* db[n];
       kernels::LayerUpdate<T> updates[n];
@@ -298,11 +350,11 @@ struct CudaGroups {
                                                               Net::template stage<Gr::first>::first);
         kernels::cuda::mlp_backward_to<mlp_spec<Gr>>(space, args,
                                                      dx_sink<G>(x, batch, dx, args_of<Gr::first>(x, batch, true).bf16_dx),
-                                                     dw, db, scratch, updates);
+                                                     dw, db, cur.scratch(), updates);
       }
-      current = 1 - current;
+      cur.step_done();
       [&]<std::size_t... L>(std::index_sequence<L...>) {
-        (on_stage_done(Gr::last - L), ...);
+        (cur(Gr::last - L), ...);
       }(std::make_index_sequence<n>{});
     }
   }

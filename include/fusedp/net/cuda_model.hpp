@@ -18,6 +18,10 @@
 //     a graph, since the update depends on that read.
 //   - stages run as the groups of CudaPlan<Net, P> (net/cuda_plan.hpp): conv + max-pooling fused, runs
 //     of narrow Linear layers as one fused MLP kernel.
+//   - backward runs the weight-gradient GEMM of each Conv2d and Linear group but the first on a second
+//     stream, beside the next layer's input gradient (in a recorded graph: concurrent branches; see
+//     net/cuda_groups.hpp); use_backward_branches(false) runs them in order and spares the third
+//     gradient buffer and second scratch this needs (reserved by the first training pass).
 //   - a train step with Sgd or Adam/AdamW applies the update to each group's Conv2d and Linear weights
 //     and biases where their weight-gradient GEMMs finish the gradients, then one pass over the rest
 //     (none when nothing is left); use_fused_update(false) runs one pass over everything instead.
@@ -37,6 +41,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/cuda_branch.hpp"
 #include "fusedp/exec/cuda_graph.hpp"
 #include "fusedp/exec/cuda_staging.hpp"
 #include "fusedp/kernels/cuda/gradient.cuh"
@@ -95,6 +100,8 @@ struct StepGraphKey {
   bool fused_update = false;
   bool dependent_launch = false;  // kernels::cuda::dependent_launch() when it was recorded
   bool fused_mlp = false;         // kernels::cuda::fused_mlp() when it was recorded
+  bool branches = false;          // Model::uses_backward_branches() when it was recorded
+  long long branch_delay = 0;     // kernels::cuda::branch_delay() when it was recorded (tests)
   bool operator==(const StepGraphKey&) const = default;
 };
 
@@ -147,6 +154,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// Waits for the model's queued work before its memory is freed.
   ~Model() {
     if (space_.stream() != nullptr) (void)cudaStreamSynchronize(space_.stream());
+    if (side_.ready()) (void)cudaStreamSynchronize(side_.stream());  // joined unless backward threw midway
   }
 
   /// Draws every weight and bias again from the seed, exactly as the Host model does, on the host.
@@ -287,14 +295,14 @@ class Model<Net, CudaSpace<P>, T> {
   /// next call on this model (waits).
   std::span<const T> predict(std::span<const T> inputs) {
     const std::size_t batch = binding_type::samples_in(inputs.size());
-    stage(inputs, std::span<const std::int32_t>{}, batch);
+    stage(inputs, std::span<const std::int32_t>{}, batch, false);
     forward_pass(staging_.inputs(), batch, false);
     return outputs_to_host(batch);
   }
   /// Outputs (batch, output_size) on the device for inputs on the device (queued, not waited for).
   DeviceSpan<const T> predict(DeviceSpan<const T> inputs) {
     const std::size_t batch = binding_type::samples_in(inputs.size);
-    reserve(batch);
+    reserve_for(batch, false);
     forward_pass(inputs.data, batch, false);
     return {binding_.template output_of<last>(inputs.data, batch), batch * output_size};
   }
@@ -307,7 +315,7 @@ class Model<Net, CudaSpace<P>, T> {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
-    stage(inputs, targets, batch);
+    stage(inputs, targets, batch, false);
     forward_pass(staging_.inputs(), batch, false);
     enqueue_loss(loss, staging_.inputs(), batch, staged_targets<Loss>(), static_cast<T*>(nullptr));
     const T l = last_loss();
@@ -316,19 +324,11 @@ class Model<Net, CudaSpace<P>, T> {
 
   // --- memory -----------------------------------------------------------------------------------
 
-  /// Allocates everything for batches up to `batch`, so that no later step allocates.
-  void reserve(std::size_t batch) {
-    if (batch <= binding_.capacity()) return;
-    constexpr std::size_t widest = Net::gradient_elements > input_size ? Net::gradient_elements : input_size;
-    require(batch * widest < (std::size_t(1) << 31), "Model on Cuda: a batch of ", batch,
-            " needs indices beyond 2^31 (", widest, " values per sample in one tensor)");
-    space_.synchronize();  // nothing in flight may use what is freed below
-    graphs_.clear();
-    binding_.reserve(batch, batch * plan::mlp_gradient_elements);
-    scratch_ = buffer<float>(CudaGroups<Net, P>::scratch_elements(space_.sm_count(), batch));
-    loss_.allocate(batch);
-    staging_.allocate(batch * input_size, batch * target_bytes, batch * output_size);
-  }
+  /// Allocates everything for batches up to `batch`, so that no later step allocates: with backward
+  /// branches on (use_backward_branches) also their third gradient buffer ((batch,
+  /// Net::gradient_elements) floats) and second scratch half. predict and evaluate alone reserve
+  /// neither.
+  void reserve(std::size_t batch) { reserve_for(batch, true); }
 
   // Device memory: the views below are of the device's buffers (copy_*_to_host reads them).
   /// The flat parameter buffer (padding included; see Net::param_layout) and its gradient twin.
@@ -396,6 +396,13 @@ class Model<Net, CudaSpace<P>, T> {
   /// guard, in train_step; compute_gradients + step and Parallel run the separate pass.
   void use_fused_update(bool on) noexcept { fused_update_ = on; }
   [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
+  /// Whether backward runs each Conv2d's and Linear's weight-gradient GEMM on a second stream beside
+  /// the next layer's backward (on by default; net/backward_cursor.hpp). It needs a third gradient
+  /// buffer ((batch, Net::gradient_elements) floats) and twice the scratch, allocated by the next
+  /// reserve (or step) after it is turned on and freed by the next reserve that grows after it is
+  /// turned off. Either way gives the same bits.
+  void use_backward_branches(bool on) noexcept { branches_ = on; }
+  [[nodiscard]] bool uses_backward_branches() const noexcept { return branches_; }
   /// Whether the latest train step was a graph replay (for tests and benchmarks).
   [[nodiscard]] bool last_step_replayed() const noexcept { return replayed_; }
   /// Why recording a graph failed, when it did (graphs are then off and steps launch directly).
@@ -424,8 +431,8 @@ class Model<Net, CudaSpace<P>, T> {
   }
 
   template <class Target>
-  void stage(std::span<const T> inputs, std::span<const Target> targets, std::size_t batch) {
-    reserve(batch);
+  void stage(std::span<const T> inputs, std::span<const Target> targets, std::size_t batch, bool backward = true) {
+    reserve_for(batch, backward);
     staging_.stage(inputs, targets, space_.stream());
   }
 
@@ -501,7 +508,9 @@ class Model<Net, CudaSpace<P>, T> {
                                      Opt::name,
                                      fused,
                                      kernels::cuda::dependent_launch(),
-                                     kernels::cuda::fused_mlp()};
+                                     kernels::cuda::fused_mlp(),
+                                     branching(),
+                                     kernels::cuda::branch_delay()};
       replayed_ = graphs_.run(space_.stream(), key, [&] {
         if (fused) {
           const kernels::UpdateTarget<T> whole{reinterpret_cast<const Any*>(op_slot_.data()), store_.params().data(),
@@ -541,10 +550,46 @@ class Model<Net, CudaSpace<P>, T> {
     op_slot_type_ = &detail::op_slot_tag<V>;
   }
 
+  // reserve, with backward's branch memory when branches are on and `backward` (a training pass
+  // follows) or it is there already; the scratch is reallocated with it (twice its stride, then). The
+  // scratch, the third buffer and the side stream are allocated first and committed together.
+  void reserve_for(std::size_t batch, bool backward) {
+    const bool branch_memory = backward && branches_;
+    const std::size_t capacity = std::max(batch, binding_.capacity());
+    const bool branch_room = !branch_memory || (side_.ready() && branch_capacity_ >= capacity);
+    if (batch <= binding_.capacity() && branch_room) return;
+    constexpr std::size_t widest = Net::gradient_elements > input_size ? Net::gradient_elements : input_size;
+    require(capacity * widest < (std::size_t(1) << 31), "Model on Cuda: a batch of ", capacity,
+            " needs indices beyond 2^31 (", widest, " values per sample in one tensor)");
+    space_.activate();
+    space_.synchronize();  // nothing in flight may use what is freed below
+    if (side_.ready()) side_.synchronize();
+    graphs_.clear();
+    // A half of the scratch a whole number of 256-byte lines, so the second half is as aligned as the first.
+    const std::size_t stride = (CudaGroups<Net, P>::scratch_elements(space_.sm_count(), capacity) + 63) / 64 * 64;
+    const bool halves = branches_ && (backward || branch_capacity_ > 0);  // keeps branch memory it has
+    buffer<float> scratch(halves ? 2 * stride : stride);
+    buffer<float> third = halves ? buffer<float>(capacity * Net::gradient_elements) : buffer<float>();
+    CudaSideStream side = halves && !side_.ready() ? CudaSideStream::make() : CudaSideStream();
+    if (batch > binding_.capacity()) {
+      binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
+      loss_.allocate(capacity);
+      staging_.allocate(capacity * input_size, capacity * target_bytes, capacity * output_size);
+    }
+    scratch_ = std::move(scratch);
+    scratch_stride_ = stride;
+    branch_gradients_ = std::move(third);
+    branch_capacity_ = halves ? capacity : 0;
+    if (side.ready()) side_ = std::move(side);
+  }
+
   // How the plan's groups run over this model's store, workspace and scratch (net/cuda_groups.hpp).
   CudaGroups<Net, P> groups(const kernels::UpdateTarget<T>& update = {}) {
-    return {space_, store_, binding_, scratch_.data(), update};
+    if (!branching()) return {space_, store_, binding_, scratch_.data(), update};
+    return {space_, store_, binding_, scratch_.data(), update, &side_, branch_gradients_.data(), scratch_stride_};
   }
+  // Whether this backward branches: on, and reserved for (reserve runs before every pass).
+  [[nodiscard]] bool branching() const noexcept { return branches_ && side_.ready() && branch_capacity_ > 0; }
   void forward_pass(const T* x, std::size_t batch, bool training) { groups().forward(x, batch, training); }
   template <class StageDone>
   void backward_pass(const T* x, std::size_t batch, StageDone& on_stage_done,
@@ -560,7 +605,12 @@ class Model<Net, CudaSpace<P>, T> {
   space_type space_;
   ParameterStore<Net, space_type, T> store_;
   binding_type binding_;
-  buffer<float> scratch_;
+  buffer<float> scratch_;  // one half of scratch_stride_ floats, two with backward branches
+  std::size_t scratch_stride_ = 0;
+  bool branches_ = true;
+  CudaSideStream side_;             // made by the first reserve with branches on
+  buffer<float> branch_gradients_;  // the third gradient buffer of branched backward
+  std::size_t branch_capacity_ = 0;  // samples branch_gradients_ holds
   buffer<unsigned char> op_slot_;  // the optimizer's numbers of the next step (a graph reads them)
   std::array<unsigned char, op_slot_bytes> op_slot_host_{};  // what op_slot_ holds (write_op_slot)
   const void* op_slot_type_ = nullptr;                       // and as which type (detail::op_slot_tag)

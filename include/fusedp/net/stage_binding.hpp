@@ -261,24 +261,37 @@ class StageBinding {
     }
   }
 
+  /// Whether stage I runs anything backward (stage 0 without parameters, and reshapes, do not).
+  template <std::size_t I>
+  static constexpr bool runs_backward =
+      Net::template stage<I>::kind != LayerKind::reshape && (I > 0 || Net::template stage<I>::has_params);
+
   /// Runs stage I backward from gradient buffer `current` into the other one, which becomes current
-  /// (stage 0 without parameters, and reshapes, run nothing); then tells `on_stage_done(I)`. `update`:
-  /// what its weight-gradient kernels apply (Cuda's fused optimizer, net/cuda_groups.hpp).
+  /// (where runs_backward<I>); then tells `on_stage_done(I)`. `update`: what its weight-gradient kernels
+  /// apply (Cuda's fused optimizer, net/cuda_groups.hpp).
   template <std::size_t I, class StageDone>
   void backward_stage(const Space& space, store_type& store, const T* x, std::size_t batch, int& current,
                       StageDone& on_stage_done, T* scratch, const kernels::LayerUpdate<T>& update = {}) {
+    backward_stage_between<I>(space, store, x, batch, gradient_buffer(current, batch),
+                              gradient_buffer(1 - current, batch), on_stage_done, scratch, update);
+    if constexpr (runs_backward<I>) current = 1 - current;
+  }
+
+  /// backward_stage from `dy` into `dx` (stage 0 writes none), gradient buffers the caller chose.
+  template <std::size_t I, class StageDone>
+  void backward_stage_between(const Space& space, store_type& store, const T* x, std::size_t batch, T* dy, T* dx,
+                              StageDone& on_stage_done, T* scratch, const kernels::LayerUpdate<T>& update = {}) {
     using S = typename Net::template stage<I>;
-    if constexpr (S::kind != LayerKind::reshape && (I > 0 || S::has_params)) {
+    if constexpr (runs_backward<I>) {
       StageArgs<Space, T> a = args_of<I>(space, store, x, batch, true, scratch);
       a.update = update;
-      a.dy = gradient_buffer(current, batch);
-      a.dx = I > 0 ? gradient_buffer(1 - current, batch) : nullptr;
+      a.dy = dy;
+      a.dx = I > 0 ? dx : nullptr;
       {
         const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
         executor<S>::template backward<typename S::in, typename S::epilogue>(a);
         detail::round_stored(space, a.dx, batch * S::in::size, a.bf16_dx);
       }
-      current = 1 - current;
     }
     on_stage_done(I);
   }

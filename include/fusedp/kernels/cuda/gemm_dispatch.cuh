@@ -19,12 +19,16 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/exec/cuda_branch.hpp"
+#include "fusedp/kernels/cuda/branch_delay.cuh"
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/cuda/gemm_mma.cuh"
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -100,13 +104,15 @@ template <class P>
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
 /// architecture and shared memory (what gemm_mma_can_run asks), the preferred mainloop, and the stream's
-/// arrival counters, with which split GEMMs add up their own parts (none: a second kernel does).
+/// arrival counters, with which split GEMMs add up their own parts (none: a second kernel does); and
+/// where a layer's weight gradient runs (none: on `stream`, after its input gradient).
 struct GemmTarget {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
   MmaDevice device{};
   GemmMainloop mainloop = GemmMainloop::wmma;
   ArrivalCounters arrivals{};
+  CudaBranch weight_branch{};
 
   /// `space`'s target; the arrival counters unless `reduction` is SplitReduction::kernel.
   template <class P>
@@ -180,6 +186,30 @@ template <class P>
 [[nodiscard]] GemmTarget layer_target(const CudaSpace<P>& space) {
   return GemmTarget::of(space, checked_layer_mainloop(gemm_mainloop_from_environment()));
 }
+/// layer_target with the layer's weight gradient on `branch`'s side stream (none when null); `name` and
+/// `index` (the layer's) name its span there.
+template <class P>
+[[nodiscard]] GemmTarget layer_target(const CudaSpace<P>& space, const CudaSideStream* branch, const char* name,
+                                      std::int64_t index) {
+  GemmTarget t = layer_target(space);
+  if (branch != nullptr) t.weight_branch = branch->branch(t.arrivals, name, index);
+  return t;
+}
+
+/// Where a weight gradient runs: on t's stream, or forked onto its weight branch (the fork recorded on
+/// t's stream now: after everything queued there, the layer's input-gradient GEMM included, which read
+/// the weights the fused update then writes).
+[[nodiscard]] inline GemmTarget weight_gradient_target(const GemmTarget& t) {
+  if (t.weight_branch.stream == nullptr) return t;
+  FUSEDP_CUDA_CHECK(cudaEventRecord(t.weight_branch.fork, t.stream));
+  FUSEDP_CUDA_CHECK(cudaStreamWaitEvent(t.weight_branch.stream, t.weight_branch.fork, 0));
+  delay_branch(t.weight_branch.stream);  // tests only (branch_delay.cuh)
+  GemmTarget w = t;
+  w.stream = t.weight_branch.stream;
+  w.arrivals = t.weight_branch.arrivals;
+  w.weight_branch = {};
+  return w;
+}
 
 /// The tiles of a layer's GEMM whose n (columns of C) is N, on either mainloop.
 template <int N>
@@ -211,15 +241,22 @@ template <class Tiles>
 
 /// A layer's weight gradient: weight_gradient_on where the layers have the tensor-core mainloop, else
 /// weight_gradient on WMMA. `scratch`: layer_weight_gradient_scratch<Tiles>(m, n, k, t.sm_count) floats.
-/// Active updates apply the optimizer to the weights and the bias as their gradients are finished.
+/// Active updates apply the optimizer to the weights and the bias as their gradients are finished. With
+/// t.weight_branch on the branch's stream (the caller joins it back; net/backward_cursor.hpp), so it
+/// must come after every GEMM of the layer that reads the weights.
 template <class Tiles, class P, class A, class B>
 void layer_weight_gradient(const GemmTarget& t, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
                            float* scratch, const LayerUpdate<float>& update = {}) {
+  const GemmTarget w = weight_gradient_target(t);
+  std::optional<trace::CudaScope> span;  // on the branch's lane, beside the stage's span
+  if (w.stream != t.stream)
+    span.emplace(w.stream, t.weight_branch.name, trace::Kind::backward, t.weight_branch.index, 0,
+                 trace::branch_lane + trace::current_lane());
   if constexpr (layers_have_mma) {
-    weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(t, m, n, k, a, b, dw, db, scratch, update);
+    weight_gradient_on<typename Tiles::wmma, typename Tiles::mma, P>(w, m, n, k, a, b, dw, db, scratch, update);
   } else {
-    weight_gradient<typename Tiles::wmma, P>(t.stream, t.sm_count, m, n, k, a, b, dw, db, scratch, update,
-                                             t.arrivals);
+    weight_gradient<typename Tiles::wmma, P>(w.stream, w.sm_count, m, n, k, a, b, dw, db, scratch, update,
+                                             w.arrivals);
   }
 }
 
