@@ -314,42 +314,27 @@ if [[ -x "$OUT/train_step_gpu_unfused" ]] && (( $(left) > 70 )); then
     timeout 30 "$OUT/train_step_gpu_unfused" --net "$net" --batch 128 --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
   done
 fi
-# LeNet and the CIFAR-10 CNN with the optimizer as a separate pass (impl=fusedp-separate-update): what
-# applying it in the weight-gradient GEMMs gives, in the same run (issue 17).
-if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
-  log "fusedp train steps with the optimizer as a separate pass"
+# LeNet and the CIFAR-10 CNN once more with `train_step_gpu`'s arguments after the label (the RESULT
+# lines' impl names the variant), while time is left: what each piece of issue 17 gives, in the same run.
+variant_steps() {
+  local what=$1
+  shift
+  [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )) || return 0
+  log "fusedp train steps $what"
   for net in lenet cifar; do
-    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --separate-update |
-      tee -a "$OUT/fusedp.txt"
+    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 "$@" | tee -a "$OUT/fusedp.txt"
   done
-fi
-# LeNet and the CIFAR-10 CNN with every kernel launched the plain way (impl=fusedp-no-pdl): what
-# programmatic dependent launch gives, in the same run (issue 17).
-if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
-  log "fusedp train steps without programmatic dependent launch"
-  for net in lenet cifar; do
-    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --no-dependent-launch |
-      tee -a "$OUT/fusedp.txt"
-  done
-fi
-# LeNet and the CIFAR-10 CNN with each weight gradient after its layer's input gradient on one stream
-# (impl=fusedp-serial): what running it beside the next layer's backward gives, in the same run (issue 17).
-if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
-  log "fusedp train steps with backward in order on one stream"
-  for net in lenet cifar; do
-    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 --serial-backward |
-      tee -a "$OUT/fusedp.txt"
-  done
-fi
-# LeNet and the CIFAR-10 CNN with the parts of their split-K GEMMs added up by a second kernel
-# (impl=fusedp-split-kernel): whether finishing them in the GEMM's last block per tile pays.
-if [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )); then
-  log "fusedp train steps with split-K parts added up by a second kernel"
-  for net in lenet cifar; do
-    FUSEDP_CUDA_SPLIT_REDUCTION=kernel timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 \
-      --warmup 10 | tee -a "$OUT/fusedp.txt"
-  done
-fi
+}
+# The optimizer as a separate pass (impl=fusedp-separate-update), not in the weight-gradient GEMMs.
+variant_steps "with the optimizer as a separate pass" --separate-update
+# Every kernel launched the plain way (impl=fusedp-no-pdl), without programmatic dependent launch.
+variant_steps "without programmatic dependent launch" --no-dependent-launch
+# Each weight gradient after its layer's input gradient on one stream (impl=fusedp-serial), not beside
+# the next layer's backward.
+variant_steps "with backward in order on one stream" --serial-backward
+# The parts of split-K GEMMs added up by a second kernel (impl=fusedp-split-kernel), not by the GEMM's
+# last block per tile (the variable reaches train_step_gpu through the function).
+FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by a second kernel"
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
 # (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
 # against the step's median above (the rest is time between kernels) and against the fused minimum

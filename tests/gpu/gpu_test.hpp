@@ -371,4 +371,22 @@ void compare_with_host_double(std::size_t batch, const std::vector<Target>& targ
   }
 }
 
+/// While it lives, every weight gradient a Cuda model forks onto its side stream first waits there about
+/// 0.1 ms (kernels/cuda/branch_delay.cuh), with programmatic dependent launch off: on, the weight
+/// gradient's blocks would be scheduled behind the delay and hold the SMs, and the model's stream could
+/// not run ahead of them. A missing wait for a branch then changes bits.
+struct HeldBranches {
+  bool was = fp::kernels::cuda::dependent_launch();
+  HeldBranches() {
+    fp::kernels::cuda::set_dependent_launch(false);
+    fp::kernels::cuda::set_branch_delay(200'000);
+  }
+  HeldBranches(const HeldBranches&) = delete;
+  HeldBranches& operator=(const HeldBranches&) = delete;
+  ~HeldBranches() {
+    fp::kernels::cuda::set_branch_delay(0);
+    fp::kernels::cuda::set_dependent_launch(was);
+  }
+};
+
 }  // namespace gpu_test

@@ -12,9 +12,14 @@
 
 #include "../support/seed_networks.hpp"
 
+#include <fusedp/exec/trace.hpp>
+
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace fp = fusedp;
@@ -240,17 +245,16 @@ TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launch
 // Issue 17: backward's weight-gradient GEMMs on a second stream beside the next layer's input gradient
 // (net/backward_cursor.hpp; concurrent branches of the recorded graph) against the serial order, bit for
 // bit: the same kernels with the same operands and the same split order, only concurrent. A third model
-// holds every forked weight gradient back for about 0.1 ms (kernels/cuda/branch_delay.cuh), so that a
-// missing wait would let the model's stream overwrite what it reads, and change bits. Parameters,
-// gradients, momentum and losses after steps one at a time and queued back to back; then the gradients
-// of compute_gradients, whose stage hook (a reducer's) must hear of every stage once, last first.
+// holds every forked weight gradient back ~0.1 ms (gpu_test::HeldBranches), so that a missing wait would
+// let the model's stream overwrite what it reads, and change bits. Parameters, gradients, momentum and
+// losses after steps one at a time and queued back to back; then compute_gradients, whose stage hook (a
+// reducer's) must hear of every stage once, last first, when that stage's gradients are final on the
+// model's stream (the hook queues a copy there, as a reducer queues its all-reduce). Launched directly
+// under a trace, the weight gradients must show on the side stream's lane: branches really forked.
 // tests/net/backward_cursor.cpp checks the cursor's joins against a model of two streams on the CPU.
 template <class Net, class Space>
 void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t stream) {
-  namespace kc = fp::kernels::cuda;
-  struct Restore {
-    ~Restore() { kc::set_branch_delay(0); }
-  } restore;
+  static_assert(fp::CudaGroups<Net, typename Space::precision>::branches);
   const auto x = random_values(batch * Net::input_shape::size, stream);
   const auto y = labels_for(batch, Net::output_shape::size, stream + 1);
   fp::Model<Net, Space> branched{fp::seed(8), make_space<Space>()}, serial{fp::seed(8), make_space<Space>()},
@@ -263,20 +267,33 @@ void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t strea
   const auto xs = std::span<const float>(x);
   const auto ys = std::span(y);
   for (int s = 0; s < 4; ++s) {
-    const float a = branched.train_step(xs, ys, loss, o1);
+    float a = 0;
+    if (s == 0 && !graphs) {
+      fp::trace::Recorder r;
+      {
+        const fp::trace::Session on(r);
+        a = branched.train_step(xs, ys, loss, o1);
+      }
+      const auto spans = r.spans();
+      CHECK(std::count_if(spans.begin(), spans.end(),
+                          [](const fp::trace::Span& sp) { return sp.lane >= fp::trace::branch_lane; }) > 0);
+    } else {
+      a = branched.train_step(xs, ys, loss, o1);
+    }
     const float b = serial.train_step(xs, ys, loss, o2);
-    kc::set_branch_delay(200'000);
-    const float c = delayed.train_step(xs, ys, loss, o3);
-    kc::set_branch_delay(0);
+    float c = 0;
+    {
+      const HeldBranches held;
+      c = delayed.train_step(xs, ys, loss, o3);
+    }
     CHECK(a == b);
     CHECK(c == b);
   }
   for (int s = 0; s < 3; ++s) {
     branched.train_step_async(xs, ys, loss, o1);
     serial.train_step_async(xs, ys, loss, o2);
-    kc::set_branch_delay(200'000);
+    const HeldBranches held;
     delayed.train_step_async(xs, ys, loss, o3);
-    kc::set_branch_delay(0);
   }
   CHECK(branched.last_loss() == serial.last_loss());
   CHECK(delayed.last_loss() == serial.last_loss());
@@ -284,14 +301,37 @@ void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t strea
   check_same_state(branched, serial);
   check_same_state(delayed, serial);
 
+  // Each stage's gradients as the model's stream holds them when the hook hears of the stage.
+  const std::size_t n = Net::param_storage;
+  std::vector<fp::DeviceBuffer<float>> seen;
+  for (std::size_t i = 0; i < Net::stage_count; ++i) seen.emplace_back(n);
   std::vector<std::size_t> heard;
-  kc::set_branch_delay(200'000);
-  const float l1 = delayed.compute_gradients(xs, ys, loss, [&](std::size_t stage) { heard.push_back(stage); });
-  kc::set_branch_delay(0);
+  float l1 = 0;
+  {
+    const HeldBranches held;
+    l1 = delayed.compute_gradients(xs, ys, loss, [&](std::size_t stage) {
+      if (heard.size() < seen.size())
+        fp::copy_async(seen[heard.size()].data(), delayed.grads().data(), n, delayed.space().stream());
+      heard.push_back(stage);
+    });
+  }
   const float l2 = serial.compute_gradients(xs, ys, loss);
   CHECK(l1 == l2);
   REQUIRE(heard.size() == Net::stage_count);
-  for (std::size_t k = 0; k < heard.size(); ++k) CHECK(heard[k] == Net::stage_count - 1 - k);
+  const std::vector<float> final_grads = grads_on_host(serial);
+  constexpr auto layer_of = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<std::size_t, sizeof...(I)>{Net::template stage<I>::first...};
+  }(std::make_index_sequence<Net::stage_count>{});
+  for (std::size_t k = 0; k < heard.size(); ++k) {
+    CHECK(heard[k] == Net::stage_count - 1 - k);
+    const std::vector<float> g = download(delayed.space(), std::span<float>(seen[k].data(), n));
+    for (const auto& t : Net::param_layout) {
+      if (t.layer != layer_of[heard[k]]) continue;
+      CAPTURE(t.name.c_str());
+      CHECK(std::equal(g.begin() + std::ptrdiff_t(t.offset), g.begin() + std::ptrdiff_t(t.offset + t.size),
+                       final_grads.begin() + std::ptrdiff_t(t.offset)));
+    }
+  }
   check_same_state(delayed, serial);
 
   // Turned off and on again between replayed steps: a graph of its own each way, the same bits.
@@ -302,6 +342,47 @@ void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t strea
   (void)serial.train_step(xs, ys, loss, o2);
   (void)serial.train_step(xs, ys, loss, o2);
   check_same_state(branched, serial);
+}
+
+// The branch memory's reservations (Model::reserve_for): predict first, then training at that batch
+// (the scratch regrown with two halves, the third buffer added); a smaller batch after reserve(B);
+// branches off while a larger predict grows the model (the third buffer freed), then on again. Each
+// trains as the serial order does.
+template <class Net, class Space>
+void check_branch_reservations(std::uint64_t stream) {
+  const auto data = [&](std::size_t batch, std::uint64_t k) {
+    return std::pair{random_values(batch * Net::input_shape::size, stream + k),
+                     labels_for(batch, Net::output_shape::size, stream + k + 1)};
+  };
+  fp::Model<Net, Space> m{fp::seed(3), make_space<Space>()}, serial{fp::seed(3), make_space<Space>()};
+  serial.use_backward_branches(false);
+  fp::Sgd o1{{.lr = 0.05f, .momentum = 0.9f}}, o2 = o1;
+  const fp::SoftmaxCrossEntropy loss{};
+  const auto step_both = [&](std::size_t batch, std::uint64_t k) {
+    const auto [x, y] = data(batch, k);
+    const HeldBranches held;
+    const float a = m.train_step(std::span<const float>(x), std::span(y), loss, o1);
+    const float b = serial.train_step(std::span<const float>(x), std::span(y), loss, o2);
+    CHECK(a == b);
+  };
+  {
+    const auto [x, y] = data(12, 10);
+    (void)m.predict(std::span<const float>(x));
+  }
+  step_both(12, 20);
+  step_both(12, 30);
+  m.reserve(40);
+  step_both(9, 40);
+  m.use_backward_branches(false);
+  {
+    const auto [x, y] = data(64, 50);
+    (void)m.predict(std::span<const float>(x));
+  }
+  step_both(20, 60);
+  m.use_backward_branches(true);
+  step_both(20, 70);
+  step_both(64, 80);
+  check_same_state(m, serial);
 }
 
 TEST_CASE_TEMPLATE("backward's concurrent weight gradients give the bits of the serial order", Space, fp::CudaFp32,
@@ -315,6 +396,7 @@ TEST_CASE_TEMPLATE("backward's concurrent weight gradients give the bits of the 
     check_backward_branches<PooledMlp, Space>(7, graphs, 96);
     check_backward_branches<Smooth, Space>(5, graphs, 98);
   }
+  check_branch_reservations<LeNet, Space>(100);
 }
 
 // The step's numbers are written to the device only when they change (Model::write_op_slot): with a

@@ -291,7 +291,7 @@ TEST_CASE("the cursor refuses a fork nobody waits for, and a stage reported befo
   }
 }
 
-TEST_CASE("a cursor left with a branch pending (backward threw) still makes the model's stream wait for it") {
+TEST_CASE("a cursor left with a branch pending or a fork unmarked (backward threw) makes the model's stream wait") {
   Streams streams;
   FakeSide side{&streams};
   Reports reports{&streams, {}};
@@ -310,4 +310,14 @@ TEST_CASE("a cursor left with a branch pending (backward threw) still makes the 
   streams.run(main_stream, "next forward", {weights(1)}, {0}, 0);
   CHECK(Streams::before(streams.ops[1], streams.ops[2]));
   CHECK(reports.list.empty());  // a stage is not reported by an unwinding backward
+
+  // Thrown after the fork, before step_branched marked it: still waited for.
+  {
+    fusedp::BackwardCursor<float, FakeSide, Reports> cur({&g[0], &g[1], &g[2]}, scratch, 1, &side, reports);
+    cur.will_fork();
+    streams.fork();
+    streams.run(side_stream, "wgrad", {1}, {weights(2)}, 2);
+  }
+  streams.run(main_stream, "next forward", {weights(2)}, {1}, 0);
+  CHECK(Streams::before(streams.ops[3], streams.ops[4]));
 }

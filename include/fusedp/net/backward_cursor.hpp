@@ -45,12 +45,18 @@ class BackwardCursor {
       : buffers_(buffers), scratch_(scratch), stride_(scratch_stride), side_(side), done_(on_stage_done) {}
   BackwardCursor(const BackwardCursor&) = delete;
   BackwardCursor& operator=(const BackwardCursor&) = delete;
-  /// Waits for a branch still pending (backward threw before finish): nothing queued later on the
-  /// model's stream may overtake it.
+  /// Waits for a branch still pending (backward threw before finish), and for a fork not yet marked
+  /// (it threw between will_fork and step_branched): nothing queued later on the model's stream may
+  /// overtake them, and a graph being recorded ends with the side stream joined.
   ~BackwardCursor() {
-    if (!pending_) return;
+    if (!pending_ && !forking_) return;
     try {
-      side_->join(pending_slot_);
+      if (forking_) {
+        side_->mark(int(steps_ % 2));
+        side_->join(int(steps_ % 2));  // after everything the side stream holds, the pending branch too
+      } else {
+        side_->join(pending_slot_);
+      }
     } catch (...) {  // already unwinding from the error that matters
     }
   }

@@ -154,14 +154,33 @@ struct CudaGroups {
     }
     return a;
   }
-  // Whether stage I's weight gradient forks onto the side stream: where there is one and the stage
-  // has an input gradient for it to run beside. The first stage's has none: on the model's stream it
-  // runs beside the weight gradient the step before forked, where on the side stream it would queue
-  // behind it.
+  // Whether stage I's weight gradient forks onto the side stream: where there is one and a stage
+  // below runs backward, beside which it would run. The first stage's has none below (on the model's
+  // stream it runs beside the weight gradient the step before forked, where on the side stream it would
+  // queue behind it), nor has a Linear whose only stages below are a Flatten and an Input.
   template <std::size_t I, class Cursor>
   static bool branched(const Cursor& cur) {
-    return I > 0 && cur.side() != nullptr;
+    return backward_below<I> && cur.side() != nullptr;
   }
+  template <std::size_t I>
+  static constexpr bool backward_below = []<std::size_t... J>(std::index_sequence<J...>) {
+    return (false || ... || StageBinding<Net, space_type, T>::template runs_backward<J>);
+  }(std::make_index_sequence<I>{});
+  // Whether group G may fork: a Conv2d or Linear through its layer's backward_to (alone, with its
+  // max-pooling, or the first Linear of an MLP group run layer by layer) with a stage below it that runs
+  // backward.
+  template <std::size_t G>
+  static constexpr bool group_branches = [] {
+    using Gr = typename plan::template group<G>;
+    constexpr bool fused = plan::template receives_dz<G> || plan::template dz_receiver<G> != plan::group_count;
+    constexpr bool through_backward_to = Gr::kind != CudaGroupKind::stage || fused || plan::template updates_in_gemm<G>;
+    return through_backward_to && backward_below<Gr::first>;
+  }();
+  /// Whether backward forks any weight gradient when given a side stream (a Model reserves the third
+  /// gradient buffer and the second scratch half only then).
+  static constexpr bool branches = []<std::size_t... G>(std::index_sequence<G...>) {
+    return (false || ... || group_branches<G>);
+  }(std::make_index_sequence<plan::group_count>{});
 
   /// Runs every group forward.
   void forward(const T* x, std::size_t batch, bool training) {

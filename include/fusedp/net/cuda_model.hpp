@@ -554,7 +554,7 @@ class Model<Net, CudaSpace<P>, T> {
   // follows) or it is there already; the scratch is reallocated with it (twice its stride, then). The
   // scratch, the third buffer and the side stream are allocated first and committed together.
   void reserve_for(std::size_t batch, bool backward) {
-    const bool branch_memory = backward && branches_;
+    const bool branch_memory = backward && branches_ && CudaGroups<Net, P>::branches;
     const std::size_t capacity = std::max(batch, binding_.capacity());
     const bool branch_room = !branch_memory || (side_.ready() && branch_capacity_ >= capacity);
     if (batch <= binding_.capacity() && branch_room) return;
@@ -567,20 +567,22 @@ class Model<Net, CudaSpace<P>, T> {
     graphs_.clear();
     // A half of the scratch a whole number of 256-byte lines, so the second half is as aligned as the first.
     const std::size_t stride = (CudaGroups<Net, P>::scratch_elements(space_.sm_count(), capacity) + 63) / 64 * 64;
-    const bool halves = branches_ && (backward || branch_capacity_ > 0);  // keeps branch memory it has
+    const bool halves = branches_ && CudaGroups<Net, P>::branches && (backward || branch_capacity_ > 0);
     buffer<float> scratch(halves ? 2 * stride : stride);
     buffer<float> third = halves ? buffer<float>(capacity * Net::gradient_elements) : buffer<float>();
     CudaSideStream side = halves && !side_.ready() ? CudaSideStream::make() : CudaSideStream();
-    if (batch > binding_.capacity()) {
-      binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
-      loss_.allocate(capacity);
-      staging_.allocate(capacity * input_size, capacity * target_bytes, capacity * output_size);
-    }
+    // The scratch and the branch memory, sized for `capacity`, are committed before the binding grows
+    // to it: a later allocation that throws leaves them larger than needed, never smaller.
     scratch_ = std::move(scratch);
     scratch_stride_ = stride;
     branch_gradients_ = std::move(third);
     branch_capacity_ = halves ? capacity : 0;
     if (side.ready()) side_ = std::move(side);
+    if (batch > binding_.capacity()) {
+      loss_.allocate(capacity);
+      staging_.allocate(capacity * input_size, capacity * target_bytes, capacity * output_size);
+      binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
+    }
   }
 
   // How the plan's groups run over this model's store, workspace and scratch (net/cuda_groups.hpp).
@@ -588,7 +590,8 @@ class Model<Net, CudaSpace<P>, T> {
     if (!branching()) return {space_, store_, binding_, scratch_.data(), update};
     return {space_, store_, binding_, scratch_.data(), update, &side_, branch_gradients_.data(), scratch_stride_};
   }
-  // Whether this backward branches: on, and reserved for (reserve runs before every pass).
+  // Whether this backward branches: on, and reserved for (reserve runs before every pass; it reserves
+  // only where CudaGroups::branches).
   [[nodiscard]] bool branching() const noexcept { return branches_ && side_.ready() && branch_capacity_ > 0; }
   void forward_pass(const T* x, std::size_t batch, bool training) { groups().forward(x, batch, training); }
   template <class StageDone>

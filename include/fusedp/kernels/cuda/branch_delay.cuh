@@ -4,7 +4,10 @@
 // so that the model's stream runs far ahead of it. A missing wait (a later step writing what the weight
 // gradient still reads, a reducer starting on a bucket before its gradient) then changes the bits,
 // which tests compare with the serial order (tests/gpu/model.cu); in the default timing such a race
-// could pass unseen, and compute-sanitizer's racecheck does not see races between streams.
+// could pass unseen, and compute-sanitizer's racecheck does not see races between streams. Use it with
+// programmatic dependent launch off (kernels/cuda/launch.cuh): on, the delay's prologue lets the weight
+// gradient be scheduled at once, and its blocks, waiting on the SMs, may keep the model's stream from
+// running ahead (gpu_test::HeldBranches sets both).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
