@@ -6,7 +6,8 @@ time into compute, exposed communication and data wait.
 
 For each step it takes the slowest replica (the one every other waits for in the step's collectives)
 and splits its time, from the end of its previous step to the end of this one, into
-    compute   the stages forward and backward, the loss and the optimizer
+    compute   the stages forward and backward, the loss and the optimizer, with a Cuda replica's
+              weight gradients on its side stream (its branch lane) where they ran beyond those
     reduce    blocked on a gradient reduction: a blocking one, or the wait for those started during
               backward (the part backward did not hide): the exposed communication of the gradients
     sync      blocked in the small collectives of a step (loss, sample counts, parameters): mostly
@@ -33,6 +34,7 @@ import sys
 
 COMPUTE = {"forward", "loss", "backward", "optimizer"}
 COMM_LANE = 1000  # replica r's reductions are on tid COMM_LANE + r (exec/trace.hpp)
+BRANCH_LANE = 2000  # a Cuda replica r's weight gradients on its side stream: tid BRANCH_LANE + r
 BETWEEN_STEPS = {"evaluate", "checkpoint"}  # not part of the next step's time
 WAIT = {"wait"}
 SYNC = {"collective"}
@@ -157,9 +159,18 @@ def step_splits(lanes):
         previous_end = None
         for begin, end, _, _, args in steps:
             children = inside(spans, begins[(pid, tid)], begin, end)
-            compute = sum(s[1] - s[0] for s in children if s[2] in COMPUTE)
             wait = sum(s[1] - s[0] for s in children if s[2] in WAIT)
             sync = sum(s[1] - s[0] for s in children if s[2] in SYNC)
+            # The replica's own compute spans do not overlap (they nest in the step); its branch lane's
+            # run beside them: counted where they cover time the lane spent on neither compute nor a
+            # wait or collective.
+            busy = [(s[0], s[1]) for s in children if s[2] in COMPUTE]
+            branch = lanes.get((pid, BRANCH_LANE + tid), [])
+            busy += [(s[0], s[1]) for s in inside(branch, begins.get((pid, BRANCH_LANE + tid), []), begin, end)
+                     if s[2] in COMPUTE]
+            covered = union(busy)
+            compute = sum(e - b for b, e in covered) - common(
+                covered, union([(s[0], s[1]) for s in children if s[2] in WAIT or s[2] in SYNC]))
             data = 0.0
             start = begin
             if previous_end is not None:
@@ -243,6 +254,9 @@ def draw(path, rows, lanes, reduce_spans, steps):
     rows_y = []
     for (pid, tid) in sorted(k for k in lanes if k[1] < COMM_LANE):
         rows_y.append((f"rank {pid} replica {tid}", [s for s in lanes[(pid, tid)] if s[1] >= begin and s[0] <= end]))
+        if (pid, BRANCH_LANE + tid) in lanes:
+            rows_y.append((f"rank {pid} replica {tid} branch",
+                           [s for s in lanes[(pid, BRANCH_LANE + tid)] if s[1] >= begin and s[0] <= end]))
         if (pid, tid) in reduce_spans:
             rows_y.append((f"rank {pid} replica {tid} reductions",
                            [(b, e, "reduce", "", {}) for b, e in reduce_spans[(pid, tid)] if e >= begin and b <= end]))
