@@ -18,7 +18,8 @@
 #      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1; LeNet and the CIFAR-10 CNN also
 #      in BF16 there, impl=fusedp-mma-bf16), LeNet and the CIFAR-10 CNN once
 #      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
-#      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu), and
+#      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu; also
+#      the BF16 mainloop with the CIFAR-10 activations in memory as fp32 and as BFloat16), and
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
 #      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
 #      without programmatic dependent launch (impl=fusedp-no-pdl), with backward's weight gradients in
@@ -372,7 +373,7 @@ fi
 # compute-sanitizer on its test where the toolkit has it.
 if [[ -x "$OUT/gemm_gpu" ]] && (( $(left) > 40 )); then
   log "GEMM kernels: mma.sync mainloop vs WMMA"
-  timeout 60 "$OUT/gemm_gpu" | tee "$OUT/gemm.txt" | grep -v "^GEMM"
+  timeout 60 "$OUT/gemm_gpu" | tee "$OUT/gemm.txt" | grep -v "^GEMM\|^HELD"
 fi
 GEMM_TEST=""
 [[ -n "$PREBUILT" && -x "$PREBUILT/test_gpu_gemm_mma" ]] && GEMM_TEST=$PREBUILT/test_gpu_gemm_mma

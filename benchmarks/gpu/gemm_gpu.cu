@@ -9,8 +9,14 @@
 //
 //   GEMM name=cifar.conv2.dw m=128 n=576 k=32768 impl=mma us=<time> tflops=<rate> peak_pct=<share>
 //
-// then a Markdown table (benchmarks/RESULTS.md). Written and compiled without a GPU; its numbers exist
-// only once someone runs it on one (benchmarks/gpu/check.sh does).
+// then a Markdown table (benchmarks/RESULTS.md). A second table times the BF16 mainloop on the same
+// CIFAR-10 problems with the activations and gradients in memory as fp32 (copied by cp.async) and as
+// BFloat16 (half the bytes, loaded through registers: what a 16-bit workspace would make the layers run):
+//
+//   HELD name=cifar.conv2.dw impl=fp32 us=<time>   and   HELD name=cifar.conv2.dw impl=bf16 us=<time>
+//
+// Written and compiled without a GPU; its numbers exist only once someone runs it on one
+// (benchmarks/gpu/check.sh does).
 #include <fusedp/exec/peak.hpp>
 #include <fusedp/kernels/activation.hpp>
 #include <fusedp/kernels/cuda/conv2d.cuh>
@@ -121,6 +127,64 @@ void run_conv(const fp::Cuda& space, std::vector<Row>& rows, float* x, float* w,
                   })});
 }
 
+// The BF16 mainloop on one problem with its activation operands in memory as fp32 and as BFloat16.
+struct HeldRow {
+  std::string name;
+  double us_fp32, us_bf16;
+};
+
+// CIFAR-10 conv2's three implicit GEMMs and fc1's three GEMMs (batch 128) in BF16, x and dz read from
+// fp32 (x32, dz32) or from BFloat16 (x16, dz16) memory; weights fp32 either way.
+void run_held(const fp::Cuda& space, std::vector<HeldRow>& rows, const float* x32, const float* dz32,
+              const fp::kernels::BFloat16* x16, const fp::kernels::BFloat16* dz16, const float* w, const float* b,
+              float* c, float* sums, float* scratch) {
+  using P = fp::precision::Bf16;
+  using Epi = fp::kernels::Epilogue<fp::kernels::Relu>;
+  constexpr fp::kernels::ConvGeometry g{64, 16, 16, 3, 1, 1, 128, 16, 16};
+  constexpr int batch = 128;
+  const kc::ConvShape s(g);
+  const cudaStream_t st = space.stream();
+  const int sms = space.sm_count();
+  const auto arch = kc::MmaDevice::of(space);
+  const auto both = [&](const char* name, auto&& launch) {
+    rows.push_back({name, median_us(st, [&] { launch(x32, dz32); }), median_us(st, [&] { launch(x16, dz16); })});
+  };
+  both("cifar.conv2.fwd", [&](const auto* x, const auto*) {
+    kc::launch_gemm_mma<kc::mma::mma_tile_for<128>, false, P>(
+        kc::conv2d_forward_problem<Epi>(s, batch, w, b, x, c, nullptr), 1, arch, st);
+  });
+  both("cifar.conv2.dx", [&](const auto*, const auto* dz) {
+    using E = std::remove_cvref_t<decltype(*dz)>;
+    const kc::StoredGradientOf<E> sd{dz, s.o, s.ohw, s.ow};
+    kc::launch_gemm_mma<kc::mma::mma_tile_for<64>, false, P>(kc::conv2d_dx_problem(s, batch, sd, w, c), 1, arch, st);
+  });
+  both("cifar.conv2.dw", [&](const auto* x, const auto* dz) {
+    using E = std::remove_cvref_t<decltype(*dz)>;
+    const kc::StoredGradientOf<E> sd{dz, s.o, s.ohw, s.ow};
+    const auto ops = kc::conv2d_dw_operands(s, batch, sd, x);
+    kc::weight_gradient_mma<kc::mma::mma_tile_for<576>, P>(st, sms, arch, ops.m, ops.n, ops.k, ops.a, ops.b, c, sums,
+                                                           scratch);
+  });
+  const int in = 8192, out = 1024;
+  both("cifar.fc1.fwd", [&](const auto* x, const auto*) {
+    using E = std::remove_cvref_t<decltype(*x)>;
+    const kc::GemmProblem<kc::RowsOf<E>, kc::Rows, kc::StoreRowMajor> p{batch, out, in, in, {x, in}, {w, in},
+                                                                        {c, batch, out, 0}, nullptr};
+    kc::launch_gemm_mma<kc::mma::mma_tile_for<1024>, false, P>(p, 1, arch, st);
+  });
+  both("cifar.fc1.dx", [&](const auto*, const auto* dz) {
+    using E = std::remove_cvref_t<decltype(*dz)>;
+    const kc::GemmProblem<kc::RowsOf<E>, kc::Columns, kc::StoreRowMajor> p{batch, in, out, out, {dz, out}, {w, in},
+                                                                           {c, batch, in, 0}, nullptr};
+    kc::launch_gemm_mma<kc::mma::mma_tile_for<8192>, false, P>(p, 1, arch, st);
+  });
+  both("cifar.fc1.dw", [&](const auto* x, const auto* dz) {
+    using E = std::remove_cvref_t<decltype(*dz)>;
+    kc::weight_gradient_mma<kc::mma::mma_tile_for<8192>, P>(st, sms, arch, out, in, batch, kc::ColumnsOf<E>{dz, out},
+                                                            kc::ColumnsOf<E>{x, in}, c, sums, scratch);
+  });
+}
+
 }  // namespace
 
 int main() try {
@@ -165,6 +229,20 @@ int main() try {
                                                        ps, pt));
   rows.push_back(run<8192, C, C, fp::precision::Bf16>(space, "cifar.fc1.dw.bf16", 1024, 8192, 128, true, pa, pb, pc,
                                                        ps, pt));
+  // The same values as BFloat16 for the 16-bit operands (x from a, dz from a's second half).
+  fp::DeviceBuffer<fp::kernels::BFloat16> a16(big);
+  {
+    std::vector<float> h(a16.size());
+    fp::copy_async(h.data(), a.data(), h.size(), space.stream());
+    space.synchronize();
+    std::vector<fp::kernels::BFloat16> h16(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h16[i].bits = fp::kernels::to_bf16(h[i]);
+    fp::copy_async(a16.data(), h16.data(), h16.size(), space.stream());
+    space.synchronize();
+  }
+  std::vector<HeldRow> held;
+  const std::size_t half = big / 2;
+  run_held(space, held, pa, pa + half, a16.data(), a16.data() + half, pb, pb + (std::size_t(1) << 20), pc, ps, pt);
 
   std::printf("| problem | m x n x k | WMMA us | WMMA TFLOP/s | mma.sync us | mma.sync TFLOP/s | %% of %.0f TFLOP/s |\n",
               peak / 1e12);
@@ -177,6 +255,12 @@ int main() try {
                 r.k, r.us_mma, tm, 100.0 * tm * 1e12 / peak);
     std::printf("| %s | %d x %d x %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.name.c_str(), r.m, r.n, r.k, r.us_wmma, tw,
                 r.us_mma, tm, 100.0 * tm * 1e12 / peak);
+  }
+  std::printf("\n| problem (BF16 mainloop) | x, dz fp32 us | x, dz BFloat16 us | BFloat16 / fp32 |\n|---|---|---|---|\n");
+  for (const HeldRow& r : held) {
+    std::printf("HELD name=%s impl=fp32 us=%.1f\n", r.name.c_str(), r.us_fp32);
+    std::printf("HELD name=%s impl=bf16 us=%.1f\n", r.name.c_str(), r.us_bf16);
+    std::printf("| %s | %.1f | %.1f | %.2f |\n", r.name.c_str(), r.us_fp32, r.us_bf16, r.us_bf16 / r.us_fp32);
   }
   return 0;
 } catch (const std::exception& e) {

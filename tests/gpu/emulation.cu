@@ -179,8 +179,10 @@ template <class L>
 void check_sources(const L& op, int rows, int k, const char* what) {
   static_assert(kc::CopyOperand<L>, "a convolution operand the tensor-core mainloop cannot copy");
   int bad = 0;
-  const auto same = [](const float* src, float want) {
-    return src == nullptr ? want == 0.0f : std::memcmp(src, &want, sizeof want) == 0;
+  const auto same = [](const typename L::element* src, float want) {
+    if (src == nullptr) return want == 0.0f;
+    const float v = fp::kernels::to_float(*src);
+    return std::memcmp(&v, &want, sizeof want) == 0;
   };
   for (int r = 0; r < rows; ++r)
     for (int q = 0; q < k; ++q) {
@@ -324,6 +326,111 @@ void check_same_bits(const std::vector<float>& got, const std::vector<float>& wa
     if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
   CHECK_MESSAGE(bad == 0, std::string(what) << ": " << bad << " of " << got.size() << " values differ, the first at " << first
                                << " (" << got[first] << " against " << want[first] << ")");
+}
+
+// --- operands stored in 16 bits (BFloat16, a 16-bit workspace) ----------------------------------------
+
+// An operand over BFloat16 elements offers the tensor-core mainloop the addresses its fp32 twin (the
+// same values as floats) offers: null at the same places, the same value behind every other one.
+template <class L16, class L32>
+void check_held_sources(const L16& h, const L32& f, int rows, int k, const char* what) {
+  static_assert(std::is_same_v<typename L16::element, fp::kernels::BFloat16> && kc::held_in_registers<L16>);
+  static_assert(std::is_same_v<typename L32::element, float> && !kc::held_in_registers<L32>);
+  check_sources(h, rows, k, what);
+  int bad = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int q = 0; q < k; ++q) {
+      const auto* a = h.source(r, q);
+      const float* b = f.source(r, q);
+      const bool same = (a == nullptr) == (b == nullptr) && (a == nullptr || fp::kernels::to_float(*a) == *b);
+      if (!same && bad++ < 3) FAIL_CHECK(what << ": (" << r << ", " << q << ") differs from the fp32 operand");
+    }
+  CHECK(bad == 0);
+}
+
+// A convolution's and a Linear layer's GEMM problems over 16-bit stored activations and gradients give
+// the bits of the same problems over fp32 copies of the same values: their sources (above) and every
+// result the emulated blocks compute from at().
+template <class Epi, int Kp, class TileF, class TileX, class TileW>
+void check_conv_held(const fp::kernels::ConvGeometry& g, int batch, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(g.in_channels);
+  CAPTURE(g.stride);
+  CAPTURE(g.pad);
+  const kc::ConvShape s(g);
+  auto x = random_values(batch * g.in_size(), 61), dz = random_values(batch * g.out_size(), 62);
+  const auto w = random_values(g.out_channels * g.patch(), 63), b = random_values(std::size_t(g.out_channels), 64);
+  const auto xh = gpu_test::stored_bf16(x), dzh = gpu_test::stored_bf16(dz);
+  std::vector<float> y[2], dx[2], dw[2], db[2], pooled[2];
+  std::vector<std::uint8_t> argmax[2];
+  const auto run = [&](int i, const auto* xe, const auto* dze) {
+    using E = std::remove_cvref_t<decltype(*xe)>;
+    y[i].assign(batch * g.out_size(), nan_value);
+    dx[i].assign(x.size(), nan_value);
+    dw[i].assign(w.size(), nan_value);
+    db[i].assign(b.size(), nan_value);
+    emulate_gemm<TileF, false>(kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), xe, y[i].data(), nullptr), 1);
+    const kc::StoredGradientOf<E> sd{dze, s.o, s.ohw, s.ow};
+    emulate_gemm<TileX, false>(kc::conv2d_dx_problem(s, batch, sd, w.data(), dx[i].data()), 1);
+    const auto ops = kc::conv2d_dw_operands(s, batch, sd, xe);
+    emulate_weight_gradient<TileW>(sm_count, ops.m, ops.n, ops.k, ops.a, ops.b, dw[i].data(), db[i].data());
+    if constexpr (Kp > 1) {
+      pooled[i].assign(std::size_t(batch) * s.o * (s.oh / Kp) * (s.ow / Kp), nan_value);
+      argmax[i].assign(pooled[i].size(), 0xff);
+      emulate_gemm<TileF, false>(
+          kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), xe, pooled[i].data(), argmax[i].data()), 1);
+    }
+  };
+  run(0, x.data(), dz.data());
+  run(1, xh.data(), dzh.data());
+  check_same_bits(y[1], y[0], "held conv y");
+  check_same_bits(dx[1], dx[0], "held conv dx");
+  check_same_bits(dw[1], dw[0], "held conv dw");
+  check_same_bits(db[1], db[0], "held conv db");
+  if constexpr (Kp > 1) {
+    check_same_bits(pooled[1], pooled[0], "held conv pooled");
+    CHECK(argmax[1] == argmax[0]);
+  }
+
+  const auto fwd32 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), nullptr, nullptr);
+  const auto fwd16 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), xh.data(), nullptr, nullptr);
+  check_held_sources(fwd16.a, fwd32.a, fwd32.m, fwd32.k, "forward A (im2col of bf16)");
+  const kc::StoredGradient sd32{dz.data(), s.o, s.ohw, s.ow};
+  const kc::StoredGradientOf<fp::kernels::BFloat16> sd16{dzh.data(), s.o, s.ohw, s.ow};
+  const auto dx32 = kc::conv2d_dx_problem(s, batch, sd32, w.data(), nullptr);
+  const auto dx16 = kc::conv2d_dx_problem(s, batch, sd16, w.data(), nullptr);
+  check_held_sources(dx16.a, dx32.a, dx32.m, dx32.k, "dx A (bf16 dz gathered per input pixel)");
+  const auto ops32 = kc::conv2d_dw_operands(s, batch, sd32, x.data());
+  const auto ops16 = kc::conv2d_dw_operands(s, batch, sd16, xh.data());
+  check_held_sources(ops16.a, ops32.a, ops32.m, ops32.k, "dW A (bf16 dz by channel)");
+  check_held_sources(ops16.b, ops32.b, ops32.n, ops32.k, "dW B (im2col of bf16 by pixel)");
+  if constexpr (Kp > 1) {
+    const auto p32 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), nullptr, nullptr);
+    const auto p16 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), xh.data(), nullptr, nullptr);
+    check_held_sources(p16.a, p32.a, p32.m, p32.k, "pooled forward A (im2col of bf16 window by window)");
+  }
+}
+
+// Rows and Columns of BFloat16: the same sources and products as over floats; four-element copies need
+// the base aligned to four elements (8 bytes) and the leading dimension a multiple of four.
+void check_rows_columns_held() {
+  const int rows = 37, k = 45, ld = 48;
+  auto v = random_values(std::size_t(ld) * ld, 65);
+  const auto h = gpu_test::stored_bf16(v);
+  check_held_sources(kc::RowsOf<fp::kernels::BFloat16>{h.data(), ld}, kc::Rows{v.data(), ld}, rows, k, "bf16 Rows");
+  check_held_sources(kc::ColumnsOf<fp::kernels::BFloat16>{h.data(), ld}, kc::Columns{v.data(), ld}, rows, k,
+                     "bf16 Columns");
+  using H = kc::RowsOf<fp::kernels::BFloat16>;
+  using Problem = kc::GemmProblem<H, kc::Rows, kc::StoreRowMajor>;
+  const kc::MmaDevice h200{90, 232448};
+  const auto* base = reinterpret_cast<const fp::kernels::BFloat16*>(std::uintptr_t(1024));
+  const auto can = [&](const fp::kernels::BFloat16* p, int lda) {
+    return kc::gemm_mma_can_run<kc::mma::MmaTile128x64>(Problem{8, 8, 8, 8, {p, lda}, {nullptr, 8}, {}, nullptr}, h200);
+  };
+  CHECK(can(base, 8));
+  CHECK(can(base + 4, 8));       // 8 bytes in: an 8-byte load
+  CHECK_FALSE(can(base + 2, 8)); // 4 bytes in
+  CHECK_FALSE(can(base, 6));     // rows start 12 bytes apart
 }
 
 // dz of a conv output (batch, o, oh, ow) from a dz functor, as materialize_dz_kernel writes it.
@@ -531,6 +638,17 @@ TEST_CASE("the layers' GEMM problems with the tensor-core tiles reproduce the Ho
   check_conv_maxpool<Epilogue<Relu>, 2, GemmTiles<7>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(e, 5, 132);
   const fp::kernels::ConvGeometry f{2, 16, 16, 3, 1, 1, 40, 16, 16};
   check_conv_maxpool<Epilogue<Tanh>, 4, GemmTiles<40>::mma, GemmTiles<2>::mma, GemmTiles<18>::mma>(f, 2, 8);
+}
+
+TEST_CASE("16-bit operands: a layer's problems over BFloat16 give the bits of fp32 copies of the values (CPU emulation)") {
+  using kc::GemmTiles;
+  check_rows_columns_held();
+  const fp::kernels::ConvGeometry a{3, 9, 11, 3, 1, 1, 5, 9, 11};
+  check_conv_held<Epilogue<Relu>, 1, GemmTiles<5>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(a, 7, 132);
+  const fp::kernels::ConvGeometry d{16, 8, 8, 3, 2, 1, 72, 4, 4};  // strided, n > 64: the 128 x 128 tile
+  check_conv_held<Epilogue<Relu>, 2, GemmTiles<72>::mma, GemmTiles<16>::mma, GemmTiles<144>::mma>(d, 5, 8);
+  const fp::kernels::ConvGeometry e{3, 12, 12, 3, 1, 1, 7, 12, 12};
+  check_conv_held<Epilogue<Tanh>, 2, GemmTiles<7>::mma, GemmTiles<3>::mma, GemmTiles<27>::mma>(e, 5, 132);
 }
 
 TEST_CASE("fused gradient boundaries: a dx GEMM's sink gives the unfused pass's bits (CPU emulation)") {
@@ -872,7 +990,16 @@ int check_conv_maxpool_stores_bf16(const fp::kernels::ConvGeometry& g, int batch
   return changed;
 }
 
-// The sinks with bf16 against the unfused pass reading the stored, rounded input gradient.
+// The values of 16-bit elements as floats.
+std::vector<float> widened(const std::vector<fp::kernels::BFloat16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = fp::kernels::to_float(v[i]);
+  return out;
+}
+
+// The sinks with bf16 against the unfused pass reading the stored, rounded input gradient; where the
+// stage below's derivative is a mask, the sinks storing dz in 16 bits (received_dz_element) against
+// the fp32 ones.
 template <class Epi, int Kp>
 void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_out, int batch) {
   // StoreSink and UnpoolSink: a conv's dx GEMM above a conv + max-pool.
@@ -892,6 +1019,16 @@ void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_
   unpool.bf16 = true;
   emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem_to(s, batch, dz, w.data(), unpool), 1);
   check_same_bits(fused, below.dz_from(dpool_bf16), "dx unpooled from its bf16 value");
+  using E = kc::received_dz_element<fp::precision::Bf16, Epi>;
+  static_assert(std::is_same_v<E, fp::kernels::BFloat16> == fp::kernels::derivative_is_mask<Epi>);
+  if constexpr (std::is_same_v<E, fp::kernels::BFloat16>) {
+    // Where the derivative is a mask the sink stores dz in 16 bits: the same values.
+    std::vector<E> fused16(fused.size(), E{0xffff});
+    const kc::UnpoolSink<Epi, Kp, E> unpool16(fused16.data(), below.pooled.data(), below.argmax.data(), below_g.out_h,
+                                              below_g.out_w, true);
+    emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem_to(s, batch, dz, w.data(), unpool16), 1);
+    check_same_bits(widened(fused16), fused, "dx unpooled into 16 bits");
+  }
   // Unfused, from an fp32 pooled gradient (the logits' gradient where the pooling is the network's output):
   // the pooling's input gradient rounded as it would be stored.
   kc::PooledConvGradient<Epi, Kp> from_fp32{dpool.data(), below.pooled.data(), below.argmax.data(),
@@ -918,6 +1055,27 @@ void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_
   std::vector<float> want(y.size());
   for (std::size_t i = 0; i < want.size(); ++i) want[i] = g(i);
   check_same_bits(dz_fused, want, "dz formed from the bf16 input gradient");
+  if constexpr (std::is_same_v<E, fp::kernels::BFloat16>) {
+    std::vector<E> dz16(y.size(), E{0xffff});
+    emulate_gemm<kc::tile_for<64>, false>(
+        kc::linear_dx_problem_to(batch, mid, out, w2.data(), g2, kc::ActivationSink<Epi, E>{dz16.data(), y.data(), z.data(), true}),
+        1);
+    check_same_bits(widened(dz16), want, "dz formed from the bf16 input gradient, stored in 16 bits");
+    // The layer below reads it as it would read the fp32 dz: the same input and weight gradients.
+    std::vector<float> dx32(std::size_t(batch) * in, nan_value), dx16(dx32.size(), nan_value);
+    emulate_gemm<kc::tile_for<64>, false>(
+        kc::linear_stored_dx_problem(batch, in, mid, w1.data(), dz_fused.data(), kc::StoreSink{dx32.data()}), 1);
+    emulate_gemm<kc::tile_for<64>, false>(
+        kc::linear_stored_dx_problem(batch, in, mid, w1.data(), dz16.data(), kc::StoreSink{dx16.data()}), 1);
+    check_same_bits(dx16, dx32, "a Linear's dx from its dz in 16 bits");
+    std::vector<float> dw32(std::size_t(mid) * in, nan_value), db32(mid, nan_value), dw16(dw32), db16(db32);
+    const auto o32 = kc::linear_stored_dw_operands(batch, in, mid, dz_fused.data(), x.data());
+    const auto o16 = kc::linear_stored_dw_operands(batch, in, mid, dz16.data(), x.data());
+    emulate_weight_gradient<kc::tile_for<32>>(8, o32.m, o32.n, o32.k, o32.a, o32.b, dw32.data(), db32.data());
+    emulate_weight_gradient<kc::tile_for<32>>(8, o16.m, o16.n, o16.k, o16.a, o16.b, dw16.data(), db16.data());
+    check_same_bits(dw16, dw32, "a Linear's dW from its dz in 16 bits");
+    check_same_bits(db16, db32, "a Linear's db from its dz in 16 bits");
+  }
 }
 
 }  // namespace
@@ -941,6 +1099,7 @@ TEST_CASE("bf16 storage: epilogues and sinks store the fp32 values rounded, the 
   CHECK(changed > 0);  // the comparison of rounded values was exercised
   constexpr fp::kernels::ConvGeometry odd{3, 13, 11, 3, 1, 1, 7, 13, 11};
   check_sinks_store_bf16<Epilogue<Relu>, 2>(odd, 9, 4);
+  check_sinks_store_bf16<Epilogue<>, 2>(odd, 4, 3);  // no activation: dz is the gradient itself
   check_sinks_store_bf16<Epilogue<Tanh>, 2>(odd, 5, 3);
   check_sinks_store_bf16<Epilogue<Gelu>, 2>(odd, 6, 2);  // saves z
 }

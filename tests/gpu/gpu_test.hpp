@@ -12,6 +12,8 @@
 
 #include "../support/fusedp_core.hpp"
 
+#include <fusedp/kernels/bf16.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -127,6 +129,16 @@ inline std::vector<float> random_values(std::size_t n, std::uint64_t stream, flo
   for (std::size_t i = 0; i < n; ++i)
     v[i] = lo + (hi - lo) * fp::rng::uniform(seed, fp::rng::stream(fp::rng::Purpose::test, stream), i);
   return v;
+}
+
+/// v rounded to bf16 values in place, and the BFloat16 elements that hold them (a 16-bit workspace's).
+inline std::vector<fp::kernels::BFloat16> stored_bf16(std::vector<float>& v) {
+  std::vector<fp::kernels::BFloat16> h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    h[i].bits = fp::kernels::to_bf16(v[i]);
+    v[i] = fp::kernels::from_bf16(h[i].bits);
+  }
+  return h;
 }
 
 /// ||got - want|| / ||want||, infinite when got holds a NaN or an infinity (e.g. an unwritten poisoned

@@ -5,6 +5,7 @@
 // untouched; under Fp32 the same tensors hold fp32 values. The Host's twin is tests/net/precision.cpp
 // (which also looks inside residual blocks, through the same code); that the values are the fp32 path's
 // rounded (the epilogues, the sinks, the pooling's winners) is tests/gpu/emulation.cu's, on the CPU.
+// A dz a sink writes into a ReLU stage is stored in 16 bits under Bf16 (received_dz_element): read so.
 #include "gpu_test.hpp"
 
 #include <fusedp/kernels/bf16.hpp>
@@ -57,6 +58,7 @@ struct StoredCheck {
   int outputs = 0, outputs_fp32 = 0;      // the stages' outputs
   int saved = 0, saved_fp32 = 0;          // what stages save for their own backward (z regions, blocks aside)
   int gradients = 0, gradients_fp32 = 0;  // the input gradients the groups store
+  int gradients_16bit = 0;                // of which dz stored in 16 bits by a sink
   bool logits_bf16 = true;
   bool input_unchanged = true;
 };
@@ -73,11 +75,7 @@ constexpr bool holds_argmax() {
 template <class L, class In>
 concept ResidualAt = requires { typename L::template body<In>; };
 
-// Whether dz = dy * Epi' of a bf16 dy is itself a bf16 value (the derivative is 0 or 1): what a sink
-// into a stage with this epilogue stores.
-template <class Epi>
-constexpr bool derivative_is_mask = std::is_same_v<Epi, fp::kernels::Epilogue<>> ||
-                                    std::is_same_v<Epi, fp::kernels::Epilogue<fp::kernels::Relu>>;
+using fp::kernels::derivative_is_mask;  // dz = dy * Epi' of a bf16 dy is a bf16 value: what a sink stores
 
 // Net's groups on a device of precision P, forward (and in training backward, group by group), and
 // what they stored: every stage output (in evaluation with its folds; not the conv of a fused conv +
@@ -168,8 +166,22 @@ StoredCheck check_stored(bool training) {
                 if constexpr (Below::kind == fp::CudaGroupKind::conv_maxpool)
                   values = n * Net::template stage<Below::first>::out::size;
               }
-              const std::vector<float> g =
-                  gpu_test::download(space, std::span<float>(cur.dy(), values));
+              // A sink stores a dz that is a bf16 value in 16 bits (received_dz_element).
+              const std::vector<float> g = [&] {
+                if constexpr (r != plan::group_count) {
+                  using Below = typename Net::template stage<plan::template group<r>::first>;
+                  using E = fp::kernels::cuda::received_dz_element<P, typename Below::epilogue>;
+                  if constexpr (std::is_same_v<E, fp::kernels::BFloat16>) {
+                    ++c.gradients_16bit;
+                    const auto h = gpu_test::download(
+                        space, std::span<const E>(reinterpret_cast<const E*>(cur.dy()), values));
+                    std::vector<float> out(h.size());
+                    for (std::size_t i = 0; i < h.size(); ++i) out[i] = fp::kernels::to_float(h[i]);
+                    return out;
+                  }
+                }
+                return gpu_test::download(space, std::span<float>(cur.dy(), values));
+              }();
               ++c.gradients;
               c.gradients_fp32 += count_non_bf16(g, 0, g.size()) == 0 ? 0 : 1;
             }
@@ -187,6 +199,7 @@ StoredCheck check_stored(bool training) {
 // max-pooling's output is the maximum of stored values: bf16 ones).
 struct Expect {
   bool gradients = true;
+  bool dz_16bit = false;  // a sink stores a dz in 16 bits (into a ReLU conv, conv + pool or Linear)
   bool saves = false;
   bool fp32_logits = true;
 };
@@ -208,6 +221,8 @@ void check_storage(const char* name, Expect expect) {
     CHECK(f.gradients_fp32 == f.gradients);
     CHECK(bf.outputs == f.outputs);  // the same tensors at both precisions (the plans group alike)
     CHECK(bf.gradients == f.gradients);
+    CHECK(f.gradients_16bit == 0);  // only a Bf16 model stores dz in 16 bits
+    CHECK((bf.gradients_16bit > 0) == (training && expect.dz_16bit));
     CHECK(bf.outputs > 0);
     CHECK((bf.saved > 0) == (training && expect.saves));
     CHECK((bf.gradients > 0) == (training && expect.gradients));
@@ -218,10 +233,10 @@ void check_storage(const char* name, Expect expect) {
 
 TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as a bf16 value, the logits in fp32") {
   FUSEDP_GPU_REQUIRE_DEVICE();
-  check_storage<Net>("conv + pool fused, tanh, linear", {});
+  check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true});
   check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.saves = true});
   check_storage<BlockOutputNet>("a residual block's output as the logits", {});
   check_storage<SeparateAddNet>("an identity block with an add of its own", {});
   check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});
-  check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits", {.fp32_logits = false});
+  check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits", {.dz_16bit = true, .fp32_logits = false});
 }

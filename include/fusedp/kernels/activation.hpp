@@ -4,6 +4,7 @@
 #include "fusedp/core/config.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 namespace fusedp::kernels {
 
@@ -109,5 +110,10 @@ struct Epilogue {
     }
   }
 };
+
+/// Whether Epi's derivative is 0 or 1 wherever it is taken (no activation, or ReLU): dz = dy * Epi' is
+/// then exactly a bf16 value whenever dy is one.
+template <class Epi>
+inline constexpr bool derivative_is_mask = std::is_same_v<Epi, Epilogue<>> || std::is_same_v<Epi, Epilogue<Relu>>;
 
 }  // namespace fusedp::kernels

@@ -22,6 +22,17 @@ FUSEDP_HD inline float from_bf16(std::uint16_t h) {
   return x;
 }
 
+/// A bfloat16 value as memory holds it (the upper 16 bits of a float): the element of a 16-bit
+/// activation workspace. A distinct type, so that an operand's element type says how to read it.
+struct BFloat16 {
+  std::uint16_t bits;
+};
+static_assert(sizeof(BFloat16) == 2, "BFloat16: two bytes");
+
+/// The value of a stored element as a float (exact for both).
+FUSEDP_HD inline float to_float(float x) { return x; }
+FUSEDP_HD inline float to_float(BFloat16 x) { return from_bf16(x.bits); }
+
 /// x rounded to the nearest bfloat16 value.
 FUSEDP_HD inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 

@@ -94,13 +94,17 @@ struct Conv2d {
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
-  /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp).
+  /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
+  /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
   template <class In, class Epi, bool DzIn, class T, class P, class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     using O = output<In>;
     constexpr int ohw = O::height * O::width;
-    if constexpr (DzIn) backward_from<In>(a, kernels::cuda::StoredGradient{a.dy, Out, ohw, O::width}, sink);
+    using E = kernels::cuda::received_dz_element<P, Epi>;
+    if constexpr (DzIn)
+      backward_from<In>(a, kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(a.dy), Out, ohw, O::width},
+                        sink);
     else backward_from<In>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
@@ -119,14 +123,19 @@ struct Conv2d {
     backward_maxpool_to<In, Epi, Kp, false>(a, dpool, pooled, argmax, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
   }
   /// backward_maxpool with the input gradient to `sink`. DzIn: `dpool` holds instead the conv's dense
-  /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink. With a.bf16_dx the
+  /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink (as
+  /// kernels::cuda::received_dz_element<P, Epi>). With a.bf16_dx the
   /// pooling's input gradient is a stored one: dpool is rounded before it is unpooled.
   template <class In, class Epi, int Kp, bool DzIn, class T, class P, class Sink>
   static void backward_maxpool_to(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                   const std::uint8_t* argmax, const Sink& sink) {
     using O = output<In>;
+    using E = kernels::cuda::received_dz_element<P, Epi>;
     if constexpr (DzIn)
-      backward_from<In>(a, kernels::cuda::StoredGradient{dpool, Out, O::height * O::width, O::width}, sink);
+      backward_from<In>(a,
+                        kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(dpool), Out, O::height * O::width,
+                                                           O::width},
+                        sink);
     else
       backward_from<In>(
           a,

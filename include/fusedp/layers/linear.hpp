@@ -68,15 +68,18 @@ struct Linear {
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds dz (batch, Out),
-  /// written by the stage above through an ActivationSink (net/cuda_plan.hpp).
+  /// written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
+  /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
   template <class In, class Epi, bool DzIn, class T, class P, class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
     using Tiles = kernels::cuda::GemmTiles<int(In::size)>;
     const auto target = kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index));
+    using E = kernels::cuda::received_dz_element<P, Epi>;
     if constexpr (DzIn)
-      kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.dy, sink,
-                                                      a.dw, a.db, a.scratch, a.update);
+      kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x,
+                                                      reinterpret_cast<const E*>(a.dy), sink, a.dw, a.db, a.scratch,
+                                                      a.update);
     else
       kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z,
                                                        a.dy, sink, a.dw, a.db, a.scratch, a.update);

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 
@@ -262,7 +263,8 @@ struct CudaGroups {
 
   /// Where the input gradient of group G goes (into `dx`, the gradient buffer the group below reads):
   /// the sink of the group below when it receives its dz from G (CudaPlan::dz_receiver), else dx itself;
-  /// `bf16`: the input gradient is stored in bf16 (the sink rounds it before it forms dz).
+  /// `bf16`: the input gradient is stored in bf16 (the sink rounds it before it forms dz). The sink
+  /// stores dz as the element the group below reads (kernels::cuda::received_dz_element).
   template <std::size_t G>
   auto dx_sink(const T* x, std::size_t batch, T* dx, bool bf16) {
     constexpr std::size_t r = plan::template dz_receiver<G>;
@@ -272,14 +274,19 @@ struct CudaGroups {
       static_assert(plan::template group<G>::first > 0, "CudaGroups: a group below the first one");
       using Below = typename plan::template group<r>;
       using S = typename Net::template stage<Below::first>;
+      using E = kernels::cuda::received_dz_element<P, typename S::epilogue>;
+      // A 16-bit dz holds exactly what the sink computes only from a gradient it rounded to bf16.
+      if constexpr (std::is_same_v<E, kernels::BFloat16>)
+        if (!bf16) throw std::logic_error("CudaGroups: a 16-bit dz from an input gradient not stored in bf16");
+      E* const dz = reinterpret_cast<E*>(dx);
       if constexpr (Below::kind == CudaGroupKind::conv_maxpool) {
         constexpr int k = detail::max_pool_window_of<typename Net::template stage<Below::first + 1>::layer>;
-        return kernels::cuda::UnpoolSink<typename S::epilogue, k>(dx, binding.template output_of<Below::first + 1>(x, batch),
+        return kernels::cuda::UnpoolSink<typename S::epilogue, k, E>(dz, binding.template output_of<Below::first + 1>(x, batch),
                                                                   argmax_of<Below::first>(x, batch), int(S::out::height),
                                                                   int(S::out::width), bf16);
       } else {
         const StageArgs<space_type, T> below = args_of<Below::first>(x, batch, true);
-        return kernels::cuda::ActivationSink<typename S::epilogue>{dx, below.y, below.z, bf16};
+        return kernels::cuda::ActivationSink<typename S::epilogue, E>{dz, below.y, below.z, bf16};
       }
     }
   }

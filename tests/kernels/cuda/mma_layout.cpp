@@ -9,7 +9,9 @@
 // and k, and split-K. Also checked: no shared-memory access of the kernel conflicts on a bank.
 //
 // The cp.async ring runs as the kernel schedules it (mma::Pipeline): copies land only when a wait
-// retires their commit group, their destinations read as NaN until then. What this cannot check is the
+// retires their commit group, their destinations read as NaN until then. An operand held in registers
+// (16 bits in memory) has its copies poisoned where they are issued and stored only after the slice in
+// hand is multiplied, so a store into a stage still being read, or a read before the store, shows. What this cannot check is the
 // hardware itself (the real instructions, the barriers between warps); tests/gpu/gemm_mma.cu does, on a
 // device.
 #include <doctest/doctest.h>
@@ -131,7 +133,7 @@ struct Result {
   std::vector<float> sums;  // splits x m
 };
 
-template <class TileT, Major MA, Major MB, int CopyA, int CopyB, bool Bf16>
+template <class TileT, Major MA, Major MB, int CopyA, int CopyB, bool Bf16, bool HeldA, bool HeldB>
 Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
   using LA = mma::SliceLayout<TileT::bm, MA, CopyA>;
   using LB = mma::SliceLayout<TileT::bn, MB, CopyB>;
@@ -161,11 +163,15 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
         // retires them.
         using Ring = mma::Pipeline<TileT::stages>;
         std::deque<Writes> groups;
-        Writes open;
+        Writes open, held;
         auto issue = [&](int s) {
           const int base = Ring::stage_of(s) * STAGE, k0 = k_begin + s * mma::slice_k;
-          copy_slice<LA>(open, smem, base, a, m0, k0, k_end, TileT::threads);
-          copy_slice<LB>(open, smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
+          copy_slice<LA>(HeldA ? held : open, smem, base, a, m0, k0, k_end, TileT::threads);
+          copy_slice<LB>(HeldB ? held : open, smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
+        };
+        auto store = [&] {
+          for (const auto& [at, v] : held) smem.at(at) = v;
+          held.clear();
         };
         auto commit = [&] {
           groups.push_back(std::move(open));
@@ -176,7 +182,10 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
             for (const auto& [at, v] : groups.front()) smem.at(at) = v;
         };
         for (int s = 0; s < Ring::prologue; ++s) {
-          if (s < slices) issue(s);
+          if (s < slices) {
+            issue(s);
+            store();
+          }
           commit();
         }
         for (int s = 0; s < slices; ++s) {
@@ -299,6 +308,7 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
               }
             }
           }
+          store();  // after the products, before the next barrier
         }
         wait(0);
         // Row sums: the butterfly over the four lanes of a fragment row, then lane % 4 == 0 writes.
@@ -335,7 +345,8 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
   return out;
 }
 
-template <class TileT, Major MA, Major MB, int CopyA = 4, int CopyB = 4, bool Bf16 = false>
+template <class TileT, Major MA, Major MB, int CopyA = 4, int CopyB = 4, bool Bf16 = false, bool HeldA = false,
+          bool HeldB = false>
 void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(TileT::bm);
   CAPTURE(TileT::bn);
@@ -348,10 +359,15 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(CopyA);
   CAPTURE(CopyB);
   CAPTURE(Bf16);
+  CAPTURE(HeldA);
+  CAPTURE(HeldB);
   std::mt19937 rng(seed);
-  const Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
+  Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
+  // Operands held in registers are bf16 values in memory.
+  for (float& v : a.data) v = HeldA ? mma::round_bf16_host(v) : v;
+  for (float& v : b.data) v = HeldB ? mma::round_bf16_host(v) : v;
   misaligned = 0;
-  const Result got = emulate<TileT, MA, MB, CopyA, CopyB, Bf16>(a, b, k_chunk, true);
+  const Result got = emulate<TileT, MA, MB, CopyA, CopyB, Bf16, HeldA, HeldB>(a, b, k_chunk, true);
   const auto round = [](float v) { return Bf16 ? mma::round_bf16_host(v) : mma::round_tf32_host(v); };
   const int splits = (k + k_chunk - 1) / k_chunk;
   int bad = 0;
@@ -405,6 +421,18 @@ void check_tile_bf16(int m, int n, int k, int k_chunk, unsigned seed) {
   check_gemm<TileT, Major::mn, Major::mn, 4, 4, true>(m, n, k, k_chunk, seed + 3);
   check_gemm<TileT, Major::mn, Major::k, 1, 1, true>(m, n, k, k_chunk, seed + 4);
   check_gemm<TileT, Major::k, Major::k, 1, 1, true>(m, n, k, k_chunk, seed + 5);
+}
+
+// Operands stored in 16 bits, loaded through registers and stored after the products: either operand
+// or both, copies of four or one, both layouts, with cp.async operands beside them.
+template <class TileT>
+void check_tile_held(int m, int n, int k, int k_chunk, unsigned seed) {
+  check_gemm<TileT, Major::k, Major::k, 4, 4, true, true, false>(m, n, k, k_chunk, seed);
+  check_gemm<TileT, Major::mn, Major::mn, 4, 4, true, false, true>(m, n, k, k_chunk, seed + 1);
+  check_gemm<TileT, Major::k, Major::mn, 4, 4, false, true, true>(m, n, k, k_chunk, seed + 2);
+  check_gemm<TileT, Major::mn, Major::k, 1, 4, true, true, false>(m, n, k, k_chunk, seed + 3);
+  check_gemm<TileT, Major::k, Major::k, 1, 1, true, true, true>(m, n, k, k_chunk, seed + 4);
+  check_gemm<TileT, Major::mn, Major::mn, 1, 1, false, true, true>(m, n, k, k_chunk, seed + 5);
 }
 
 // Banks (4-byte words modulo 32) of a set of accesses that the hardware serves in one pass.
@@ -548,6 +576,13 @@ TEST_CASE("mma layout: BF16 pairs two TF32-layout steps into m16n8k16 registers 
   check_tile_bf16<mma::MmaTile128x64>(64, 40, 200, 64, 71);
   check_tile_bf16<mma::MmaTile128x32>(129, 45, 97, 97, 81);
   check_tile_bf16<mma::MmaTile128x16>(130, 21, 66, 66, 91);
+}
+
+TEST_CASE("mma layout: operands held in registers (16 bits in memory) are stored where and when the ring allows") {
+  check_tile_held<mma::MmaTile128x128>(150, 137, 83, 83, 101);
+  check_tile_held<mma::MmaTile128x64>(64, 40, 200, 64, 111);  // splits, more slices than stages
+  check_tile_held<mma::MmaTile128x32>(129, 45, 97, 97, 121);
+  check_tile_held<mma::MmaTile128x16>(130, 21, 66, 66, 131);
 }
 
 TEST_CASE("mma layout: bf16 rounding on the host is to nearest, ties to even") {

@@ -43,20 +43,25 @@ struct ConvShape {
         div_ohw(g.out_h * g.out_w), div_k(g.kernel), div_kk(g.kernel * g.kernel), div_stride(g.stride) {}
 
   /// &x[img, ch, oy*s - p + ky, ox*s - p + kx] for patch index q = (ch, ky, kx); null in the padding.
-  FUSEDP_HD const float* gather_address(const float* x, int img, int oy, int ox, int q) const {
+  /// E: the stored element (float, or BFloat16 in a 16-bit workspace).
+  template <class E>
+  FUSEDP_HD const E* gather_address(const E* x, int img, int oy, int ox, int q) const {
     return gather_address(window(x, img, oy, ox), q);
   }
   /// A window of im2col's row: the image's first channel plane and the input position of the window's
   /// top-left tap, so that a gather needs only the patch index's division (a row cursor).
+  template <class E>
   struct Window {
-    const float* plane;
+    const E* plane;
     int iy0, ix0;
   };
-  FUSEDP_HD Window window(const float* x, int img, int oy, int ox) const {
+  template <class E>
+  FUSEDP_HD Window<E> window(const E* x, int img, int oy, int ox) const {
     return {x + std::size_t(img) * c * hw, oy * stride - pad, ox * stride - pad};
   }
   /// gather_address through a window: &x[img, ch, iy0 + ky, ix0 + kx], null in the padding.
-  FUSEDP_HD const float* gather_address(const Window& win, int q) const {
+  template <class E>
+  FUSEDP_HD const E* gather_address(const Window<E>& win, int q) const {
     int ch = 0, r = 0, ky = 0, kx = 0;
     div_kk.divmod(q, ch, r);
     div_k.divmod(r, ky, kx);
@@ -65,9 +70,10 @@ struct ConvShape {
     return win.plane + std::size_t(ch) * hw + std::size_t(iy) * w + ix;
   }
   /// The value gather_address points at; 0 in the padding.
-  FUSEDP_HD float gather(const float* x, int img, int oy, int ox, int q) const {
-    const float* a = gather_address(x, img, oy, ox, q);
-    return a != nullptr ? *a : 0.0f;
+  template <class E>
+  FUSEDP_HD float gather(const E* x, int img, int oy, int ox, int q) const {
+    const E* a = gather_address(x, img, oy, ox, q);
+    return a != nullptr ? to_float(*a) : 0.0f;
   }
 };
 
@@ -109,24 +115,48 @@ struct PooledConvGradient {
   }
 };
 
-/// dz stored densely as (batch, O, OH, OW): what the backward GEMMs read once materialize_dz has run.
-struct StoredGradient {
-  const float* dz;
+/// dz stored densely as (batch, O, OH, OW) elements E (float, or BFloat16 in a 16-bit workspace): what
+/// the backward GEMMs read once materialize_dz has run.
+template <class E>
+struct StoredGradientOf {
+  using element = E;
+  const E* dz;
   int o, ohw, ow;
-  FUSEDP_HD const float* address(int img, int ch, int oy, int ox) const {
+  FUSEDP_HD const E* address(int img, int ch, int oy, int ox) const {
     return dz + (std::size_t(img) * o + ch) * ohw + std::size_t(oy) * ow + ox;
   }
-  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const { return *address(img, ch, oy, ox); }
+  FUSEDP_HD float operator()(int img, int ch, int oy, int ox) const { return to_float(*address(img, ch, oy, ox)); }
 };
+using StoredGradient = StoredGradientOf<float>;
 
 /// A dz source the tensor-core mainloop can copy from: one stored in memory.
 template <class Dz>
 concept AddressableGradient = requires(const Dz& d) {
-  { d.address(0, 0, 0, 0) } -> std::same_as<const float*>;
-  { d.dz } -> std::convertible_to<const float*>;
+  typename Dz::element;
+  { d.address(0, 0, 0, 0) } -> std::same_as<const typename Dz::element*>;
+  { d.dz } -> std::convertible_to<const typename Dz::element*>;
   { d.o } -> std::convertible_to<int>;
   { d.ohw } -> std::convertible_to<int>;
 };
+
+/// Whether Dz is a dz stored densely (of either element): the GEMMs read it in place.
+template <class Dz>
+inline constexpr bool is_stored_gradient = false;
+template <class E>
+inline constexpr bool is_stored_gradient<StoredGradientOf<E>> = true;
+
+namespace detail {
+// The element a dz operand copies: its stored element where it has one (float where it is computed
+// on the fly, which the tensor-core mainloop does not copy).
+template <class Dz>
+struct gradient_element {
+  using type = float;
+};
+template <AddressableGradient Dz>
+struct gradient_element<Dz> {
+  using type = typename Dz::element;
+};
+}  // namespace detail
 
 /// out[(img, ch, oy, ox)] = dz(img, ch, oy, ox) over the whole (batch, O, OH, OW) gradient, coalesced.
 template <class Dz>
@@ -143,52 +173,57 @@ __global__ void materialize_dz_kernel(const Dz dz, int n, FastDiv div_ohw, FastD
   }
 }
 
-/// Forward A operand: im2col(x), rows = output pixels (img, oy, ox), k = patch index. `source` (the
-/// tensor-core mainloop's 4-byte gathers) is the element's address, null in the padding.
-struct Im2colRows {
-  const float* x;
+/// Forward A operand: im2col(x) of stored elements E, rows = output pixels (img, oy, ox), k = patch
+/// index. `source` (the tensor-core mainloop's one-element gathers) is the element's address, null in
+/// the padding.
+template <class E>
+struct Im2colRowsOf {
+  using element = E;
+  const E* x;
   ConvShape s;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 1;
   /// Row cursor: output pixel m's window, computed once per row (gemm_mma.cuh hoists it per thread).
-  FUSEDP_HD ConvShape::Window row_cursor(int m) const {
+  FUSEDP_HD ConvShape::Window<E> row_cursor(int m) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(m, img, pix);
     s.div_ow.divmod(pix, oy, ox);
     return s.window(x, img, oy, ox);
   }
-  FUSEDP_HD const float* source(const ConvShape::Window& win, int q) const { return s.gather_address(win, q); }
-  FUSEDP_HD const float* source(int m, int q) const { return source(row_cursor(m), q); }
-  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD const E* source(const ConvShape::Window<E>& win, int q) const { return s.gather_address(win, q); }
+  FUSEDP_HD const E* source(int m, int q) const { return source(row_cursor(m), q); }
+  FUSEDP_HD const E* base() const { return x; }
   FUSEDP_HD float at(int m, int q) const {
-    const float* a = source(m, q);
-    return a != nullptr ? *a : 0.0f;
+    const E* a = source(m, q);
+    return a != nullptr ? to_float(*a) : 0.0f;
   }
 };
+using Im2colRows = Im2colRowsOf<float>;
 
 /// Forward A operand when max-pooling of window Kp is fused: rows enumerate the pooling windows and,
 /// inside each, the Kp x Kp output pixels in scan order; pixels outside every window are skipped.
-template <int Kp>
+template <int Kp, class E = float>
 struct PooledIm2colRows {
-  const float* x;
+  using element = E;
+  const E* x;
   ConvShape s;
   int ph, pw;
   FastDiv div_pw, div_phw;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 1;
-  FUSEDP_HD ConvShape::Window row_cursor(int m) const {
+  FUSEDP_HD ConvShape::Window<E> row_cursor(int m) const {
     const int win = m / (Kp * Kp), e = m % (Kp * Kp);
     int img = 0, wp = 0, py = 0, px = 0;
     div_phw.divmod(win, img, wp);
     div_pw.divmod(wp, py, px);
     return s.window(x, img, py * Kp + e / Kp, px * Kp + e % Kp);
   }
-  FUSEDP_HD const float* source(const ConvShape::Window& win, int q) const { return s.gather_address(win, q); }
-  FUSEDP_HD const float* source(int m, int q) const { return source(row_cursor(m), q); }
-  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD const E* source(const ConvShape::Window<E>& win, int q) const { return s.gather_address(win, q); }
+  FUSEDP_HD const E* source(int m, int q) const { return source(row_cursor(m), q); }
+  FUSEDP_HD const E* base() const { return x; }
   FUSEDP_HD float at(int m, int q) const {
-    const float* a = source(m, q);
-    return a != nullptr ? *a : 0.0f;
+    const E* a = source(m, q);
+    return a != nullptr ? to_float(*a) : 0.0f;
   }
 };
 
@@ -268,6 +303,7 @@ struct ConvBiasActivationMaxPool {
 /// (ky, kx) carries from output (oy, ox) to this pixel, or 0 where no output pixel reads it.
 template <class Dz>
 struct ConvGradientGather {
+  using element = typename detail::gradient_element<Dz>::type;
   Dz dz;
   ConvShape s;
   static constexpr bool k_fastest = false;
@@ -299,18 +335,18 @@ struct ConvGradientGather {
     int img = 0, ch = 0, oy = 0, ox = 0;
     return locate(row_cursor(m), q, img, ch, oy, ox) ? dz(img, ch, oy, ox) : 0.0f;
   }
-  FUSEDP_HD const float* source(const Pixel& at_pixel, int q) const
+  FUSEDP_HD const element* source(const Pixel& at_pixel, int q) const
     requires AddressableGradient<Dz>
   {
     int img = 0, ch = 0, oy = 0, ox = 0;
     return locate(at_pixel, q, img, ch, oy, ox) ? dz.address(img, ch, oy, ox) : nullptr;
   }
-  FUSEDP_HD const float* source(int m, int q) const
+  FUSEDP_HD const element* source(int m, int q) const
     requires AddressableGradient<Dz>
   {
     return source(row_cursor(m), q);
   }
-  FUSEDP_HD const float* base() const
+  FUSEDP_HD const element* base() const
     requires AddressableGradient<Dz>
   {
     return dz.dz;
@@ -319,6 +355,7 @@ struct ConvGradientGather {
 
 /// dx B operand: at(ch, (o, ky, kx)) = W[o, ch, ky, kx].
 struct ConvWeightsByInput {
+  using element = float;
   const float* w;
   ConvShape s;
   static constexpr bool k_fastest = true;
@@ -341,6 +378,7 @@ struct ConvWeightsByInput {
 /// dW A operand: at(o, (img, oy, ox)) = dz.
 template <class Dz>
 struct ConvGradientRows {
+  using element = typename detail::gradient_element<Dz>::type;
   Dz dz;
   ConvShape s;
   static constexpr bool k_fastest = true;
@@ -363,44 +401,47 @@ struct ConvGradientRows {
     s.div_ohw.divmod(kidx, img, pix);
     return {std::size_t(img) * dz.o * dz.ohw + pix};
   }
-  FUSEDP_HD const float* source(int oc, const Pixel& at_pixel) const
+  FUSEDP_HD const element* source(int oc, const Pixel& at_pixel) const
     requires AddressableGradient<Dz>
   {
     return dz.dz + at_pixel.offset + std::size_t(oc) * dz.ohw;
   }
-  FUSEDP_HD const float* source(int oc, int kidx) const
+  FUSEDP_HD const element* source(int oc, int kidx) const
     requires AddressableGradient<Dz>
   {
     return source(oc, k_cursor(kidx));
   }
-  FUSEDP_HD const float* base() const
+  FUSEDP_HD const element* base() const
     requires AddressableGradient<Dz>
   {
     return dz.dz;
   }
 };
 
-/// dW B operand: at(patch index, (img, oy, ox)) = im2col(x).
-struct Im2colColumns {
-  const float* x;
+/// dW B operand: at(patch index, (img, oy, ox)) = im2col(x) of stored elements E.
+template <class E>
+struct Im2colColumnsOf {
+  using element = E;
+  const E* x;
   ConvShape s;
   static constexpr bool k_fastest = true;
   static constexpr int copy_floats = 1;
   /// k cursor: output pixel kidx's window.
-  FUSEDP_HD ConvShape::Window k_cursor(int kidx) const {
+  FUSEDP_HD ConvShape::Window<E> k_cursor(int kidx) const {
     int img = 0, pix = 0, oy = 0, ox = 0;
     s.div_ohw.divmod(kidx, img, pix);
     s.div_ow.divmod(pix, oy, ox);
     return s.window(x, img, oy, ox);
   }
-  FUSEDP_HD const float* source(int q, const ConvShape::Window& win) const { return s.gather_address(win, q); }
-  FUSEDP_HD const float* source(int q, int kidx) const { return source(q, k_cursor(kidx)); }
-  FUSEDP_HD const float* base() const { return x; }
+  FUSEDP_HD const E* source(int q, const ConvShape::Window<E>& win) const { return s.gather_address(win, q); }
+  FUSEDP_HD const E* source(int q, int kidx) const { return source(q, k_cursor(kidx)); }
+  FUSEDP_HD const E* base() const { return x; }
   FUSEDP_HD float at(int q, int kidx) const {
-    const float* a = source(q, kidx);
-    return a != nullptr ? *a : 0.0f;
+    const E* a = source(q, kidx);
+    return a != nullptr ? to_float(*a) : 0.0f;
   }
 };
+using Im2colColumns = Im2colColumnsOf<float>;
 
 /// Epilogue of dx: the sink receives C at dx's flat index (img, ch, pixel); StoreSink stores it there.
 template <class Sink = StoreSink>
@@ -427,10 +468,11 @@ inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
 }
 
 /// The implicit GEMM of a Conv2d forward: rows are output pixels, columns output channels.
-/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue.
-template <class Epi>
-GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
-    const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* y, float* z,
+/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue. E: x's stored
+/// element.
+template <class Epi, class E>
+GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const E* x, float* y, float* z,
     const BatchNormFold<float>* fold = nullptr, const float* add = nullptr, bool bf16 = false) {
   const int m = batch * s.ohw;
   ConvBiasActivation<Epi> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
@@ -439,18 +481,18 @@ GemmProblem<Im2colRows, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
     epi.fold = *fold;
     epi.add = add;
   }
-  return {m, s.o, s.patch, s.patch, Im2colRows{x, s}, Rows{w, s.patch}, epi, nullptr};
+  return {m, s.o, s.patch, s.patch, Im2colRowsOf<E>{x, s}, Rows{w, s.patch}, epi, nullptr};
 }
 
 /// The implicit GEMM of a Conv2d forward with MaxPool2d<Kp> (stride Kp) fused: rows are the output
 /// pixels of whole pooling windows, window by window.
-template <class Epi, int Kp>
-GemmProblem<PooledIm2colRows<Kp>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv2d_maxpool_problem(
-    const ConvShape& s, int batch, const float* w, const float* b, const float* x, float* pooled,
+template <class Epi, int Kp, class E>
+GemmProblem<PooledIm2colRows<Kp, E>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv2d_maxpool_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const E* x, float* pooled,
     std::uint8_t* argmax, bool bf16 = false) {
   const int ph = s.oh / Kp, pw = s.ow / Kp;
   const int windows = batch * ph * pw;
-  const PooledIm2colRows<Kp> a{x, s, ph, pw, FastDiv(pw), FastDiv(ph * pw)};
+  const PooledIm2colRows<Kp, E> a{x, s, ph, pw, FastDiv(pw), FastDiv(ph * pw)};
   const ConvBiasActivationMaxPool<Epi, Kp> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw), bf16};
   return {windows * Kp * Kp, s.o, s.patch, s.patch, a, Rows{w, s.patch}, epi, nullptr};
 }
@@ -472,16 +514,17 @@ GemmProblem<ConvGradientGather<Dz>, ConvWeightsByInput, ConvInputStore<>> conv2d
   return conv2d_dx_problem_to(s, batch, dz, w, StoreSink{dx});
 }
 
-/// The operands of a Conv2d weight gradient: dW (O, C*K*K) = sum over (img, oy, ox) of dz im2col(x).
-template <class Dz>
+/// The operands of a Conv2d weight gradient: dW (O, C*K*K) = sum over (img, oy, ox) of dz im2col(x),
+/// x of stored elements E.
+template <class Dz, class E = float>
 struct ConvWeightGradientOperands {
   int m, n, k;
   ConvGradientRows<Dz> a;
-  Im2colColumns b;
+  Im2colColumnsOf<E> b;
 };
-template <class Dz>
-ConvWeightGradientOperands<Dz> conv2d_dw_operands(const ConvShape& s, int batch, const Dz& dz, const float* x) {
-  return {s.o, s.patch, batch * s.ohw, ConvGradientRows<Dz>{dz, s}, Im2colColumns{x, s}};
+template <class Dz, class E>
+ConvWeightGradientOperands<Dz, E> conv2d_dw_operands(const ConvShape& s, int batch, const Dz& dz, const E* x) {
+  return {s.o, s.patch, batch * s.ohw, ConvGradientRows<Dz>{dz, s}, Im2colColumnsOf<E>{x, s}};
 }
 
 /// Forward of Conv2d (no pooling fused) on `t`. Tiles: GemmTiles<out channels>. With `fold`
@@ -551,7 +594,7 @@ void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, c
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
   float* gemm_scratch = scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr;
-  if constexpr (std::is_same_v<Dz, StoredGradient>) {
+  if constexpr (is_stored_gradient<Dz>) {
     conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, gemm_scratch, update);
     return;
   } else {

@@ -16,6 +16,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/optimizer.hpp"
 
@@ -121,29 +122,36 @@ struct GemmProblem {
   }
 };
 
-/// Operand made of the rows of a row-major matrix: at(r, k) = p[r * ld + k]. For the tensor-core
-/// mainloop (gemm_mma.cuh) also `source`, the address of a 16-byte copy along k.
-struct Rows {
-  const float* p;
+/// Operand made of the rows of a row-major matrix of E (float, or BFloat16 where a 16-bit workspace
+/// holds it): at(r, k) = p[r * ld + k] as a float. For the tensor-core mainloop (gemm_mma.cuh) also
+/// `source`, the address of a copy of four elements along k.
+template <class E>
+struct RowsOf {
+  using element = E;
+  const E* p;
   int ld;
   static constexpr bool k_fastest = true;
   static constexpr int copy_floats = 4;
-  FUSEDP_HD float at(int r, int k) const { return p[std::size_t(r) * ld + k]; }
-  FUSEDP_HD const float* source(int r, int k) const { return p + std::size_t(r) * ld + k; }
-  FUSEDP_HD const float* base() const { return p; }
+  FUSEDP_HD float at(int r, int k) const { return to_float(p[std::size_t(r) * ld + k]); }
+  FUSEDP_HD const E* source(int r, int k) const { return p + std::size_t(r) * ld + k; }
+  FUSEDP_HD const E* base() const { return p; }
 };
+using Rows = RowsOf<float>;
 
-/// Operand made of the columns of a row-major matrix: at(r, k) = p[k * ld + r]; `source` as Rows, a
-/// copy running along r.
-struct Columns {
-  const float* p;
+/// Operand made of the columns of a row-major matrix of E: at(r, k) = p[k * ld + r]; `source` as
+/// RowsOf's, a copy running along r.
+template <class E>
+struct ColumnsOf {
+  using element = E;
+  const E* p;
   int ld;
   static constexpr bool k_fastest = false;
   static constexpr int copy_floats = 4;
-  FUSEDP_HD float at(int r, int k) const { return p[std::size_t(k) * ld + r]; }
-  FUSEDP_HD const float* source(int r, int k) const { return p + std::size_t(k) * ld + r; }
-  FUSEDP_HD const float* base() const { return p; }
+  FUSEDP_HD float at(int r, int k) const { return to_float(p[std::size_t(k) * ld + r]); }
+  FUSEDP_HD const E* source(int r, int k) const { return p + std::size_t(k) * ld + r; }
+  FUSEDP_HD const E* base() const { return p; }
 };
+using Columns = ColumnsOf<float>;
 
 /// A value another block of the same kernel wrote (and fenced): read from L2, past this SM's L1, which
 /// does not see other SMs' stores.

@@ -1,9 +1,12 @@
 #pragma once
 // The tensor-core GEMM mainloop (sm_80 and later, TF32): C (m x n) = sum over k of A(m, k) B(n, k) for
-// operands that say where each element lies (CopyOperand: gemm.cuh's Rows and Columns, copied 16 bytes
-// at a time, and conv2d.cuh's implicit-GEMM gathers, 4 bytes at a time), with gemm.cuh's GemmProblem,
-// split-K and epilogues unchanged. Per block: `Stages` 32-deep slices in flight through cp.async
-// (zero-filled past the problem's edges and in a convolution's padding), K-major slices XOR-swizzled in shared
+// operands that say where each element lies (CopyOperand: gemm.cuh's Rows and Columns, copied four
+// elements at a time, and conv2d.cuh's implicit-GEMM gathers, one at a time), with gemm.cuh's
+// GemmProblem, split-K and epilogues unchanged. Per block: `Stages` 32-deep slices in flight through
+// cp.async (zero-filled past the problem's edges and in a convolution's padding); an operand stored in
+// 16 bits (BFloat16, a 16-bit activation workspace) is loaded into registers instead when its copies
+// would be issued and stored to shared memory as fp32 (exact) after the slice in hand is multiplied, so
+// shared memory and everything after it are the same for either element. K-major slices XOR-swizzled in shared
 // memory and read by ldmatrix.x4, MN-major slices padded and read one float per register (ldmatrix
 // cannot transpose 32-bit elements), each element rounded once by cvt.rna.tf32 and multiplied by
 // mma.sync.m16n8k8 with fp32 accumulators in registers; the finished tile goes through shared memory to
@@ -18,6 +21,7 @@
 #if FUSEDP_HAS_CUDA
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/gemm.cuh"
 #include "fusedp/kernels/cuda/mma_layout.hpp"
 
@@ -31,16 +35,24 @@
 namespace fusedp::kernels::cuda {
 
 /// What the tensor-core mainloop asks of an operand (besides gemm.cuh's `at` and `k_fastest`):
-/// `copy_floats`, 4 (16-byte copies along the contiguous index: Rows and Columns, whose base and leading
-/// dimension must then be 16-byte aligned) or 1 (4-byte copies of gathered elements: the implicit GEMMs
-/// of a convolution); `source(row, k)`, the address of a copy's first float, or null where the copy
-/// is all zeros (a convolution's padding); `base()`, a valid address for the copies that read nothing.
+/// `element`, what memory holds (float, or BFloat16 in a 16-bit workspace); `copy_floats`, the elements
+/// of one copy and so the floats it fills in shared memory: 4 (copies along the contiguous index: Rows
+/// and Columns, whose base and leading dimension must then be aligned to four elements) or 1 (gathered
+/// elements: the implicit GEMMs of a convolution); `source(row, k)`, the address of a copy's first
+/// element, or null where the copy is all zeros (a convolution's padding); `base()`, a valid address for
+/// the copies that read nothing.
 template <class L>
 concept CopyOperand = requires(const L& l, int r, int k) {
+  typename L::element;
   { L::copy_floats } -> std::convertible_to<int>;
-  { l.source(r, k) } -> std::same_as<const float*>;
-  { l.base() } -> std::same_as<const float*>;
-} && (L::copy_floats == 1 || L::copy_floats == mma::chunk_floats);
+  { l.source(r, k) } -> std::same_as<const typename L::element*>;
+  { l.base() } -> std::same_as<const typename L::element*>;
+} && (std::is_same_v<typename L::element, float> || std::is_same_v<typename L::element, BFloat16>) &&
+                      (L::copy_floats == 1 || L::copy_floats == mma::chunk_floats);
+
+/// An operand the mainloop loads through registers: one stored in 16 bits (cp.async cannot widen).
+template <class L>
+inline constexpr bool held_in_registers = std::is_same_v<typename L::element, BFloat16>;
 
 template <class L>
 inline constexpr mma::Major major_of = L::k_fastest ? mma::Major::k : mma::Major::mn;
@@ -50,11 +62,11 @@ inline constexpr mma::Major major_of = L::k_fastest ? mma::Major::k : mma::Major
 /// conv2d.cuh's implicit-GEMM operands. The kernel hoists a cursor where its copies keep the row (or k).
 template <class L>
 concept RowCursorOperand = requires(const L& l) {
-  { l.source(l.row_cursor(0), 0) } -> std::same_as<const float*>;
+  { l.source(l.row_cursor(0), 0) } -> std::same_as<const typename L::element*>;
 };
 template <class L>
 concept KCursorOperand = requires(const L& l) {
-  { l.source(0, l.k_cursor(0)) } -> std::same_as<const float*>;
+  { l.source(0, l.k_cursor(0)) } -> std::same_as<const typename L::element*>;
 };
 
 namespace detail {
@@ -64,7 +76,8 @@ bool aligned_for_copies(const L& l) {
   if constexpr (L::copy_floats == 1) {
     return true;
   } else {
-    return reinterpret_cast<std::uintptr_t>(l.p) % 16 == 0 && l.ld % mma::chunk_floats == 0;
+    return reinterpret_cast<std::uintptr_t>(l.p) % (mma::chunk_floats * sizeof(typename L::element)) == 0 &&
+           l.ld % mma::chunk_floats == 0;
   }
 }
 
@@ -86,7 +99,8 @@ struct CopySource {
     else return 0;
   }
   template <class R, class K>
-  FUSEDP_HD static const float* at(const Op& op, const R& row_cursor, const K& k_cursor, int row, int k) {
+  FUSEDP_HD static const typename Op::element* at(const Op& op, const R& row_cursor, const K& k_cursor, int row,
+                                                  int k) {
     if constexpr (by_row) return op.source(row_cursor, k);
     else if constexpr (by_k) return op.source(row, k_cursor);
     else return op.source(row, k);
@@ -122,6 +136,51 @@ __device__ FUSEDP_ALWAYS_INLINE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 #endif
 }
+// A thread's copies of one slice of a 16-bit operand between their loads and their stores to shared
+// memory: `Copies` copies of `Elements` (4 or 1) elements, two elements to a 32-bit register (the
+// lower-numbered in the low half), so one-element gathers take half the registers. Indexed only by
+// constants (the loops over copies are unrolled), so it stays in registers.
+template <int Elements, int Copies>
+struct Held {
+  static constexpr int copies = Copies;
+  static constexpr int words = (Copies * Elements + 1) / 2;
+  unsigned w[words];
+  // The first `count` of copy j's elements at `gmem` (the rest zeros), through the read-only path: an
+  // 8-byte load for a whole copy of four (aligned as aligned_for_copies checks), one element at a time
+  // at an edge.
+  __device__ FUSEDP_ALWAYS_INLINE void fetch(int j, const BFloat16* gmem, int count) {
+    const auto* bits = reinterpret_cast<const unsigned short*>(gmem);
+    if constexpr (Elements == 4) {
+      if (count == 4) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(gmem));
+        w[2 * j] = v.x;
+        w[2 * j + 1] = v.y;
+        return;
+      }
+      unsigned e[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (i < count) e[i] = __ldg(bits + i);
+      w[2 * j] = e[0] | (e[1] << 16);
+      w[2 * j + 1] = e[2] | (e[3] << 16);
+    } else {
+      const unsigned e = count > 0 ? unsigned(__ldg(bits)) : 0u;
+      if (j % 2 == 0) w[j / 2] = e;
+      else w[j / 2] |= e << 16;
+    }
+  }
+  // Element e of the held copies, widened to fp32 (exactly): the bf16 bits become the upper half.
+  __device__ FUSEDP_ALWAYS_INLINE float value(int e) const {
+    return __uint_as_float(e % 2 == 0 ? w[e / 2] << 16 : w[e / 2] & 0xffff0000u);
+  }
+  // Copy j at its place in shared memory: one 16-byte store of four, or one float.
+  __device__ FUSEDP_ALWAYS_INLINE void land(int j, float* smem) const {
+    if constexpr (Elements == 4)
+      *reinterpret_cast<float4*>(smem) = make_float4(value(4 * j), value(4 * j + 1), value(4 * j + 2), value(4 * j + 3));
+    else
+      *smem = value(j);
+  }
+};
 __device__ FUSEDP_ALWAYS_INLINE void ldmatrix_x4(unsigned (&r)[4], const float* smem) {
 #ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
   __trap();
@@ -210,6 +269,7 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
   // under the 128-register bound).
   auto copy = [&](const auto& op, auto layout, auto source, const auto& rows_cursor, int copies_per_thread, int origin,
                   int rows, int k0, float* dst) {
+    static_assert(!held_in_registers<std::remove_cvref_t<decltype(op)>>, "gemm_mma_kernel: cp.async copies fp32 only");
     using L = decltype(layout);
     using Src = decltype(source);
     const auto k_cursor = Src::k_cursor(op, k0, tid);
@@ -231,12 +291,55 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
         if (L::copies % NT == 0 || tid + j * NT < L::copies) one(j);
     }
   };
+  // A 16-bit operand's copies of slice s: loaded into `held` (registers: the loop is unrolled), then
+  // stored to shared memory by `land` once the slice in hand is multiplied.
+  auto fetch = [&](const auto& op, auto layout, auto source, const auto& rows_cursor, auto& held, int origin, int rows,
+                   int k0) {
+    using L = decltype(layout);
+    using Src = decltype(source);
+    constexpr int copies_per_thread = std::remove_reference_t<decltype(held)>::copies;
+    const auto k_cursor = Src::k_cursor(op, k0, tid);
+#pragma unroll
+    for (int j = 0; j < copies_per_thread; ++j) {
+      if (L::copies % NT == 0 || tid + j * NT < L::copies) {
+        int r = 0, k = 0;
+        L::copy_at(tid + j * NT, r, k);
+        const int count = mma::copy_count<L::major, L::copy_floats>(origin + r, k0 + k, rows, k_end);
+        const BFloat16* src = count > 0 ? Src::at(op, rows_cursor, k_cursor, origin + r, k0 + k) : nullptr;
+        held.fetch(j, src, src != nullptr ? count : 0);
+      }
+    }
+  };
+  auto land = [&](auto layout, const auto& held, float* dst) {
+    using L = decltype(layout);
+    constexpr int copies_per_thread = std::remove_reference_t<decltype(held)>::copies;
+#pragma unroll
+    for (int j = 0; j < copies_per_thread; ++j) {
+      if (L::copies % NT == 0 || tid + j * NT < L::copies) {
+        int r = 0, k = 0;
+        L::copy_at(tid + j * NT, r, k);
+        held.land(j, dst + L::offset(r, k));
+      }
+    }
+  };
+  constexpr bool HA = held_in_registers<A>, HB = held_in_registers<B>;
+  detail::Held<A::copy_floats, HA ? CA : 1> held_a;
+  detail::Held<B::copy_floats, HB ? CB : 1> held_b;
+
   using Ring = mma::Pipeline<STAGES>;
+  // Slice s's copies: cp.async for fp32 operands, registers for 16-bit ones (until store(s)).
   auto load = [&](int s) {
     float* const stage = smem + Ring::stage_of(s) * STAGE;
     const int k0 = k_begin + s * mma::slice_k;
-    copy(p.a, LA{}, SA{}, a_rows, CA, m0, p.m, k0, stage);
-    copy(p.b, LB{}, SB{}, b_rows, CB, n0, p.n, k0, stage + W::b_base);
+    if constexpr (HA) fetch(p.a, LA{}, SA{}, a_rows, held_a, m0, p.m, k0);
+    else copy(p.a, LA{}, SA{}, a_rows, CA, m0, p.m, k0, stage);
+    if constexpr (HB) fetch(p.b, LB{}, SB{}, b_rows, held_b, n0, p.n, k0);
+    else copy(p.b, LB{}, SB{}, b_rows, CB, n0, p.n, k0, stage + W::b_base);
+  };
+  auto store = [&](int s) {
+    float* const stage = smem + Ring::stage_of(s) * STAGE;
+    if constexpr (HA) land(LA{}, held_a, stage);
+    if constexpr (HB) land(LB{}, held_b, stage + W::b_base);
   };
 
   int row0 = 0, col0 = 0;
@@ -248,15 +351,20 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
 
 #pragma unroll
   for (int s = 0; s < Ring::prologue; ++s) {
-    if (s < slices) load(s);
+    if (s < slices) {
+      load(s);
+      store(s);
+    }
     detail::cp_async_commit();
   }
   for (int s = 0; s < slices; ++s) {
-    // Slice s has landed (one commit group per slice, empty ones included), and every warp is done
-    // with slice s - 1, whose stage the next load overwrites.
+    // Slice s has landed (one commit group per slice, empty ones included; a 16-bit operand's stores
+    // before this barrier), and every warp is done with slice s - 1, whose stage the next load
+    // overwrites.
     detail::cp_async_wait<Ring::pending_at_wait>();
     __syncthreads();
-    if (Ring::issued_with(s) < slices) load(Ring::issued_with(s));
+    const bool more = Ring::issued_with(s) < slices;
+    if (more) load(Ring::issued_with(s));
     detail::cp_async_commit();
     const float* const stage = smem + Ring::stage_of(s) * STAGE;
     // The fp32 bits of one 8-deep step's fragments (the m16n8k8 .tf32 layouts), A's row sums on the way.
@@ -342,6 +450,10 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
           for (int j = 0; j < FN; ++j) detail::mma_bf16(acc[i][j], a16[i], b16[j]);
       }
     }
+    // Into the stage of slice s - 1, which no warp reads after the barrier above; read after the next.
+    if constexpr (HA || HB) {
+      if (more) store(Ring::issued_with(s));
+    }
   }
   detail::cp_async_wait<0>();
   __syncthreads();  // the stages become the accumulator tile
@@ -387,8 +499,9 @@ struct MmaDevice {
 };
 
 /// Whether the tensor-core mainloop can run a problem with tile TileT on device `d`: sm_80 or later,
-/// the tile's stages within the device's shared memory per block, operands copied 16 bytes at a time
-/// 16-byte aligned with leading dimensions a multiple of 4 floats, and splits of whole 32-deep slices.
+/// the tile's stages within the device's shared memory per block, operands copied four elements at a
+/// time aligned to four elements with leading dimensions a multiple of four, and splits of whole 32-deep
+/// slices.
 template <class TileT, class A, class B, class Epi>
 [[nodiscard]] bool gemm_mma_can_run(const GemmProblem<A, B, Epi>& p, const MmaDevice& d) {
   // The same for either precision: the shared memory holds fp32 either way.
@@ -412,7 +525,8 @@ void launch_gemm_mma(const GemmProblem<A, B, Epi>& p, int splits, const MmaDevic
   constexpr std::size_t bytes = TileT::template smem_bytes<major_of<A>, major_of<B>>;
   require(gemm_mma_can_run<TileT>(p, d), "gemm_mma: needs sm_80 or later (this device: sm_", d.arch, ") with ",
           bytes, " bytes of shared memory per block (it allows ", d.smem_per_block,
-          "), operands copied 16 bytes at a time 16-byte aligned with leading dimensions a multiple of 4 floats (A ",
+          "), operands copied four elements at a time aligned to four elements with leading dimensions a multiple "
+          "of four (A ",
           detail::aligned_for_copies(p.a) ? "is" : "is not", ", B ", detail::aligned_for_copies(p.b) ? "is" : "is not",
           ") and splits of whole 32-deep slices (k_chunk ", p.k_chunk, " of k ", p.k, ")");
   const unsigned gx = unsigned((p.m + TileT::bm - 1) / TileT::bm);

@@ -13,7 +13,9 @@
 // computes exactly what the unfused pass computes from the same v (the same float operations), so the
 // two paths give the same bits (tests/gpu/emulation.cu). Where the model stores its activation
 // gradients in bf16 (`bf16`, net/activation_storage.hpp), a sink first rounds v to bf16, the value the
-// unfused pass would have read stored, then forms dz from it in fp32 as that pass does.
+// unfused pass would have read stored, then forms dz from it in fp32 as that pass does. A dz that is
+// then a bf16 value (received_dz_element: the epilogue's derivative is a mask) is stored in 16 bits,
+// BFloat16, and the stage below's GEMMs read it so: the same values in half the bytes.
 //
 //   StoreSink            dy itself (no fusion: what the stage below then reads as its dy)
 //   ActivationSink<Epi>  dz = v * Epi'(z, y) at i (a Conv2d or Linear below with an activation)
@@ -23,13 +25,29 @@
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
+#include "fusedp/exec/precision.hpp"
+#include "fusedp/kernels/activation.hpp"
 #include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/cuda/fast_div.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace fusedp::kernels::cuda {
+
+/// The element a sink stores dz in for a stage below with epilogue Epi, on a space of precision P:
+/// BFloat16 where the model stores its activation gradients in bf16 (P is Bf16: the sink rounds the
+/// gradient it receives) and Epi's derivative is a mask, so dz is a bf16 value already; float otherwise.
+/// The GEMMs that read it round their operands to bf16 (P is Bf16) and sum the bias gradient from the
+/// values themselves, so 16 bits change no bit of their results.
+template <class P, class Epi>
+using received_dz_element =
+    std::conditional_t<std::is_same_v<P, precision::Bf16> && derivative_is_mask<Epi>, BFloat16, float>;
+
+/// v stored as an element E: itself, or its bf16 bits (rounded to nearest even; exact for a bf16 value).
+FUSEDP_HD inline void store_element(float* p, float v) { *p = v; }
+FUSEDP_HD inline void store_element(BFloat16* p, float v) { p->bits = to_bf16(v); }
 
 /// The value itself, stored at i: the input gradient as the layer below receives it unfused.
 struct StoreSink {
@@ -40,19 +58,20 @@ struct StoreSink {
 };
 
 /// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, z
-/// its pre-activation values where Epi saves them), as EpilogueGradient and ConvGradient compute it.
-template <class Epi>
+/// its pre-activation values where Epi saves them), as EpilogueGradient and ConvGradient compute it,
+/// stored as E (received_dz_element).
+template <class Epi, class E = float>
 struct ActivationSink {
-  float* dz;
+  E* dz;
   const float* y;
   const float* z;
   bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
   FUSEDP_HD void put(std::size_t i, float value) const {
     const float v = stored_value(value, bf16);
-    if constexpr (Epi::empty) dz[i] = v;
-    else if constexpr (Epi::saves_input) dz[i] = v * Epi::derivative(z[i], y[i]);
-    else dz[i] = v * Epi::derivative(y[i], y[i]);
+    if constexpr (Epi::empty) store_element(dz + i, v);
+    else if constexpr (Epi::saves_input) store_element(dz + i, v * Epi::derivative(z[i], y[i]));
+    else store_element(dz + i, v * Epi::derivative(y[i], y[i]));
   }
 };
 
@@ -60,9 +79,10 @@ struct ActivationSink {
 /// the gradient v of pooled element i = (plane, py, px): as PooledConvGradient reads it, v * Epi'(pooled)
 /// at the window's argmax and 0 at its other pixels. The last window of a row (column) also zeroes
 /// the pixels after it that no window covers (OW % Kp of them), so every element of dz is written once.
-template <class Epi, int Kp>
+/// Stored as E (received_dz_element).
+template <class Epi, int Kp, class E = float>
 struct UnpoolSink {
-  float* dz = nullptr;
+  E* dz = nullptr;
   const float* pooled = nullptr;
   const std::uint8_t* argmax = nullptr;
   int oh = 0, ow = 0, ph = 0, pw = 0;  // the conv's output and the pooled planes
@@ -70,7 +90,7 @@ struct UnpoolSink {
   bool bf16 = false;
 
   UnpoolSink() = default;
-  FUSEDP_HD UnpoolSink(float* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_,
+  FUSEDP_HD UnpoolSink(E* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_,
                        bool bf16_ = false)
       : dz(dz_), pooled(pooled_), argmax(argmax_), oh(oh_), ow(ow_), ph(oh_ / Kp), pw(ow_ / Kp),
         div_phw((oh_ / Kp) * (ow_ / Kp)), div_pw(ow_ / Kp), bf16(bf16_) {}
@@ -85,11 +105,11 @@ struct UnpoolSink {
     const int at = argmax[i];
     const int y0 = py * Kp, x0 = px * Kp;
     const int y1 = py + 1 == ph ? oh : y0 + Kp, x1 = px + 1 == pw ? ow : x0 + Kp;
-    float* base = dz + std::size_t(plane) * oh * ow;
+    E* base = dz + std::size_t(plane) * oh * ow;
     for (int y = y0; y < y1; ++y)
       for (int x = x0; x < x1; ++x) {
         const bool inside = y - y0 < Kp && x - x0 < Kp;
-        base[std::size_t(y) * ow + x] = inside && (y - y0) * Kp + (x - x0) == at ? g : 0.0f;
+        store_element(base + std::size_t(y) * ow + x, inside && (y - y0) * Kp + (x - x0) == at ? g : 0.0f);
       }
   }
 };

@@ -110,11 +110,13 @@ GemmProblem<GradientRows<Epi>, Columns, SinkRowMajor<StoreSink>> linear_dx_probl
                                                                                    float* dx) {
   return linear_dx_problem_to(batch, in, out, w, g, StoreSink{dx});
 }
-/// The input-gradient GEMM from dz stored (batch, out): plain rows, which the tensor-core mainloop copies.
-template <class Sink>
-GemmProblem<Rows, Columns, SinkRowMajor<Sink>> linear_stored_dx_problem(int batch, int in, int out, const float* w,
-                                                                        const float* dz, const Sink& sink) {
-  return {batch, in, out, out, Rows{dz, out}, Columns{w, in}, SinkRowMajor<Sink>{sink, batch, in}, nullptr};
+/// The input-gradient GEMM from dz stored (batch, out) as E (float, or BFloat16 where a sink stored it
+/// in 16 bits): plain rows, which the tensor-core mainloop copies.
+template <class Sink, class E>
+GemmProblem<RowsOf<E>, Columns, SinkRowMajor<Sink>> linear_stored_dx_problem(int batch, int in, int out,
+                                                                             const float* w, const E* dz,
+                                                                             const Sink& sink) {
+  return {batch, in, out, out, RowsOf<E>{dz, out}, Columns{w, in}, SinkRowMajor<Sink>{sink, batch, in}, nullptr};
 }
 
 /// The operands of a weight-gradient GEMM: dW (m, n) = sum over k of a(m, k) b(n, k).
@@ -133,11 +135,12 @@ WeightGradientOperands<GradientColumns<Epi>, Columns> linear_dw_operands(int bat
   return {out, in, batch, GradientColumns<Epi>{g, out}, Columns{x, in}};
 }
 
-/// dW (out, in) = dz^T x from dz stored (batch, out): a(o, b) and b(i, b) both plain columns (tensor-core
-/// copies); the row sums of a are db.
-inline WeightGradientOperands<Columns, Columns> linear_stored_dw_operands(int batch, int in, int out, const float* dz,
-                                                                          const float* x) {
-  return {out, in, batch, Columns{dz, out}, Columns{x, in}};
+/// dW (out, in) = dz^T x from dz stored (batch, out) as E: a(o, b) and b(i, b) both plain columns
+/// (tensor-core copies); the row sums of a are db.
+template <class E>
+WeightGradientOperands<ColumnsOf<E>, Columns> linear_stored_dw_operands(int batch, int in, int out, const E* dz,
+                                                                        const float* x) {
+  return {out, in, batch, ColumnsOf<E>{dz, out}, Columns{x, in}};
 }
 
 /// y[i + c] (and z[i + c], before Epi) of a split Linear forward (batch x n, row-major), c < L: the parts
@@ -251,9 +254,9 @@ std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
 /// Backward of Linear from dz stored (batch, out): dy itself when there is no activation, or what the
 /// stage above wrote through an ActivationSink. Both GEMMs read it as plain rows and columns; the input
 /// gradient goes to `sink`. Tiles: GemmTiles<in>.
-template <class Tiles, class P, class Sink>
+template <class Tiles, class P, class Sink, class E>
 void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
-                            const float* dz, const Sink& sink, float* dw, float* db, float* scratch,
+                            const E* dz, const Sink& sink, float* dw, float* db, float* scratch,
                             const LayerUpdate<float>& update = {}) {
   if (sink.active()) launch_layer_gemm<Tiles, P>(linear_stored_dx_problem(batch, in, out, w, dz, sink), 1, t);
   const auto ops = linear_stored_dw_operands(batch, in, out, dz, x);

@@ -140,7 +140,9 @@ using mma_tile_for =
 /// The schedule of the cp.async ring: the prologue issues slices 0 .. Stages - 2 (one commit group
 /// each, empty past the last slice); before computing slice s a thread waits until at most
 /// `pending_at_wait` groups are in flight (so slice s has landed), the block synchronizes, and slice
-/// s + Stages - 1 is issued into the stage slice s - 1 used.
+/// s + Stages - 1 is issued into the stage slice s - 1 used. An operand held in registers (16 bits in
+/// memory) is loaded where its copies would be issued and stored into that stage after slice s is
+/// multiplied: before the next barrier, which every read of the stage follows.
 template <int Stages>
 struct Pipeline {
   static constexpr int prologue = Stages - 1;
