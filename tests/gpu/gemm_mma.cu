@@ -243,8 +243,9 @@ void check_conv_held(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
   const auto w = gpu_test::upload(space, gpu_test::random_values(g.out_channels * g.patch(), stream + 2));
   const auto b = gpu_test::upload(space, gpu_test::random_values(std::size_t(g.out_channels), stream + 3));
   const int ph = s.oh / 2, pw = s.ow / 2;
-  std::vector<float> got[2][6];
+  std::vector<float> got[2][5];
   std::vector<std::uint8_t> winners[2];
+  bool forward_ran = false;
   const auto run = [&](int i, const auto* xe, const auto* dze) {
     using E = std::remove_cvref_t<decltype(*xe)>;
     auto scratch = gpu_test::poisoned<float>(space, kc::weight_gradient_scratch<kc::mma::mma_tile_for<Patch>>(O, Patch, batch * s.ohw, sms) + 1);
@@ -255,7 +256,8 @@ void check_conv_held(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
     auto dw = gpu_test::poisoned<float>(space, g.out_channels * g.patch());
     auto db = gpu_test::poisoned<float>(space, std::size_t(g.out_channels));
     const auto fwd = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), xe, y.data(), nullptr);
-    if (kc::gemm_mma_can_run<kc::mma::mma_tile_for<O>>(fwd, arch)) {  // weight rows 16-byte aligned
+    forward_ran = kc::gemm_mma_can_run<kc::mma::mma_tile_for<O>>(fwd, arch);  // weight rows 16-byte aligned
+    if (forward_ran) {
       kc::launch_gemm_mma<kc::mma::mma_tile_for<O>, false, P>(fwd, 1, arch, st);
       kc::launch_gemm_mma<kc::mma::mma_tile_for<O>, false, P>(
           kc::conv2d_maxpool_problem<Epi, 2>(s, batch, w.data(), b.data(), xe, pooled.data(), argmax.data()), 1, arch, st);
@@ -276,13 +278,12 @@ void check_conv_held(const fp::Cuda& space, const fp::kernels::ConvGeometry& g, 
   run(0, x.data(), dz.data());
   run(1, x16.data(), dz16.data());
   const char* what[] = {"y", "pooled", "dx", "dW", "db"};
-  for (int t = 0; t < 5; ++t) {
+  for (int t = forward_ran ? 0 : 2; t < 5; ++t) {  // without the forward, y and pooled stay poisoned
     CAPTURE(what[t]);
     CHECK(same_bits(got[1][t], got[0][t]));
+    CHECK(std::all_of(got[0][t].begin(), got[0][t].end(), [](float v) { return std::isfinite(v); }));
   }
-  CHECK(winners[1] == winners[0]);
-  const auto& dx0 = got[0][2];
-  CHECK(std::all_of(dx0.begin(), dx0.end(), [](float v) { return std::isfinite(v); }));
+  if (forward_ran) CHECK(winners[1] == winners[0]);
 }
 
 }  // namespace

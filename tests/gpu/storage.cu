@@ -59,6 +59,7 @@ struct StoredCheck {
   int saved = 0, saved_fp32 = 0;          // what stages save for their own backward (z regions, blocks aside)
   int gradients = 0, gradients_fp32 = 0;  // the input gradients the groups store
   int gradients_16bit = 0;                // of which dz stored in 16 bits by a sink
+  int dz_16bit_wrong = 0;                 // of those, with zeros where the mask does not put them
   bool logits_bf16 = true;
   bool input_unchanged = true;
 };
@@ -177,6 +178,25 @@ StoredCheck check_stored(bool training) {
                         space, std::span<const E>(reinterpret_cast<const E*>(cur.dy()), values));
                     std::vector<float> out(h.size());
                     for (std::size_t i = 0; i < h.size(); ++i) out[i] = fp::kernels::to_float(h[i]);
+                    // Read in the wrong element, a ReLU's dz would not be zero exactly where its mask is.
+                    using BelowGroup = typename plan::template group<r>;
+                    std::size_t nonzero = 0;
+                    for (float v : out) nonzero += v != 0.0f ? 1 : 0;
+                    if constexpr (BelowGroup::kind == fp::CudaGroupKind::conv_maxpool) {
+                      // Nonzero only at a window's winner.
+                      constexpr std::size_t k = fp::detail::max_pool_window_of<
+                          typename Net::template stage<BelowGroup::first + 1>::layer>;
+                      c.dz_16bit_wrong += nonzero > 0 && nonzero <= values / (k * k) ? 0 : 1;
+                    } else {
+                      const std::vector<float> y = gpu_test::download(
+                          space, std::span<float>(binding.template output_of<BelowGroup::first>(x.data(), n), values));
+                      std::size_t off_mask = 0, on = 0;
+                      for (std::size_t i = 0; i < values; ++i) {
+                        off_mask += y[i] <= 0.0f && out[i] != 0.0f ? 1 : 0;
+                        on += y[i] > 0.0f ? 1 : 0;
+                      }
+                      c.dz_16bit_wrong += off_mask == 0 && nonzero * 10 >= on * 9 && on > 0 ? 0 : 1;
+                    }
                     return out;
                   }
                 }
@@ -222,6 +242,7 @@ void check_storage(const char* name, Expect expect) {
     CHECK(bf.outputs == f.outputs);  // the same tensors at both precisions (the plans group alike)
     CHECK(bf.gradients == f.gradients);
     CHECK(f.gradients_16bit == 0);  // only a Bf16 model stores dz in 16 bits
+    CHECK(bf.dz_16bit_wrong == 0);
     CHECK((bf.gradients_16bit > 0) == (training && expect.dz_16bit));
     CHECK(bf.outputs > 0);
     CHECK((bf.saved > 0) == (training && expect.saves));

@@ -12,7 +12,8 @@
 // input gradient: GEMM epilogues, gradient sinks, the pooling, BatchNorm and elementwise kernels), so
 // the memory is still float but holds bf16 values; a Host at bf16 or bf16_emulated rounds in place
 // after each stage (round_stored), the reference the Cuda space is checked against. A 16-bit
-// workspace, which halves the bytes, keeps these values (issue 17).
+// workspace, which halves the bytes, keeps these values (issue 17); of it, the dz a gradient sink
+// writes into a ReLU stage is stored in 16 bits (kernels::cuda::received_dz_element).
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"

@@ -10,8 +10,9 @@
 //
 // The cp.async ring runs as the kernel schedules it (mma::Pipeline): copies land only when a wait
 // retires their commit group, their destinations read as NaN until then. An operand held in registers
-// (16 bits in memory) has its copies poisoned where they are issued and stored only after the slice in
-// hand is multiplied, so a store into a stage still being read, or a read before the store, shows. What this cannot check is the
+// (BFloat16 in memory) goes through mma::HeldCopies, the kernel's own packing, each thread's copies
+// fetched where they are issued (their destinations poisoned) and landed only after the slice in hand
+// is multiplied, so a store into a stage still being read, or a read before the store, shows. What this cannot check is the
 // hardware itself (the real instructions, the barriers between warps); tests/gpu/gemm_mma.cu does, on a
 // device.
 #include <doctest/doctest.h>
@@ -20,12 +21,15 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <random>
 #include <set>
 #include <vector>
 
+namespace fp = fusedp;
 namespace mma = fusedp::kernels::cuda::mma;
 using mma::Major;
 
@@ -80,6 +84,8 @@ struct Operand {
   Major major;
   int rows, k, ld;
   std::vector<float> data;
+  std::vector<fp::kernels::BFloat16> held;  // the same values as 16-bit elements, for a held operand
+  const fp::kernels::BFloat16* held_address(int r, int kk) const { return held.data() + (address(r, kk) - data.data()); }
   float at(int r, int kk) const {
     return major == Major::k ? data[std::size_t(r) * ld + kk] : data[std::size_t(kk) * ld + r];
   }
@@ -91,7 +97,7 @@ struct Operand {
 // Leading dimensions padded to a multiple of 4 floats (the kernel's alignment rule).
 Operand make_operand(Major major, int rows, int k, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  Operand o{major, rows, k, 0, {}};
+  Operand o{major, rows, k, 0, {}, {}};
   const int contiguous = major == Major::k ? k : rows, outer = major == Major::k ? rows : k;
   o.ld = (contiguous + 3) / 4 * 4;
   o.data.assign(std::size_t(outer) * o.ld, std::numeric_limits<float>::quiet_NaN());  // padding never read
@@ -126,6 +132,33 @@ void copy_slice(Writes& in_flight, std::vector<float>& smem, int base, const Ope
         smem.at(std::size_t(dst + e)) = std::numeric_limits<float>::quiet_NaN();
       }
     }
+}
+
+// A held operand's copies of one slice: each thread fetches its copies into an mma::HeldCopies from the
+// operand's 16-bit elements (their destinations poisoned now) and lands them when `lands` run.
+template <class Layout, int Threads>
+void hold_slice(std::vector<std::function<void()>>& lands, std::vector<float>& smem, int base, const Operand& o,
+                int row_origin, int k0, int k_end) {
+  constexpr int per_thread = (Layout::copies + Threads - 1) / Threads;
+  for (int tid = 0; tid < Threads; ++tid) {
+    mma::HeldCopies<Layout::copy_floats, per_thread> h{};
+    std::vector<std::pair<int, int>> at;  // (copy, shared-memory offset)
+    for (int j = 0; j < per_thread; ++j) {
+      const int i = tid + j * Threads;
+      if (i >= Layout::copies) continue;
+      int r = 0, k = 0;
+      Layout::copy_at(i, r, k);
+      const int count = mma::copy_count<Layout::major, Layout::copy_floats>(row_origin + r, k0 + k, o.rows, k_end);
+      h.fetch(j, count > 0 ? o.held_address(row_origin + r, k0 + k) : nullptr, count);
+      const int dst = base + Layout::offset(r, k);
+      if (Layout::copy_floats == 4) misaligned += dst % 4 != 0;
+      at.emplace_back(j, dst);
+      for (int e = 0; e < Layout::copy_floats; ++e) smem.at(std::size_t(dst + e)) = std::numeric_limits<float>::quiet_NaN();
+    }
+    lands.emplace_back([&smem, h, at] {
+      for (const auto& [j, dst] : at) h.land(j, &smem.at(std::size_t(dst)));
+    });
+  }
 }
 
 struct Result {
@@ -163,15 +196,18 @@ Result emulate(const Operand& a, const Operand& b, int k_chunk, bool row_sums) {
         // retires them.
         using Ring = mma::Pipeline<TileT::stages>;
         std::deque<Writes> groups;
-        Writes open, held;
+        Writes open;
+        std::vector<std::function<void()>> lands;
         auto issue = [&](int s) {
           const int base = Ring::stage_of(s) * STAGE, k0 = k_begin + s * mma::slice_k;
-          copy_slice<LA>(HeldA ? held : open, smem, base, a, m0, k0, k_end, TileT::threads);
-          copy_slice<LB>(HeldB ? held : open, smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
+          if constexpr (HeldA) hold_slice<LA, TileT::threads>(lands, smem, base, a, m0, k0, k_end);
+          else copy_slice<LA>(open, smem, base, a, m0, k0, k_end, TileT::threads);
+          if constexpr (HeldB) hold_slice<LB, TileT::threads>(lands, smem, base + W::b_base, b, n0, k0, k_end);
+          else copy_slice<LB>(open, smem, base + W::b_base, b, n0, k0, k_end, TileT::threads);
         };
         auto store = [&] {
-          for (const auto& [at, v] : held) smem.at(at) = v;
-          held.clear();
+          for (const auto& land : lands) land();
+          lands.clear();
         };
         auto commit = [&] {
           groups.push_back(std::move(open));
@@ -363,9 +399,12 @@ void check_gemm(int m, int n, int k, int k_chunk, unsigned seed) {
   CAPTURE(HeldB);
   std::mt19937 rng(seed);
   Operand a = make_operand(MA, m, k, rng), b = make_operand(MB, n, k, rng);
-  // Operands held in registers are bf16 values in memory.
-  for (float& v : a.data) v = HeldA ? mma::round_bf16_host(v) : v;
-  for (float& v : b.data) v = HeldB ? mma::round_bf16_host(v) : v;
+  // Operands held in registers are BFloat16 elements in memory (the padding's NaN too).
+  for (Operand* o : {HeldA ? &a : nullptr, HeldB ? &b : nullptr}) {
+    if (o == nullptr) continue;
+    for (float v : o->data) o->held.push_back(fp::kernels::BFloat16{fp::kernels::to_bf16(v)});
+    for (float& v : o->data) v = mma::round_bf16_host(v);
+  }
   misaligned = 0;
   const Result got = emulate<TileT, MA, MB, CopyA, CopyB, Bf16, HeldA, HeldB>(a, b, k_chunk, true);
   const auto round = [](float v) { return Bf16 ? mma::round_bf16_host(v) : mma::round_tf32_host(v); };
@@ -583,6 +622,46 @@ TEST_CASE("mma layout: operands held in registers (16 bits in memory) are stored
   check_tile_held<mma::MmaTile128x64>(64, 40, 200, 64, 111);  // splits, more slices than stages
   check_tile_held<mma::MmaTile128x32>(129, 45, 97, 97, 121);
   check_tile_held<mma::MmaTile128x16>(130, 21, 66, 66, 131);
+}
+
+// HeldCopies<E, C>: C copies fetched with counts 0..E (a partial copy at an edge, an all-zero one),
+// landed as the widened elements and zeros after `count`, whatever the words held before.
+template <int E, int C>
+void check_held_copies(unsigned seed) {
+  CAPTURE(E);
+  CAPTURE(C);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  constexpr std::size_t n = static_cast<std::size_t>(C) * E;
+  std::vector<fp::kernels::BFloat16> src(n);
+  for (auto& b : src) b.bits = fp::kernels::to_bf16(dist(rng));
+  mma::HeldCopies<E, C> h;
+  for (auto& w : h.w) w = 0xdeadbeefu;
+  int counts[C];
+  for (int j = 0; j < C; ++j) {
+    counts[j] = (3 * j + 1 + int(seed)) % (E + 1);
+    h.fetch(j, counts[j] > 0 ? &src[std::size_t(j) * E] : nullptr, counts[j]);
+  }
+  std::vector<float> out(n, std::numeric_limits<float>::quiet_NaN());
+  for (int j = 0; j < C; ++j) h.land(j, &out[std::size_t(j) * E]);
+  int bad = 0;
+  for (int j = 0; j < C; ++j)
+    for (int i = 0; i < E; ++i) {
+      const float want = i < counts[j] ? fp::kernels::to_float(src[std::size_t(j) * E + i]) : 0.0f;
+      const float got = out[std::size_t(j) * E + i];
+      if (std::memcmp(&got, &want, sizeof got) != 0 && bad++ < 3)
+        FAIL_CHECK("copy ", j, " element ", i, " (count ", counts[j], "): ", got, " vs ", want);
+    }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("mma layout: held copies pack two 16-bit elements to a word and land them widened, zeros past the count") {
+  check_held_copies<4, 1>(0);
+  check_held_copies<4, 3>(1);
+  check_held_copies<4, 4>(2);
+  check_held_copies<1, 16>(3);  // a gather's copies: two to a word
+  check_held_copies<1, 15>(4);  // an odd count: the last word half used
+  check_held_copies<1, 7>(5);
 }
 
 TEST_CASE("mma layout: bf16 rounding on the host is to nearest, ties to even") {

@@ -136,51 +136,6 @@ __device__ FUSEDP_ALWAYS_INLINE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 #endif
 }
-// A thread's copies of one slice of a 16-bit operand between their loads and their stores to shared
-// memory: `Copies` copies of `Elements` (4 or 1) elements, two elements to a 32-bit register (the
-// lower-numbered in the low half), so one-element gathers take half the registers. Indexed only by
-// constants (the loops over copies are unrolled), so it stays in registers.
-template <int Elements, int Copies>
-struct Held {
-  static constexpr int copies = Copies;
-  static constexpr int words = (Copies * Elements + 1) / 2;
-  unsigned w[words];
-  // The first `count` of copy j's elements at `gmem` (the rest zeros), through the read-only path: an
-  // 8-byte load for a whole copy of four (aligned as aligned_for_copies checks), one element at a time
-  // at an edge.
-  __device__ FUSEDP_ALWAYS_INLINE void fetch(int j, const BFloat16* gmem, int count) {
-    const auto* bits = reinterpret_cast<const unsigned short*>(gmem);
-    if constexpr (Elements == 4) {
-      if (count == 4) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(gmem));
-        w[2 * j] = v.x;
-        w[2 * j + 1] = v.y;
-        return;
-      }
-      unsigned e[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (i < count) e[i] = __ldg(bits + i);
-      w[2 * j] = e[0] | (e[1] << 16);
-      w[2 * j + 1] = e[2] | (e[3] << 16);
-    } else {
-      const unsigned e = count > 0 ? unsigned(__ldg(bits)) : 0u;
-      if (j % 2 == 0) w[j / 2] = e;
-      else w[j / 2] |= e << 16;
-    }
-  }
-  // Element e of the held copies, widened to fp32 (exactly): the bf16 bits become the upper half.
-  __device__ FUSEDP_ALWAYS_INLINE float value(int e) const {
-    return __uint_as_float(e % 2 == 0 ? w[e / 2] << 16 : w[e / 2] & 0xffff0000u);
-  }
-  // Copy j at its place in shared memory: one 16-byte store of four, or one float.
-  __device__ FUSEDP_ALWAYS_INLINE void land(int j, float* smem) const {
-    if constexpr (Elements == 4)
-      *reinterpret_cast<float4*>(smem) = make_float4(value(4 * j), value(4 * j + 1), value(4 * j + 2), value(4 * j + 3));
-    else
-      *smem = value(j);
-  }
-};
 __device__ FUSEDP_ALWAYS_INLINE void ldmatrix_x4(unsigned (&r)[4], const float* smem) {
 #ifdef FUSEDP_MMA_UNSUPPORTED_ARCH
   __trap();
@@ -323,8 +278,8 @@ __global__ void __launch_bounds__(TileT::threads, TileT::min_blocks) gemm_mma_ke
     }
   };
   constexpr bool HA = held_in_registers<A>, HB = held_in_registers<B>;
-  detail::Held<A::copy_floats, HA ? CA : 1> held_a;
-  detail::Held<B::copy_floats, HB ? CB : 1> held_b;
+  mma::HeldCopies<A::copy_floats, HA ? CA : 1> held_a;
+  mma::HeldCopies<B::copy_floats, HB ? CB : 1> held_b;
 
   using Ring = mma::Pipeline<STAGES>;
   // Slice s's copies: cp.async for fp32 operands, registers for 16-bit ones (until store(s)).

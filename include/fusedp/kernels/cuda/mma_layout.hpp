@@ -10,6 +10,7 @@
 //
 // Nothing here includes CUDA: g++ compiles it for the emulation, nvcc for the kernel.
 #include "fusedp/core/config.hpp"
+#include "fusedp/kernels/bf16.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -149,6 +150,77 @@ struct Pipeline {
   static constexpr int pending_at_wait = Stages - 2;
   FUSEDP_HD static constexpr int stage_of(int slice) { return slice % Stages; }
   FUSEDP_HD static constexpr int issued_with(int slice) { return slice + Stages - 1; }
+};
+
+/// A thread's copies of one slice of an operand stored in 16 bits (BFloat16), between their loads and
+/// their stores to shared memory (gemm_mma_kernel's operands held in registers): `Copies` copies of
+/// `Elements` (4 or 1) elements, two elements to a 32-bit word (the lower-numbered in the low half), so
+/// one-element gathers take half the registers. The kernel indexes it only by constants (its loops over
+/// copies are unrolled), so it stays in registers. Host code calls it too (the emulation).
+template <int Elements, int Copies>
+struct HeldCopies {
+  static_assert(Elements == 1 || Elements == chunk_floats, "HeldCopies: copies of four elements or one");
+  static constexpr int copies = Copies;
+  static constexpr int words = (Copies * Elements + 1) / 2;
+  std::uint32_t w[words];
+
+  /// Copy j: the first `count` of its elements at `src` (the rest zeros; src is not read when count is
+  /// 0). On a device through the read-only path, a whole copy of four as one 8-byte load (src aligned
+  /// as gemm_mma_can_run checks).
+  FUSEDP_HD FUSEDP_ALWAYS_INLINE void fetch(int j, const BFloat16* src, int count) {
+    if constexpr (Elements == 4) {
+#if defined(__CUDA_ARCH__)
+      if (count == 4) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+        w[2 * j] = v.x;
+        w[2 * j + 1] = v.y;
+        return;
+      }
+#endif
+      std::uint32_t e[4] = {0u, 0u, 0u, 0u};
+      for (int i = 0; i < 4; ++i)
+        if (i < count) e[i] = bits_at(src + i);
+      w[2 * j] = e[0] | (e[1] << 16);
+      w[2 * j + 1] = e[2] | (e[3] << 16);
+    } else {
+      const std::uint32_t e = count > 0 ? bits_at(src) : 0u;
+      if (j % 2 == 0) w[j / 2] = e;
+      else w[j / 2] |= e << 16;
+    }
+  }
+  /// Element e of the held copies as fp32 (exactly): its bf16 bits become the upper half.
+  FUSEDP_HD FUSEDP_ALWAYS_INLINE float value(int e) const {
+    const std::uint32_t u = e % 2 == 0 ? w[e / 2] << 16 : w[e / 2] & 0xffff0000u;
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f = 0;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+  }
+  /// Copy j's elements at `smem` (where the layout places the copy): one 16-byte store of four on a
+  /// device.
+  FUSEDP_HD FUSEDP_ALWAYS_INLINE void land(int j, float* smem) const {
+    if constexpr (Elements == 4) {
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<float4*>(smem) = make_float4(value(4 * j), value(4 * j + 1), value(4 * j + 2), value(4 * j + 3));
+#else
+      for (int i = 0; i < 4; ++i) smem[i] = value(4 * j + i);
+#endif
+    } else {
+      *smem = value(j);
+    }
+  }
+
+ private:
+  FUSEDP_HD FUSEDP_ALWAYS_INLINE static std::uint32_t bits_at(const BFloat16* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+#else
+    return p->bits;
+#endif
+  }
 };
 
 /// Lane roles of mma.sync m16n8k8: group = lane / 4 (a fragment row), member = lane % 4.
