@@ -207,6 +207,29 @@ TEST_CASE("Parallel on Cuda: the fused update (each bucket behind its all-reduce
   }
 }
 
+TEST_CASE("Parallel on Cuda: ParallelOptions::backward_branches reaches every replica, the same bits either way") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const int devices = std::min(fp::cuda_device_count(), 2);
+  using DP = fp::Parallel<LeNet, fp::CudaFp32, Small, fp::Overlap>;
+  fp::ParallelOptions serial_options;
+  serial_options.backward_branches = false;
+  DP branched{fp::replicas(devices), fp::seed(9)}, serial{fp::replicas(devices), fp::seed(9), serial_options};
+  for (int r = 0; r < devices; ++r) {
+    CHECK(branched.model(std::size_t(r)).uses_backward_branches());
+    CHECK_FALSE(serial.model(std::size_t(r)).uses_backward_branches());
+  }
+  fp::Sgd a{{.lr = 0.05f, .momentum = 0.9f}}, b = a;
+  for (int s = 0; s < 4; ++s) {
+    const Batch x = batch_of(batch, std::uint64_t(s));
+    const float la = branched.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                         fp::SoftmaxCrossEntropy{}, a);
+    const float lb = serial.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                       fp::SoftmaxCrossEntropy{}, b);
+    CHECK_MESSAGE(la == lb, "step " << s);
+  }
+  for (int r = 0; r < devices; ++r) CHECK(params_on_host(branched.model(std::size_t(r))) == params_on_host(serial.model(std::size_t(r))));
+}
+
 TEST_CASE("Parallel on Cuda: ReduceScatter keeps optimizer state for its block only, equal to the model's") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   const fp::Adam adam{{.lr = 0.01f}};

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   same(rank_list({1, 3}, {"a", "b", "a", "c"}), "ranks 1 (on b) and 3 (on c)");
   const std::string long_name(300, 'h');
   for (const std::string& name : {std::string("node-7"), long_name, std::string()}) {
-    fp::parallel::detail::RunIdentity id{1, 2, 3, 2, 4, 1, 0, name};
+    fp::parallel::detail::RunIdentity id{1, 2, 3, 2, 4, 1, 0, 1, name};
     const std::vector<std::string> hosts =
         fp::parallel::detail::check_same_run(id, 2, [](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           std::copy(mine, mine + n, all);
@@ -90,6 +90,23 @@ int main(int argc, char** argv) {
                     "check_same_run did not return the host name '" + want.substr(0, 20) + "...' of each rank");
   }
   mpi_test::check(fp::detail::processor_name() != "", rank, "MPI_Get_processor_name gave no name");
+  // A rank whose replicas run backward's weight gradients in order while rank 0's branch them (a Cuda
+  // Parallel's ParallelOptions::backward_branches) is named, as every other difference is.
+  {
+    const fp::parallel::detail::RunIdentity id{1, 2, 3, 2, 4, 1, 0, 1, "node"};
+    std::string message;
+    try {
+      (void)fp::parallel::detail::check_same_run(id, 2, [](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
+        std::copy(mine, mine + n, all);
+        std::copy(mine, mine + n, all + n);
+        all[n + 9] = 0;  // rank 1: backward_branches = false
+      });
+    } catch (const fp::InvalidArgument& e) {
+      message = e.what();
+    }
+    mpi_test::check(message.find("rank 1 has backward branches setting 0, rank 0 has 1") != std::string::npos, rank,
+                    "a different backward_branches was not reported: '" + message + "'");
+  }
 
   if (rank == 0 && mpi_test::failures == 0) std::printf("start-up mismatches reported on every rank; evaluation exact\n");
   return mpi_test::failures == 0 ? 0 : 1;

@@ -100,7 +100,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     world.collective_watch().set_hosts(parallel::detail::check_same_run(
         {Net::fingerprint, Net::param_count, policy::hash ^ precision_hash,  // and the precision
          world_, options.agree_on, std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes),
-         fusedp::detail::processor_name()},
+         std::uint64_t(options.backward_branches), fusedp::detail::processor_name()},
         world_, [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather_or_abort(mine, all, n, options_.timeout, "Parallel start-up check");
         }));
@@ -408,7 +408,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
 #endif
 
   void init() {
-    for (auto& rep : replicas_) rep.reducer = Reducer(parallel::bucket_plan<Net>(bucket_bytes(options_), sizeof(float)));
+    for (auto& rep : replicas_) {
+      rep.reducer = Reducer(parallel::bucket_plan<Net>(bucket_bytes(options_), sizeof(float)));
+      rep.model.use_backward_branches(options_.backward_branches);
+    }
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     if (weighted) weights_.assign(world_, 1.0);
     broadcast_parameters();

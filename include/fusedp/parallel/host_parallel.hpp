@@ -95,7 +95,7 @@ class Parallel<Net, Host, Policies...> {
     world.collective_watch().set_hosts(parallel::detail::check_same_run(
         {Net::fingerprint, Net::param_count, policy::hash ^ (std::uint64_t(options.host_precision) << 48),  // and the precision
          std::uint64_t(world.size()), options.agree_on,
-         std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes), fusedp::detail::processor_name()},
+         std::uint64_t(options.accumulate), std::uint64_t(options.bucket_bytes), 1, fusedp::detail::processor_name()},
         std::size_t(world.size()), [&](const std::uint64_t* mine, std::uint64_t* all, std::size_t n) {
           comm.all_gather(mine, all, n, "Parallel start-up check");
         }));

@@ -59,6 +59,11 @@ struct ParallelOptions {
   /// construction, and under MPI every rank must give the same value). Cuda: the space type's
   /// precision decides; anything but fp32 here is an error.
   HostPrecision host_precision = HostPrecision::fp32;
+  /// Cuda: whether each replica's backward runs its weight gradients beside the next layer's backward
+  /// (Model::use_backward_branches; on by default). The order of a step's collectives depends on it
+  /// where BatchNorm is synchronized, so under MPI every rank must give the same value (checked at
+  /// start-up). Host has no branches: ignored there.
+  bool backward_branches = true;
 };
 
 /// Loss and accuracy summed over every rank's evaluation samples.

@@ -27,6 +27,7 @@ struct RunIdentity {
   std::uint64_t agree_on;        // ParallelOptions::agree_on
   std::uint64_t accumulate = 1;  // ParallelOptions::accumulate
   std::uint64_t bucket_bytes = 0;  // ParallelOptions::bucket_bytes
+  std::uint64_t backward_branches = 1;  // ParallelOptions::backward_branches (Cuda; 1 on Host)
   std::string host;              // the machine this rank runs on (MPI_Get_processor_name), for messages
 };
 
@@ -35,7 +36,7 @@ struct RunIdentity {
 /// Returns every rank's host name, in rank order (the first 255 bytes of each).
 template <class Gather>
 std::vector<std::string> check_same_run(const RunIdentity& id, std::size_t world, Gather&& gather) {
-  constexpr std::size_t fields = 9, host_words = 32;  // a host name travels as 256 bytes
+  constexpr std::size_t fields = 10, host_words = 32;  // a host name travels as 256 bytes
   std::array<std::uint64_t, fields + host_words> mine{0x66757365647031ull /* "fusedp1" */,
                                                       FUSEDP_VERSION_MAJOR * 10000ull + FUSEDP_VERSION_MINOR * 100ull,
                                                       id.fingerprint,
@@ -44,11 +45,12 @@ std::vector<std::string> check_same_run(const RunIdentity& id, std::size_t world
                                                       id.world,
                                                       id.agree_on,
                                                       id.accumulate,
-                                                      id.bucket_bytes};
+                                                      id.bucket_bytes,
+                                                      id.backward_branches};
   std::memcpy(mine.data() + fields, id.host.data(), std::min(id.host.size(), host_words * 8 - 1));
   static constexpr const char* what[] = {"library",     "library version", "network fingerprint", "parameter count",
                                          "policy hash", "world size",      "agree_on value",      "accumulate count",
-                                         "bucket bytes"};
+                                         "bucket bytes", "backward branches setting"};
   std::vector<std::uint64_t> all(mine.size() * world);
   gather(mine.data(), all.data(), mine.size());
   std::ostringstream diff;
