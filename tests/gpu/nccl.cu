@@ -171,6 +171,20 @@ TEST_CASE("Parallel on Cuda, world size 1, reproduces Model<Net, Cuda> with the 
   world_one_reproduces_model<fp::Cuda, fp::reduce::ReduceScatter<>>("tf32, ReduceScatter");
 }
 
+// `steps` steps of two Parallels on the same batches (batch_of), each with its own optimizer: the same
+// loss at every step.
+template <class DP, class Opt>
+void same_losses(DP& p, Opt& pa, DP& q, Opt& qa, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    const Batch x = batch_of(batch, std::uint64_t(s));
+    const float lp = p.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                  fp::SoftmaxCrossEntropy{}, pa);
+    const float lq = q.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
+                                  fp::SoftmaxCrossEntropy{}, qa);
+    CHECK_MESSAGE(lp == lq, "step " << s);
+  }
+}
+
 TEST_CASE("Parallel on Cuda: the fused update (each bucket behind its all-reduce) is bit for bit the one pass") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   const int devices = std::min(fp::cuda_device_count(), 2);
@@ -180,14 +194,7 @@ TEST_CASE("Parallel on Cuda: the fused update (each bucket behind its all-reduce
   CHECK(fused.uses_fused_update());
   separate.use_fused_update(false);
   fp::AdamW a = adamw, b = adamw;
-  for (int s = 0; s < 6; ++s) {
-    const Batch x = batch_of(batch, std::uint64_t(s));
-    const float la = fused.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
-                                      fp::SoftmaxCrossEntropy{}, a);
-    const float lb = separate.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
-                                         fp::SoftmaxCrossEntropy{}, b);
-    CHECK_MESSAGE(la == lb, "step " << s);
-  }
+  same_losses(fused, a, separate, b, 6);
   for (int r = 0; r < devices; ++r) {
     INFO("replica " << r);
     auto& f = fused.model(std::size_t(r));
@@ -219,14 +226,7 @@ TEST_CASE("Parallel on Cuda: ParallelOptions::backward_branches reaches every re
     CHECK_FALSE(serial.model(std::size_t(r)).uses_backward_branches());
   }
   fp::Sgd a{{.lr = 0.05f, .momentum = 0.9f}}, b = a;
-  for (int s = 0; s < 4; ++s) {
-    const Batch x = batch_of(batch, std::uint64_t(s));
-    const float la = branched.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
-                                         fp::SoftmaxCrossEntropy{}, a);
-    const float lb = serial.train_step(std::span<const float>(x.x), std::span<const std::int32_t>(x.y),
-                                       fp::SoftmaxCrossEntropy{}, b);
-    CHECK_MESSAGE(la == lb, "step " << s);
-  }
+  same_losses(branched, a, serial, b, 4);
   for (int r = 0; r < devices; ++r) CHECK(params_on_host(branched.model(std::size_t(r))) == params_on_host(serial.model(std::size_t(r))));
 }
 
