@@ -149,9 +149,26 @@ void check_conv_maxpool(std::size_t batch, std::uint64_t stream) {
     FUSEDP_CHECK_CLOSE(download(space, ys), y_ref, bound<Space>(1), "pooled y");
     Pool::template backward<Mid, Epilogue<>>(ap);
     Conv::template backward<In, Epi>(ac);
-    // Host in float against Host in double: the same pooling winners except in ties closer than fp32.
-    Pool::template backward<Mid, Epilogue<>>(rp);
-    Conv::template backward<In, Epi>(rc);
+    // The reference as on Cuda, through the float forward's own winners (the first maximum of each
+    // window in scan order, as the Host pooling picks) and pooled values: in double, a near tie closer
+    // than fp32 can pick another winner (seed 18288174198987476507 did, once in a few hundred runs).
+    const auto m = download(space, mids);
+    const auto y = download(space, ys);
+    std::fill(dmid.begin(), dmid.end(), 0.0);
+    const std::size_t ph = Out::height, pw = Out::width;
+    for (std::size_t p = 0; p < batch * Mid::channels; ++p)
+      for (std::size_t py = 0; py < ph; ++py)
+        for (std::size_t px = 0; px < pw; ++px) {
+          std::size_t best = (p * Mid::height + py * K) * Mid::width + px * K;
+          for (std::size_t e = 0; e < std::size_t(K * K); ++e) {
+            const std::size_t at = (p * Mid::height + py * K + e / K) * Mid::width + px * K + e % K;
+            if (m[at] > m[best]) best = at;
+          }
+          const std::size_t j = (p * ph + py) * pw + px;
+          dmid[best] = double(dy[j]) * Epi::derivative(double(y[j]), double(y[j]));
+        }
+    rc.dy = dmid.data();
+    Conv::template backward<In, Epilogue<>>(rc);
   }
   FUSEDP_CHECK_CLOSE(download(space, dxs), dx_ref, bound<Space>(1), "dx");
   FUSEDP_CHECK_CLOSE(download(space, dws), dw_ref, bound<Space>(1), "dW");
