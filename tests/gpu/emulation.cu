@@ -392,8 +392,9 @@ void check_conv_held(const fp::kernels::ConvGeometry& g, int batch, int sm_count
     CHECK(argmax[1] == argmax[0]);
   }
 
-  const auto fwd32 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), nullptr, nullptr);
-  const auto fwd16 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), xh.data(), nullptr, nullptr);
+  float* const no_y = nullptr;
+  const auto fwd32 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), no_y, nullptr);
+  const auto fwd16 = kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), xh.data(), no_y, nullptr);
   check_held_sources(fwd16.a, fwd32.a, fwd32.m, fwd32.k, "forward A (im2col of bf16)");
   const kc::StoredGradient sd32{dz.data(), s.o, s.ohw, s.ow};
   const kc::StoredGradientOf<fp::kernels::BFloat16> sd16{dzh.data(), s.o, s.ohw, s.ow};
@@ -405,8 +406,8 @@ void check_conv_held(const fp::kernels::ConvGeometry& g, int batch, int sm_count
   check_held_sources(ops16.a, ops32.a, ops32.m, ops32.k, "dW A (bf16 dz by channel)");
   check_held_sources(ops16.b, ops32.b, ops32.n, ops32.k, "dW B (im2col of bf16 by pixel)");
   if constexpr (Kp > 1) {
-    const auto p32 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), nullptr, nullptr);
-    const auto p16 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), xh.data(), nullptr, nullptr);
+    const auto p32 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(), no_y, nullptr);
+    const auto p16 = kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), xh.data(), no_y, nullptr);
     check_held_sources(p16.a, p32.a, p32.m, p32.k, "pooled forward A (im2col of bf16 window by window)");
   }
 }
@@ -1078,6 +1079,159 @@ void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_
   }
 }
 
+// --- stage outputs stored in 16 bits (CudaPlan::output_element) ----------------------------------------
+// Under Bf16 the plan stores some group outputs as BFloat16 (net/cuda_plan.hpp). A writer told so stores
+// the bits of the bf16 values it stores in fp32 with `bf16` set; a reader told its input is BFloat16
+// (the GEMMs of the layer above, the sink that takes the derivative) computes from it what it computes
+// from fp32 copies of the same values. Outputs are poisoned (NaN in either width) before each run.
+
+using BF16 = fp::kernels::BFloat16;
+constexpr BF16 nan_bf16{0xffff};
+
+// A Linear reading x in 16 bits and writing y in 16 bits (GEMM epilogue, or both finishes of a split
+// forward) against fp32 x and y; the weight gradient of the same layer from the 16-bit x.
+template <class Epi, class TileT, int Out>
+void check_linear_narrow(int batch, int in, int sm_count) {
+  CAPTURE(batch);
+  CAPTURE(in);
+  auto x = random_values(std::size_t(batch) * in, 101);
+  const auto x16 = gpu_test::stored_bf16(x);  // x now holds the bf16 values x16 stores
+  const auto w = random_values(std::size_t(Out) * in, 102), b = random_values(std::size_t(Out), 103);
+  const std::size_t n = std::size_t(batch) * Out;
+  std::vector<float> y(n, nan_value), z(n, nan_value), z16(n, nan_value);
+  std::vector<BF16> y16(n, nan_bf16);
+  emulate_gemm<TileT, false>(kc::linear_forward_problem<Epi>(batch, in, Out, w.data(), b.data(), x.data(), y.data(),
+                                                            z.data(), true),
+                             1);
+  emulate_gemm<TileT, false>(kc::linear_forward_problem<Epi>(batch, in, Out, w.data(), b.data(), x16.data(),
+                                                            y16.data(), z16.data(), true),
+                             1);
+  check_same_bits(widened(y16), y, "linear y in 16 bits");
+  if constexpr (Epi::saves_input) check_same_bits(z16, z, "linear z kept in fp32 beside a 16-bit y");
+
+  // Split over `in` (the plan for few rows and a long reduction), finished by the GEMM's last blocks.
+  using Tiles = kc::GemmTiles<Out>;
+  const kc::SplitPlan sp = kc::linear_forward_split<Tiles>(batch, in, Out, sm_count);
+  REQUIRE(sp.splits > 1);
+  std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
+  const fp::ArrivalCounters counters{arrivals.data(), arrivals.size()};
+  std::vector<float> parts;
+  const auto split = [&](const auto* xe, auto* ye, float* ze) {
+    std::vector<float> scratch(kc::linear_forward_scratch<Tiles>(batch, in, Out, sm_count), nan_value);
+    bool in_gemm = false;
+    kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), xe, ye, ze,
+                                         scratch.data(), counters, true, [&](const auto& p, int splits) {
+                                           if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+                                           emulate_gemm<TileT, false>(p, splits);
+                                         });
+    CHECK(in_gemm);
+    parts = scratch;
+  };
+  std::vector<float> ys(n, nan_value), zs(n, nan_value), zs16(n, nan_value);
+  std::vector<BF16> ys16(n, nan_bf16);
+  split(x.data(), ys.data(), zs.data());
+  split(x16.data(), ys16.data(), zs16.data());
+  check_same_bits(widened(ys16), ys, "split linear y in 16 bits");
+  if constexpr (Epi::saves_input) check_same_bits(zs16, zs, "split linear z kept in fp32 beside a 16-bit y");
+  std::vector<BF16> yk16(n, nan_bf16);  // the second kernel's loop, from the same parts
+  for (std::size_t i = 0; i < n; ++i)
+    kc::finish_linear_sums<Epi>(parts.data(), sp.splits, n, i, Out, b.data(), yk16.data(), zs16.data(), true);
+  check_same_bits(widened(yk16), ys, "split linear y in 16 bits by the second kernel");
+
+  // dW = dz^T x and db with x read in 16 bits (the stored dz fp32 here; its 16 bits are checked above).
+  const auto dz = random_values(n, 104);
+  std::vector<float> dw(std::size_t(Out) * in, nan_value), db(Out, nan_value), dw16(dw), db16(db);
+  const auto o32 = kc::linear_stored_dw_operands(batch, in, Out, dz.data(), x.data());
+  const auto o16 = kc::linear_stored_dw_operands(batch, in, Out, dz.data(), x16.data());
+  emulate_weight_gradient<kc::tile_for<32>>(sm_count, o32.m, o32.n, o32.k, o32.a, o32.b, dw.data(), db.data());
+  emulate_weight_gradient<kc::tile_for<32>>(sm_count, o16.m, o16.n, o16.k, o16.a, o16.b, dw16.data(), db16.data());
+  check_same_bits(dw16, dw, "linear dW from x in 16 bits");
+  check_same_bits(db16, db, "linear db beside x in 16 bits");
+}
+
+// A conv writing its output (or, with Kp > 1, its pooled values and argmax) in 16 bits from x in 16
+// bits, against fp32.
+template <class Epi, int Kp, class TileT>
+void check_conv_narrow(const fp::kernels::ConvGeometry& g, int batch) {
+  CAPTURE(batch);
+  const kc::ConvShape s(g);
+  auto x = random_values(batch * g.in_size(), 105);
+  const auto x16 = gpu_test::stored_bf16(x);
+  const auto w = random_values(g.out_channels * g.patch(), 106), b = random_values(std::size_t(g.out_channels), 107);
+  const std::size_t n = batch * g.out_size();
+  std::vector<float> y(n, nan_value), z(n, nan_value), z16(n, nan_value);
+  std::vector<BF16> y16(n, nan_bf16);
+  float* const zp = Epi::saves_input ? z.data() : nullptr;
+  float* const zp16 = Epi::saves_input ? z16.data() : nullptr;
+  emulate_gemm<TileT, false>(
+      kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x.data(), y.data(), zp, nullptr, nullptr, true), 1);
+  emulate_gemm<TileT, false>(
+      kc::conv2d_forward_problem<Epi>(s, batch, w.data(), b.data(), x16.data(), y16.data(), zp16, nullptr, nullptr, true),
+      1);
+  check_same_bits(widened(y16), y, "conv y in 16 bits");
+  if constexpr (Epi::saves_input) check_same_bits(z16, z, "conv z kept in fp32 beside a 16-bit y");
+  if constexpr (Kp > 1) {
+    const std::size_t pn = std::size_t(batch) * g.out_channels * (g.out_h / Kp) * (g.out_w / Kp);
+    std::vector<float> pooled(pn, nan_value);
+    std::vector<BF16> pooled16(pn, nan_bf16);
+    std::vector<std::uint8_t> argmax(pn, 0xff), argmax16(pn, 0xff);
+    emulate_gemm<TileT, false>(kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x.data(),
+                                                                   pooled.data(), argmax.data(), true),
+                               1);
+    emulate_gemm<TileT, false>(kc::conv2d_maxpool_problem<Epi, Kp>(s, batch, w.data(), b.data(), x16.data(),
+                                                                   pooled16.data(), argmax16.data(), true),
+                               1);
+    check_same_bits(widened(pooled16), pooled, "pooled values in 16 bits");
+    CHECK(argmax16 == argmax);
+  }
+}
+
+// The sinks reading the output of the stage below in 16 bits (Y = BFloat16) against reading fp32 copies:
+// every element of dz the same, for dz stored as E (received_dz_element) either way.
+template <class Epi, int Kp>
+void check_sinks_read_narrow(const fp::kernels::ConvGeometry& below_g, int batch) {
+  using E = kc::received_dz_element<fp::precision::Bf16, Epi>;
+  const auto as_floats = [](const std::vector<E>& v) {
+    if constexpr (std::is_same_v<E, BF16>) return widened(v);
+    else return v;
+  };
+  const E poison = [] {
+    if constexpr (std::is_same_v<E, BF16>) return nan_bf16;
+    else return nan_value;
+  }();
+  // UnpoolSink: the pooled values of a conv + max-pool (rounded as a Bf16 model stores them).
+  const PooledConvBelow<Epi, Kp> below(below_g, batch);
+  std::vector<float> pooled = below.pooled;
+  const auto pooled16 = gpu_test::stored_bf16(pooled);
+  const auto v = random_values(pooled.size(), 108);
+  std::vector<E> dz(below.dz_size(), poison), dz16(below.dz_size(), poison);
+  const kc::UnpoolSink<Epi, Kp, E> wide(dz.data(), pooled.data(), below.argmax.data(), below_g.out_h, below_g.out_w, true);
+  const kc::UnpoolSink<Epi, Kp, E, BF16> narrow(dz16.data(), pooled16.data(), below.argmax.data(), below_g.out_h,
+                                                below_g.out_w, true);
+  for (std::size_t i = 0; i < pooled.size(); ++i) {
+    wide.put(i, v[i]);
+    narrow.put(i, v[i]);
+  }
+  check_same_bits(as_floats(dz16), as_floats(dz), "dz unpooled from pooled values read in 16 bits");
+  // ActivationSink: a Linear's output y (and z, fp32, where Epi saves it) stored with bf16.
+  const int in = 23, out = 40;
+  const auto x = random_values(std::size_t(batch) * in, 109), w = random_values(std::size_t(out) * in, 110);
+  const auto b = random_values(std::size_t(out), 111);
+  std::vector<float> y(std::size_t(batch) * out, nan_value), zl(y.size(), nan_value);
+  emulate_gemm<kc::tile_for<64>, false>(
+      kc::linear_forward_problem<Epi>(batch, in, out, w.data(), b.data(), x.data(), y.data(), zl.data(), true), 1);
+  const auto y16 = gpu_test::stored_bf16(y);  // y holds bf16 values already: unchanged
+  const auto g = random_values(y.size(), 112);
+  std::vector<E> a(y.size(), poison), a16(y.size(), poison);
+  const kc::ActivationSink<Epi, E> wide_a{a.data(), y.data(), zl.data(), true};
+  const kc::ActivationSink<Epi, E, BF16> narrow_a{a16.data(), y16.data(), zl.data(), true};
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    wide_a.put(i, g[i]);
+    narrow_a.put(i, g[i]);
+  }
+  check_same_bits(as_floats(a16), as_floats(a), "dz formed from y read in 16 bits");
+}
+
 }  // namespace
 
 TEST_CASE("bf16 storage: epilogues and sinks store the fp32 values rounded, the fused pooling the stored winners (CPU emulation)") {
@@ -1102,6 +1256,28 @@ TEST_CASE("bf16 storage: epilogues and sinks store the fp32 values rounded, the 
   check_sinks_store_bf16<Epilogue<>, 2>(odd, 4, 3);  // no activation: dz is the gradient itself
   check_sinks_store_bf16<Epilogue<Tanh>, 2>(odd, 5, 3);
   check_sinks_store_bf16<Epilogue<Gelu>, 2>(odd, 6, 2);  // saves z
+}
+
+TEST_CASE("16-bit stage outputs: writers store the bits of their bf16 values, readers compute from them what they compute from fp32 (CPU emulation)") {
+  using kc::GemmTiles;
+  // Linear: CIFAR's fc1 shape, narrowed (few rows, long reduction: split); tile and epilogue variety.
+  check_linear_narrow<Epilogue<Relu>, kc::GemmTiles<72>::wmma, 72>(20, 1000, 132);
+  check_linear_narrow<Epilogue<Gelu>, kc::GemmTiles<72>::mma, 72>(20, 1000, 8);  // saves z
+  check_linear_narrow<Epilogue<Tanh>, kc::GemmTiles<130>::mma, 130>(100, 600, 132);
+  // Conv: plain and with max-pooling fused (2x2, and 4x4 with a column left).
+  constexpr fp::kernels::ConvGeometry a{3, 11, 9, 3, 2, 1, 5, 6, 5};
+  check_conv_narrow<Epilogue<Relu>, 1, kc::tile_for<5>>(a, 7);
+  constexpr fp::kernels::ConvGeometry b{4, 10, 12, 5, 1, 0, 6, 6, 8};
+  check_conv_narrow<Epilogue<Gelu>, 1, GemmTiles<6>::mma>(b, 5);
+  constexpr fp::kernels::ConvGeometry lenet1{1, 28, 28, 5, 1, 0, 6, 24, 24};
+  check_conv_narrow<Epilogue<Relu>, 2, kc::tile_for<6>>(lenet1, 6);
+  constexpr fp::kernels::ConvGeometry wide{2, 17, 18, 2, 1, 0, 40, 16, 17};
+  check_conv_narrow<Epilogue<Tanh>, 4, GemmTiles<40>::mma>(wide, 3);
+  // The sinks: a mask derivative (dz in 16 bits too), Tanh (from y), GELU (from z and y).
+  constexpr fp::kernels::ConvGeometry odd{3, 13, 11, 3, 1, 1, 7, 13, 11};
+  check_sinks_read_narrow<Epilogue<Relu>, 2>(odd, 5);
+  check_sinks_read_narrow<Epilogue<Tanh>, 2>(odd, 4);
+  check_sinks_read_narrow<Epilogue<Gelu>, 2>(odd, 3);
 }
 
 TEST_CASE("split-K plans cover the reduction exactly once") {

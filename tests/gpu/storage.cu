@@ -6,6 +6,8 @@
 // (which also looks inside residual blocks, through the same code); that the values are the fp32 path's
 // rounded (the epilogues, the sinks, the pooling's winners) is tests/gpu/emulation.cu's, on the CPU.
 // A dz a sink writes into a ReLU stage is stored in 16 bits under Bf16 (received_dz_element): read so.
+// The group outputs the plan narrows (CudaPlan::narrow_output) are stored in 16 bits: read so, and
+// their region's second half (where fp32 values would have gone) is left as the poison it held.
 #include "gpu_test.hpp"
 
 #include <fusedp/kernels/bf16.hpp>
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,6 +63,8 @@ struct StoredCheck {
   int gradients = 0, gradients_fp32 = 0;  // the input gradients the groups store
   int gradients_16bit = 0;                // of which dz stored in 16 bits by a sink
   int dz_16bit_wrong = 0;                 // of those, with zeros where the mask does not put them
+  int outputs_16bit = 0;                  // stage outputs stored in 16 bits (narrow_output)
+  int outputs_16bit_wrong = 0;            // of those, with a NaN or with the region's second half written
   bool logits_bf16 = true;
   bool input_unchanged = true;
 };
@@ -71,6 +76,24 @@ constexpr bool holds_argmax() {
     return (false || ... ||
             (Plan::template group<G>::kind == fp::CudaGroupKind::conv_maxpool && Plan::template group<G>::first == I));
   }(std::make_index_sequence<Plan::group_count>{});
+}
+
+// Whether stage I's output is a group's output the plan stores in 16 bits.
+template <class Plan, std::size_t I>
+constexpr bool narrow_stage() {
+  return []<std::size_t... G>(std::index_sequence<G...>) {
+    return (false || ... || (Plan::template group<G>::last == I && Plan::template narrow_output<G>));
+  }(std::make_index_sequence<Plan::group_count>{});
+}
+
+// `values` stage outputs at float offset `at` of the downloaded workspace `ws`, stored as 16-bit elements
+// in the region's first half.
+std::vector<float> narrow_values(const std::vector<float>& ws, std::size_t at, std::size_t values) {
+  std::vector<fp::kernels::BFloat16> h(values);
+  std::memcpy(h.data(), ws.data() + at, values * sizeof(fp::kernels::BFloat16));
+  std::vector<float> out(values);
+  for (std::size_t i = 0; i < values; ++i) out[i] = fp::kernels::to_float(h[i]);
+  return out;
 }
 
 template <class L, class In>
@@ -99,6 +122,8 @@ StoredCheck check_stored(bool training) {
   Groups groups{space, store, binding, scratch.data()};
   StoredCheck c;
   const auto workspace = [&] { return gpu_test::download(space, std::span<float>(binding.data(), binding.allocated())); };
+  // Every byte 0xff (a NaN in either width), so that what no kernel wrote shows.
+  FUSEDP_CUDA_CHECK(cudaMemsetAsync(binding.data(), 0xff, binding.allocated() * sizeof(float), space.stream()));
   groups.forward(x.data(), n, training);
   {
     const std::vector<float> ws = workspace();
@@ -110,7 +135,20 @@ StoredCheck check_stored(bool training) {
               if (!training && fp::detail::folds_next<Net, I>()) return;  // stage I + 1's output, checked there
               if constexpr (holds_argmax<plan, I>()) return;
               const std::size_t at = Net::stage_plan[I].out_offset * n, values = n * S::out::size;
-              if (fp::detail::is_network_output<Net, I>()) {
+              if constexpr (narrow_stage<plan, I>()) {
+                ++c.outputs;
+                ++c.outputs_16bit;
+                const std::vector<float> v = narrow_values(ws, at, values);
+                const bool nan = std::any_of(v.begin(), v.end(), [](float e) { return std::isnan(e); });
+                // Floats [at + values / 2 + 1, at + values) hold no 16-bit element: still poison.
+                bool untouched = true;
+                for (std::size_t i = at + values / 2 + 1; i < at + values; ++i) {
+                  std::uint32_t bits = 0;
+                  std::memcpy(&bits, &ws[i], sizeof bits);
+                  untouched = untouched && bits == 0xffffffffu;
+                }
+                c.outputs_16bit_wrong += nan || !untouched ? 1 : 0;
+              } else if (fp::detail::is_network_output<Net, I>()) {
                 c.logits_bf16 = count_non_bf16(ws, at, values) == 0;
               } else {
                 ++c.outputs;
@@ -188,8 +226,13 @@ StoredCheck check_stored(bool training) {
                           typename Net::template stage<BelowGroup::first + 1>::layer>;
                       c.dz_16bit_wrong += nonzero > 0 && nonzero <= values / (k * k) ? 0 : 1;
                     } else {
-                      const std::vector<float> y = gpu_test::download(
-                          space, std::span<float>(binding.template output_of<BelowGroup::first>(x.data(), n), values));
+                      // The output of the stage below, as it is stored (in 16 bits where the plan narrows it).
+                      constexpr std::size_t below_at = Net::stage_plan[BelowGroup::first].out_offset;
+                      const std::vector<float> ws = workspace();
+                      const std::vector<float> y =
+                          narrow_stage<plan, BelowGroup::first>()
+                              ? narrow_values(ws, below_at * n, values)
+                              : std::vector<float>(ws.begin() + below_at * n, ws.begin() + below_at * n + values);
                       std::size_t off_mask = 0, on = 0;
                       for (std::size_t i = 0; i < values; ++i) {
                         off_mask += y[i] <= 0.0f && out[i] != 0.0f ? 1 : 0;
@@ -220,6 +263,7 @@ StoredCheck check_stored(bool training) {
 struct Expect {
   bool gradients = true;
   bool dz_16bit = false;  // a sink stores a dz in 16 bits (into a ReLU conv, conv + pool or Linear)
+  int narrow = 0;         // stage outputs stored in 16 bits under Bf16 (CudaPlan::narrow_output)
   bool saves = false;
   bool fp32_logits = true;
 };
@@ -243,6 +287,9 @@ void check_storage(const char* name, Expect expect) {
     CHECK(bf.gradients == f.gradients);
     CHECK(f.gradients_16bit == 0);  // only a Bf16 model stores dz in 16 bits
     CHECK(bf.dz_16bit_wrong == 0);
+    CHECK(bf.outputs_16bit == expect.narrow);
+    CHECK(bf.outputs_16bit_wrong == 0);
+    CHECK(f.outputs_16bit == 0);
     CHECK((bf.gradients_16bit > 0) == (training && expect.dz_16bit));
     CHECK(bf.outputs > 0);
     CHECK((bf.saved > 0) == (training && expect.saves));
@@ -254,10 +301,13 @@ void check_storage(const char* name, Expect expect) {
 
 TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as a bf16 value, the logits in fp32") {
   FUSEDP_GPU_REQUIRE_DEVICE();
-  check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true});
-  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.saves = true});
+  // Narrowed: in Net the pooled values, the Tanh conv's output and the ReLU Linear's; in BlockNet the GELU
+  // Linear's; in PooledOutputNet the first conv's.
+  check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true, .narrow = 3});
+  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.narrow = 1, .saves = true});
   check_storage<BlockOutputNet>("a residual block's output as the logits", {});
   check_storage<SeparateAddNet>("an identity block with an add of its own", {});
   check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});
-  check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits", {.dz_16bit = true, .fp32_logits = false});
+  check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits",
+                                 {.dz_16bit = true, .narrow = 1, .fp32_logits = false});
 }

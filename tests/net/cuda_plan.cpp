@@ -4,13 +4,18 @@
 // their gradients' GEMMs).
 #include <doctest/doctest.h>
 
+#include <fusedp/kernels/bf16.hpp>
 #include <fusedp/kernels/optimizer.hpp>
+#include <fusedp/layers/activation.hpp>
+#include <fusedp/layers/batch_norm.hpp>
+#include <fusedp/layers/dropout.hpp>
 #include <fusedp/layers/named.hpp>
 #include <fusedp/models/resnet.hpp>
 #include <fusedp/net/cuda_plan.hpp>
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include "../support/seed_networks.hpp"
@@ -189,4 +194,61 @@ TEST_CASE("ElementRuns numbers the rest of the tensors consecutively") {
   for (std::size_t j = 0; j < runs.size(); ++j) got.push_back(runs.index(j));
   CHECK(got == std::vector<std::size_t>{0, 1, 2, 5, 10, 11, 12, 13});
   CHECK(fp::kernels::ElementRuns{}.size() == 0);
+}
+
+namespace {
+
+// The elements of every group's output and input under a plan, as 'b' (BFloat16) or 'f' (float).
+template <class Plan>
+std::string output_elements() {
+  return [&]<std::size_t... G>(std::index_sequence<G...>) {
+    return std::string{(std::is_same_v<typename Plan::template output_element<G>, fp::kernels::BFloat16> ? 'b' : 'f')...};
+  }(std::make_index_sequence<Plan::group_count>{});
+}
+template <class Plan>
+std::string input_elements() {
+  return [&]<std::size_t... G>(std::index_sequence<G...>) {
+    return std::string{(std::is_same_v<typename Plan::template input_element<G>, fp::kernels::BFloat16> ? 'b' : 'f')...};
+  }(std::make_index_sequence<Plan::group_count>{});
+}
+
+// A conv whose reader (the next conv) runs the BatchNorm after it in its epilogue in evaluation; a Tanh
+// conv, a Linear read by Dropout, a Linear that saves its input (GELU).
+using FoldingReader = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
+                                     fp::BatchNorm2d<>, fp::ReLU, fp::Flatten, fp::Linear<6>, fp::Tanh, fp::Linear<3>>;
+using TanhAndDropout = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<3, 3>, fp::Tanh, fp::Flatten, fp::Linear<8>,
+                                      fp::ReLU, fp::Dropout<0.25f>, fp::Linear<5>, fp::GELU, fp::Linear<2>>;
+
+}  // namespace
+
+TEST_CASE("which group outputs a Bf16 Cuda plan stores in 16 bits") {
+  using fp::precision::Bf16;
+  // CIFAR-10 CNN: conv1 + pool, conv2 + pool, Flatten, fc1 + ReLU, fc2. Both pooled outputs and fc1's are
+  // read only by the GEMMs above them and by the sinks that write their dz; the logits stay fp32.
+  using Cifar = fp::CudaPlan<CifarCnn, Bf16>;
+  CHECK(output_elements<Cifar>() == "bbfbf");
+  CHECK(input_elements<Cifar>() == "fbbbb");  // the Flatten reads conv2's pooled values too (it moves nothing)
+  CHECK(Cifar::narrow_output<0>);
+  CHECK_FALSE(Cifar::narrow_output<4>);
+  // Only Bf16 narrows.
+  CHECK(output_elements<fp::CudaPlan<CifarCnn, fp::precision::Tf32>>() == "fffff");
+  CHECK(input_elements<fp::CudaPlan<CifarCnn, fp::precision::Fp32>>() == "fffff");
+  // LeNet (no fused MLP under Bf16): conv1 + pool, conv2 + pool, Flatten, fc1, fc2, fc3.
+  CHECK(output_elements<Plain<Bf16>>() == "bbfbbf");
+  CHECK(input_elements<Plain<Bf16>>() == "fbbbbb");
+  CHECK(output_elements<Plain<fp::precision::Tf32>>() == "fffff");  // fc2 and fc3 one fused MLP
+  // conv1's reader folds a BatchNorm in evaluation (a conv with no epilogue before BatchNorm2d): conv1's
+  // output stays fp32, though it receives its dz. Groups: conv1, conv2, BatchNorm, Flatten, fc1 + Tanh, fc2.
+  using Folding = fp::CudaPlan<FoldingReader, Bf16>;
+  REQUIRE(Folding::group_count == 6);
+  CHECK(Folding::receives_dz<0>);
+  CHECK(output_elements<Folding>() == "ffffbf");
+  CHECK(input_elements<Folding>() == "fffffb");
+  // A Tanh conv's output is narrowed (the sink reads the stored y for the derivative), and so is a
+  // Linear's that saves its input (GELU: z stays fp32). The Linear read by Dropout is not. Groups: conv +
+  // Tanh, Flatten, fc1 + ReLU, Dropout, fc2 + GELU, fc3.
+  using Dropping = fp::CudaPlan<TanhAndDropout, Bf16>;
+  REQUIRE(Dropping::group_count == 6);
+  CHECK(output_elements<Dropping>() == "bfffbf");
+  CHECK(input_elements<Dropping>() == "fbbffb");
 }

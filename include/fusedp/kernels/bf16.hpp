@@ -41,4 +41,9 @@ FUSEDP_HD inline float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 /// gradient.
 FUSEDP_HD inline float stored_value(float v, bool bf16) { return bf16 ? round_bf16(v) : v; }
 
+/// v stored as an element E: itself, or its bf16 bits (rounded to nearest even; exact for a bf16 value,
+/// so a stored_value written in 16 bits reads back as the same value).
+FUSEDP_HD inline void store_element(float* p, float v) { *p = v; }
+FUSEDP_HD inline void store_element(BFloat16* p, float v) { p->bits = to_bf16(v); }
+
 }  // namespace fusedp::kernels

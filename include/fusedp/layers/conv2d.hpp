@@ -74,19 +74,20 @@ struct Conv2d {
   }
 
 #if FUSEDP_HAS_CUDA
-  // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed.
+  // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed. X and Y: the
+  // elements the input and the output are stored in (float; BFloat16 where CudaPlan::output_element
+  // stores a group's output in 16 bits, net/cuda_plan.hpp), what a.x and a.y (or `pooled`) point to.
   template <class In>
   using cuda_tile_x = kernels::cuda::GemmTiles<In::channels>;
   template <class In>
   using cuda_tile_w = kernels::cuda::GemmTiles<In::channels * K * K>;
 
-  template <class In, class Epi, class T, class P>
+  template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
-                                                                         geometry<In>, int(a.batch), a.w,
-                                                                         Bias ? a.b : nullptr, a.x, a.y, a.z, a.fold,
-                                                                         a.add, a.bf16_y);
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(
+        kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr,
+        reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.fold, a.add, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
@@ -96,25 +97,28 @@ struct Conv2d {
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
   /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
   /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
-  template <class In, class Epi, bool DzIn, class T, class P, class Sink>
+  /// Without DzIn the output is read for the activation's derivative: it must be stored in fp32 (Y).
+  template <class In, class Epi, bool DzIn, class X = float, class Y = float, class T, class P, class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
+    static_assert(DzIn || std::is_same_v<Y, float>,
+                  "Conv2d on Cuda: an output stored in 16 bits must receive its dz from the stage above");
     using O = output<In>;
     constexpr int ohw = O::height * O::width;
     using E = kernels::cuda::received_dz_element<P, Epi>;
     if constexpr (DzIn)
-      backward_from<In>(a, kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(a.dy), Out, ohw, O::width},
-                        sink);
-    else backward_from<In>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);
+      backward_from<In, X>(a, kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(a.dy), Out, ohw, O::width},
+                           sink);
+    else backward_from<In, X>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);
   }
   /// Forward of this conv and a following MaxPool2d<Kp> (stride Kp) in one GEMM: a.y is not written;
   /// `pooled` (batch, Out, OH/Kp, OW/Kp) receives the pooled values (stored as bf16 values with a.bf16_y),
-  /// `argmax` one byte per pooled value.
-  template <class In, class Epi, int Kp, class T, class P>
+  /// `argmax` one byte per pooled value. The pooled values are stored as Y.
+  template <class In, class Epi, int Kp, class X = float, class Y = float, class T, class P>
   static void forward_maxpool(const StageArgs<CudaSpace<P>, T>& a, T* pooled, std::uint8_t* argmax) {
     kernels::cuda::conv2d_maxpool_forward<Epi, Kp, kernels::cuda::GemmTiles<Out>, P>(
-        kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr, a.x, pooled,
-        argmax, a.bf16_y);
+        kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr,
+        reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(pooled), argmax, a.bf16_y);
   }
   /// Backward of forward_maxpool, from the gradient `dpool` of the pooled values.
   template <class In, class Epi, int Kp, class T, class P>
@@ -125,30 +129,32 @@ struct Conv2d {
   /// backward_maxpool with the input gradient to `sink`. DzIn: `dpool` holds instead the conv's dense
   /// dz (batch, Out, OH, OW), unpooled by the stage above through an UnpoolSink (as
   /// kernels::cuda::received_dz_element<P, Epi>). With a.bf16_dx the
-  /// pooling's input gradient is a stored one: dpool is rounded before it is unpooled.
-  template <class In, class Epi, int Kp, bool DzIn, class T, class P, class Sink>
+  /// pooling's input gradient is a stored one: dpool is rounded before it is unpooled. Without DzIn the
+  /// pooled values are read: they must be stored in fp32 (Y).
+  template <class In, class Epi, int Kp, bool DzIn, class X = float, class Y = float, class T, class P, class Sink>
   static void backward_maxpool_to(const StageArgs<CudaSpace<P>, T>& a, const T* dpool, const T* pooled,
                                   const std::uint8_t* argmax, const Sink& sink) {
+    static_assert(DzIn || std::is_same_v<Y, float>,
+                  "Conv2d on Cuda: pooled values stored in 16 bits must receive their dz from the stage above");
     using O = output<In>;
     using E = kernels::cuda::received_dz_element<P, Epi>;
     if constexpr (DzIn)
-      backward_from<In>(a,
+      backward_from<In, X>(a,
                         kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(dpool), Out, O::height * O::width,
                                                            O::width},
                         sink);
     else
-      backward_from<In>(
+      backward_from<In, X>(
           a,
           kernels::cuda::PooledConvGradient<Epi, Kp>{dpool, pooled, argmax, Out, O::height / Kp, O::width / Kp, a.bf16_dx},
           sink);
   }
-  /// The backward GEMMs from a dz source (kernels/cuda/conv2d.cuh: conv2d_backward_to).
-  template <class In, class T, class P, class Dz, class Sink>
+  /// The backward GEMMs from a dz source (kernels/cuda/conv2d.cuh: conv2d_backward_to), x read as X.
+  template <class In, class X = float, class T, class P, class Dz, class Sink>
   static void backward_from(const StageArgs<CudaSpace<P>, T>& a, const Dz& dz, const Sink& sink) {
-    kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index)),
-                                                                           geometry<In>, int(a.batch), dz, a.w, a.x,
-                                                                           sink, a.dw, Bias ? a.db : nullptr, a.scratch,
-                                                                           a.update);
+    kernels::cuda::conv2d_backward_to<cuda_tile_x<In>, cuda_tile_w<In>, P>(
+        kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index)), geometry<In>, int(a.batch),
+        dz, a.w, reinterpret_cast<const X*>(a.x), sink, a.dw, Bias ? a.db : nullptr, a.scratch, a.update);
   }
   /// Floats of Cuda workspace backward needs at exactly this batch size on a device of `sm_count` SMs
   /// (the dense dz and split-K partial sums; see CudaGroups::scratch_elements).

@@ -54,13 +54,15 @@ struct Linear {
 #if FUSEDP_HAS_CUDA
   // Cuda: one GEMM forward (bias and Epi in its epilogue); backward a dx GEMM and a weight-gradient
   // GEMM that load dz = dy * Epi' on the fly (or read dz stored), the bias gradient summed by the
-  // latter. dy is not changed.
-  template <class In, class Epi, class T, class P>
+  // latter. dy is not changed. X and Y: the elements the input and the output are stored in (float;
+  // BFloat16 where CudaPlan::output_element stores a group's output in 16 bits, net/cuda_plan.hpp), what
+  // a.x and a.y point to.
+  template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
-    kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(kernels::cuda::layer_target(a.space),
-                                                                         int(a.batch), int(In::size), Out, a.w, a.b,
-                                                                         a.x, a.y, a.z, a.scratch, a.bf16_y);
+    kernels::cuda::linear_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(
+        kernels::cuda::layer_target(a.space), int(a.batch), int(In::size), Out, a.w, a.b,
+        reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.scratch, a.bf16_y);
   }
   template <class In, class Epi, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
@@ -70,18 +72,22 @@ struct Linear {
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds dz (batch, Out),
   /// written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
   /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
-  template <class In, class Epi, bool DzIn, class T, class P, class Sink>
+  /// Without DzIn the output is read for the activation's derivative: it must be stored in fp32 (Y).
+  template <class In, class Epi, bool DzIn, class X = float, class Y = float, class T, class P, class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Linear on Cuda: the scalar type must be float");
+    static_assert(DzIn || std::is_same_v<Y, float>,
+                  "Linear on Cuda: an output stored in 16 bits must receive its dz from the stage above");
+    const X* x = reinterpret_cast<const X*>(a.x);
     using Tiles = kernels::cuda::GemmTiles<int(In::size)>;
     const auto target = kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index));
     using E = kernels::cuda::received_dz_element<P, Epi>;
     if constexpr (DzIn)
-      kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x,
+      kernels::cuda::linear_backward_stored<Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, x,
                                                       reinterpret_cast<const E*>(a.dy), sink, a.dw, a.db, a.scratch,
                                                       a.update);
     else
-      kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, a.x, a.y, a.z,
+      kernels::cuda::linear_backward_to<Epi, Tiles, P>(target, int(a.batch), int(In::size), Out, a.w, x, a.y, a.z,
                                                        a.dy, sink, a.dw, a.db, a.scratch, a.update);
   }
   /// Floats of Cuda workspace forward and backward need at exactly this batch size on a device of

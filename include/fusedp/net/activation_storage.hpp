@@ -10,10 +10,16 @@
 // networks) sets StageArgs::bf16_y and bf16_dx from stores_bf16_activations, false for the network's
 // output. Cuda kernels round as they write (kernels::stored_value in every store of a stage's output or
 // input gradient: GEMM epilogues, gradient sinks, the pooling, BatchNorm and elementwise kernels), so
-// the memory is still float but holds bf16 values; a Host at bf16 or bf16_emulated rounds in place
-// after each stage (round_stored), the reference the Cuda space is checked against. A 16-bit
-// workspace, which halves the bytes, keeps these values (issue 17); of it, the dz a gradient sink
-// writes into a ReLU stage is stored in 16 bits (kernels::cuda::received_dz_element).
+// the memory is float but holds bf16 values; a Host at bf16 or bf16_emulated rounds in place after
+// each stage (round_stored), the reference the Cuda space is checked against. Where every reader can
+// take 16 bits, the Cuda space stores the same values in 16-bit elements (kernels::BFloat16), half the
+// bytes and the same bits (issue 17):
+//   - the dz a gradient sink writes into a stage whose activation derivative is a mask (ReLU, none):
+//     kernels::cuda::received_dz_element;
+//   - a group's output that only the GEMMs of the group above and the sink that writes its dz read
+//     (CudaPlan::narrow_output: in the CIFAR-10 CNN both pooled outputs and fc1's).
+// The rest (pooling, BatchNorm, elementwise and residual kernels' tensors, a dz formed by backward
+// itself) keeps bf16 values in fp32 elements.
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"

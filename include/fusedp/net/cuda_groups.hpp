@@ -8,8 +8,9 @@
 // makes, and the group reads it stored. With an active `update` (a training step's fused optimizer) the
 // weight-gradient GEMMs of the groups CudaPlan::updates_in_gemm names also apply the optimizer to their
 // layers' weights and biases. Under precision::Bf16 every group stores its output and input gradient
-// as bf16 values (net/activation_storage.hpp), the fused conv + max-pool and the sinks included; the
-// fused MLP runs only under Tf32. With a side stream, each Conv2d and Linear group (alone or with its
+// as bf16 values (net/activation_storage.hpp), the fused conv + max-pool and the sinks included, and
+// the outputs CudaPlan::narrow_output names in 16 bits (each group's layers told the elements of their
+// input and output: CudaPlan::input_element, output_element); the fused MLP runs only under Tf32. With a side stream, each Conv2d and Linear group (alone or with its
 // fused max-pooling) but the first layer runs its weight-gradient GEMM on it, beside the next group's
 // backward, over three gradient buffers and two scratch halves (net/backward_cursor.hpp). Layers inside
 // a Residual block, and those of an MLP group run layer by layer (but its first Linear), run in order.
@@ -186,7 +187,7 @@ struct CudaGroups {
   /// Runs every group forward.
   void forward(const T* x, std::size_t batch, bool training) {
     [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (forward_group<typename plan::template group<G>>(x, batch, training), ...);
+      (forward_group<G>(x, batch, training), ...);
     }(std::make_index_sequence<plan::group_count>{});
   }
 
@@ -195,9 +196,26 @@ struct CudaGroups {
     (binding.template forward_stage<I>(space, store, x, batch, training, scratch), ...);
   }
 
-  template <class Gr>
+  // Whether group G's layer reads or writes an element other than float (CudaPlan::input_element,
+  // output_element). A Flatten reads none: its output is its input.
+  template <std::size_t G>
+  static constexpr bool narrow_group =
+      Net::template stage<plan::template group<G>::first>::kind != LayerKind::reshape &&
+      (!std::is_same_v<typename plan::template input_element<G>, float> ||
+       !std::is_same_v<typename plan::template output_element<G>, float>);
+
+  template <std::size_t G>
   void forward_group(const T* x, std::size_t batch, bool training) {
-    if constexpr (Gr::kind == CudaGroupKind::stage) {
+    using Gr = typename plan::template group<G>;
+    using X = typename plan::template input_element<G>;
+    using Y = typename plan::template output_element<G>;
+    if constexpr (Gr::kind == CudaGroupKind::stage && narrow_group<G>) {
+      // A Conv2d or Linear stage (the plan narrows no other, and none that folds a BatchNorm) with a 16-bit
+      // input or output: its layer told the elements, as StageBinding::forward_stage runs it otherwise.
+      using S = typename Net::template stage<Gr::first>;
+      const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::forward, S::first);
+      S::layer::template forward<typename S::in, typename S::epilogue, X, Y>(args_of<Gr::first>(x, batch, training));
+    } else if constexpr (Gr::kind == CudaGroupKind::stage) {
       forward_stages(x, batch, training, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
@@ -205,10 +223,11 @@ struct CudaGroups {
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::forward, S::first);
       // The conv's own bf16_y (its output is never the network's): the maximum of bf16 values is one,
       // also where the pooled values are the logits, as on the Host.
-      S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k>(
+      S::layer::template forward_maxpool<typename S::in, typename S::epilogue, k, X, Y>(
           args_of<Gr::first>(x, batch, training), binding.template output_of<Gr::first + 1>(x, batch),
           argmax_of<Gr::first>(x, batch));
     } else {
+      static_assert(!narrow_group<G>, "CudaGroups: the fused MLP reads and writes fp32");
       static_assert(std::is_same_v<P, precision::Tf32>, "CudaGroups: the fused MLP stores fp32 activations");
       if (!kernels::cuda::mlp_supported<mlp_spec<Gr>>(space)) {
         [&]<std::size_t... L>(std::index_sequence<L...>) {
@@ -264,7 +283,8 @@ struct CudaGroups {
   /// Where the input gradient of group G goes (into `dx`, the gradient buffer the group below reads):
   /// the sink of the group below when it receives its dz from G (CudaPlan::dz_receiver), else dx itself;
   /// `bf16`: the input gradient is stored in bf16 (the sink rounds it before it forms dz). The sink
-  /// stores dz as the element the group below reads (kernels::cuda::received_dz_element).
+  /// stores dz as the element the group below reads (kernels::cuda::received_dz_element), and reads that
+  /// group's output as the element it is stored in (CudaPlan::output_element).
   template <std::size_t G>
   auto dx_sink(const T* x, std::size_t batch, T* dx, bool bf16) {
     constexpr std::size_t r = plan::template dz_receiver<G>;
@@ -278,15 +298,17 @@ struct CudaGroups {
       // A 16-bit dz holds exactly what the sink computes only from a gradient it rounded to bf16.
       if constexpr (std::is_same_v<E, kernels::BFloat16>)
         if (!bf16) throw std::logic_error("CudaGroups: a 16-bit dz from an input gradient not stored in bf16");
+      using Y = typename plan::template output_element<r>;
       E* const dz = reinterpret_cast<E*>(dx);
       if constexpr (Below::kind == CudaGroupKind::conv_maxpool) {
         constexpr int k = detail::max_pool_window_of<typename Net::template stage<Below::first + 1>::layer>;
-        return kernels::cuda::UnpoolSink<typename S::epilogue, k, E>(dz, binding.template output_of<Below::first + 1>(x, batch),
-                                                                  argmax_of<Below::first>(x, batch), int(S::out::height),
-                                                                  int(S::out::width), bf16);
+        return kernels::cuda::UnpoolSink<typename S::epilogue, k, E, Y>(
+            dz, reinterpret_cast<const Y*>(binding.template output_of<Below::first + 1>(x, batch)),
+            argmax_of<Below::first>(x, batch), int(S::out::height), int(S::out::width), bf16);
       } else {
         const StageArgs<space_type, T> below = args_of<Below::first>(x, batch, true);
-        return kernels::cuda::ActivationSink<typename S::epilogue, E>{dz, below.y, below.z, bf16};
+        return kernels::cuda::ActivationSink<typename S::epilogue, E, Y>{dz, reinterpret_cast<const Y*>(below.y),
+                                                                          below.z, bf16};
       }
     }
   }
@@ -319,7 +341,8 @@ struct CudaGroups {
     a.dx = I > 0 ? cur.dx() : nullptr;
     {
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
-      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives>(a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
+      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives, typename plan::template input_element<G>,
+                                     typename plan::template output_element<G>>(a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
     }
     gemm_step_done<I>(cur);
     cur(I);
@@ -334,6 +357,7 @@ struct CudaGroups {
       // StageBinding::backward_stage, through backward_to.
       backward_stage_to<G, Gr::first, plan::template receives_dz<G>>(x, batch, cur);
     } else if constexpr (Gr::kind == CudaGroupKind::stage) {
+      static_assert(!narrow_group<G>, "CudaGroups: a stage with a 16-bit input or output runs through backward_to");
       backward_stages(x, batch, cur, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
@@ -343,7 +367,9 @@ struct CudaGroups {
       {
         // With receives_dz, the cursor's dy holds the conv's dense dz, not the pooled gradient.
         const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
-        S::layer::template backward_maxpool_to<typename S::in, typename S::epilogue, k, plan::template receives_dz<G>>(
+        S::layer::template backward_maxpool_to<typename S::in, typename S::epilogue, k, plan::template receives_dz<G>,
+                                               typename plan::template input_element<G>,
+                                               typename plan::template output_element<G>>(
             a, cur.dy(), binding.template output_of<Gr::first + 1>(x, batch), argmax_of<Gr::first>(x, batch),
             dx_sink<G>(x, batch, a.dx, a.bf16_dx));
       }

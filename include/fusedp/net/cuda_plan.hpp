@@ -27,8 +27,17 @@
 // (every group forms its own dz, as before), for measuring what it gives (benchmarks/gpu:
 // train_step_gpu_unfused); like every option that changes the plan, it must be the same in every
 // translation unit of a program.
+//
+// 16-bit stage outputs (issue 17): under precision::Bf16 a group's output is a bf16 value; where every
+// reader of it can read 16 bits, it is stored so (kernels::BFloat16), in half the bytes of its fp32
+// region. That is a group that receives its dz through a sink (so its own backward never reads its
+// output: the derivative is taken in the sink, which reads the element) and whose reader, the group
+// above past any Flatten, is a Conv2d or Linear stage or a conv + max-pool (GEMM operands, which widen
+// as they load) that folds no BatchNorm in evaluation. In the CIFAR-10 CNN: both pooled outputs and
+// fc1's (output_element, input_element; CudaGroups passes them to the layers).
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/pool_op.hpp"
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/layers/layer.hpp"
@@ -36,6 +45,7 @@
 #include "fusedp/layers/named.hpp"
 #include "fusedp/layers/pooling.hpp"
 #include "fusedp/net/sequential.hpp"
+#include "fusedp/net/stage_binding.hpp"
 
 #include <algorithm>
 #include <array>
@@ -308,6 +318,43 @@ struct plan_facts<Net, type_list<Gs...>> {
     }
     return r;
   }();
+  // above[g]: the first group after g that is not a reshape (the one that reads g's output), else count;
+  // feeder[g]: the last group before g that is not a reshape (whose output g reads), else count (g reads
+  // the network's input).
+  static constexpr std::array<std::size_t, count> above = [] {
+    std::array<std::size_t, count> r{};
+    for (std::size_t g = 0; g < count; ++g) {
+      std::size_t a = g + 1;
+      while (a < count && reshape[a]) ++a;
+      r[g] = a;
+    }
+    return r;
+  }();
+  static constexpr std::array<std::size_t, count> feeder = [] {
+    std::array<std::size_t, count> r{};
+    for (std::size_t g = 0; g < count; ++g) {
+      std::size_t b = g;
+      while (b > 0 && reshape[b - 1]) --b;
+      r[g] = b > 0 ? b - 1 : count;
+    }
+    return r;
+  }();
+  // folds[g]: the group's last stage runs the BatchNorm after it in its epilogue in evaluation.
+  static constexpr std::array<bool, count> folds{folds_next<Net, Gs::last>()...};
+  // narrow[g]: g's output may be stored in 16 bits (under Bf16): g receives its dz (so only a sink reads
+  // its output in backward), and the group above reads it through GEMM operands only: a Conv2d or
+  // Linear stage or a conv + max-pool (not a fused MLP, which reads fp32) that folds no BatchNorm.
+  static constexpr std::array<bool, count> narrow = [] {
+    std::array<bool, count> r{};
+    for (std::size_t g = 0; g < count; ++g)
+      r[g] = receives[g] && summary[above[g]].kind != CudaGroupKind::mlp && !folds[above[g]];
+    return r;
+  }();
+  static constexpr std::array<bool, count> narrow_input = [] {
+    std::array<bool, count> r{};
+    for (std::size_t g = 0; g < count; ++g) r[g] = feeder[g] != count && narrow[feeder[g]];
+    return r;
+  }();
   // receiver[g]: the group whose dz g's input gradient writes (g writes through a sink, and the last
   // group before it that is not a reshape receives), else count.
   static constexpr std::array<std::size_t, count> receiver = [] {
@@ -346,6 +393,21 @@ struct CudaPlan {
   /// input gradient plainly.
   template <std::size_t G>
   static constexpr std::size_t dz_receiver = detail::plan_facts<Net, groups>::receiver[G];
+
+  /// Whether group G stores its output in 16 bits (kernels::BFloat16): under precision::Bf16, where it
+  /// receives its dz and the group above reads it only through GEMM operands (the header's comment).
+  template <std::size_t G>
+  static constexpr bool narrow_output =
+      std::is_same_v<P, precision::Bf16> && detail::plan_facts<Net, groups>::narrow[G];
+  /// The element group G's output is stored in: BFloat16 where narrow_output, else float.
+  template <std::size_t G>
+  using output_element = std::conditional_t<narrow_output<G>, kernels::BFloat16, float>;
+  /// The element group G's input is stored in: the output element of the group below it (past any
+  /// Flatten), float for the network's input.
+  template <std::size_t G>
+  using input_element = std::conditional_t<std::is_same_v<P, precision::Bf16> &&
+                                               detail::plan_facts<Net, groups>::narrow_input[G],
+                                           kernels::BFloat16, float>;
 
   /// Fused optimizer (issue 17): whether group G's weight-gradient GEMMs apply the optimizer to its
   /// layers' weights and biases when the training step asks for it (a Conv2d or Linear stage, a

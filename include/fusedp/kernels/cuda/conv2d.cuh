@@ -230,10 +230,11 @@ struct PooledIm2colRows {
 /// Epilogue of an unfused conv forward: y[img, o, pixel] = Epi(C + b), z likewise before Epi.
 /// Evaluation with a BatchNorm folded in (fold.mean set): y = Epi(normalize(C + b) + add), each value
 /// normalized as batch_norm_eval_kernel would (the same operations, so the same bits), `add` (a residual
-/// block's shortcut, null when none) in y's layout, nothing saved. `bf16`: y stored as bf16 values.
-template <class Epi>
+/// block's shortcut, null when none) in y's layout, nothing saved. `bf16`: y stored as bf16 values, in
+/// elements Y (float, or BFloat16 where the plan stores this output in 16 bits); z is fp32.
+template <class Epi, class Y = float>
 struct ConvBiasActivation {
-  float* y;
+  Y* y;
   float* z;
   const float* bias;
   int m, n, ohw;
@@ -250,11 +251,11 @@ struct ConvBiasActivation {
       const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
       if (fold.mean != nullptr) {
         const float u = fold.channel(std::size_t(gn)).normalize(v);
-        y[i] = stored_value(Epi::apply(add ? u + add[i] : u), bf16);
+        store_element(y + i, stored_value(Epi::apply(add ? u + add[i] : u), bf16));
         return;
       }
       if constexpr (Epi::saves_input) z[i] = v;
-      y[i] = stored_value(Epi::apply(v), bf16);
+      store_element(y + i, stored_value(Epi::apply(v), bf16));
     });
   }
 };
@@ -263,9 +264,10 @@ struct ConvBiasActivation {
 /// the maximum of Epi(C + b) over the window (the first maximum in scan order; NaN wins, as on Host and
 /// in PyTorch) to pooled[img, o, py, px] and its position in the window to argmax. With `bf16` the values
 /// are compared as stored, rounded to bf16: the winner of a separate pooling over the stored conv output.
-template <class Epi, int Kp>
+/// Y: pooled's element (float, or BFloat16 where the plan stores it in 16 bits).
+template <class Epi, int Kp, class Y = float>
 struct ConvBiasActivationMaxPool {
-  float* pooled;
+  Y* pooled;
   std::uint8_t* argmax;
   const float* bias;
   int windows, n, phw;  // windows: batch * ph * pw
@@ -293,7 +295,7 @@ struct ConvBiasActivationMaxPool {
       int img = 0, wp = 0;
       div_phw.divmod(gw, img, wp);
       const std::size_t j = (std::size_t(img) * n + gn) * phw + wp;
-      pooled[j] = best;
+      store_element(pooled + j, best);
       argmax[j] = std::uint8_t(at);
     }
   }
@@ -468,14 +470,14 @@ inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
 }
 
 /// The implicit GEMM of a Conv2d forward: rows are output pixels, columns output channels.
-/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue. E: x's stored
-/// element.
-template <class Epi, class E>
-GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi>> conv2d_forward_problem(
-    const ConvShape& s, int batch, const float* w, const float* b, const E* x, float* y, float* z,
+/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue. E, Y: x's and
+/// y's stored elements.
+template <class Epi, class E, class Y>
+GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi, Y>> conv2d_forward_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const E* x, Y* y, float* z,
     const BatchNormFold<float>* fold = nullptr, const float* add = nullptr, bool bf16 = false) {
   const int m = batch * s.ohw;
-  ConvBiasActivation<Epi> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
+  ConvBiasActivation<Epi, Y> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
   epi.bf16 = bf16;
   if (fold != nullptr) {
     epi.fold = *fold;
@@ -485,15 +487,15 @@ GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi>> conv2d_forward_probl
 }
 
 /// The implicit GEMM of a Conv2d forward with MaxPool2d<Kp> (stride Kp) fused: rows are the output
-/// pixels of whole pooling windows, window by window.
-template <class Epi, int Kp, class E>
-GemmProblem<PooledIm2colRows<Kp, E>, Rows, ConvBiasActivationMaxPool<Epi, Kp>> conv2d_maxpool_problem(
-    const ConvShape& s, int batch, const float* w, const float* b, const E* x, float* pooled,
+/// pixels of whole pooling windows, window by window. E, Y: x's and pooled's stored elements.
+template <class Epi, int Kp, class E, class Y>
+GemmProblem<PooledIm2colRows<Kp, E>, Rows, ConvBiasActivationMaxPool<Epi, Kp, Y>> conv2d_maxpool_problem(
+    const ConvShape& s, int batch, const float* w, const float* b, const E* x, Y* pooled,
     std::uint8_t* argmax, bool bf16 = false) {
   const int ph = s.oh / Kp, pw = s.ow / Kp;
   const int windows = batch * ph * pw;
   const PooledIm2colRows<Kp, E> a{x, s, ph, pw, FastDiv(pw), FastDiv(ph * pw)};
-  const ConvBiasActivationMaxPool<Epi, Kp> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw), bf16};
+  const ConvBiasActivationMaxPool<Epi, Kp, Y> epi{pooled, argmax, b, windows, s.o, ph * pw, FastDiv(ph * pw), bf16};
   return {windows * Kp * Kp, s.o, s.patch, s.patch, a, Rows{w, s.patch}, epi, nullptr};
 }
 
@@ -529,10 +531,11 @@ ConvWeightGradientOperands<Dz, E> conv2d_dw_operands(const ConvShape& s, int bat
 
 /// Forward of Conv2d (no pooling fused) on `t`. Tiles: GemmTiles<out channels>. With `fold`
 /// (evaluation), the BatchNorm after it and `add` (a residual block's shortcut, or null) run in its
-/// epilogue. `bf16`: y stored as bf16 values.
-template <class Epi, class Tiles, class P>
+/// epilogue. `bf16`: y stored as bf16 values. X, Y: x's and y's stored elements (float, or BFloat16 in a
+/// 16-bit workspace).
+template <class Epi, class Tiles, class P, class X, class Y>
 void conv2d_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
-                    const float* x, float* y, float* z, const BatchNormFold<float>* fold = nullptr,
+                    const X* x, Y* y, float* z, const BatchNormFold<float>* fold = nullptr,
                     const float* add = nullptr, bool bf16 = false) {
   require(add == nullptr || fold != nullptr, "conv2d_forward on Cuda: an add needs a folded BatchNorm");
   check_conv_extent(g, std::size_t(batch));
@@ -541,10 +544,10 @@ void conv2d_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const
 
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
 /// position of each window's maximum. Tiles: GemmTiles<out channels>, whose BM must hold whole windows.
-/// `bf16`: the pooled values stored (and compared) as bf16 values.
-template <class Epi, int Kp, class Tiles, class P>
+/// `bf16`: the pooled values stored (and compared) as bf16 values. X, Y: x's and pooled's stored elements.
+template <class Epi, int Kp, class Tiles, class P, class X, class Y>
 void conv2d_maxpool_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
-                            const float* x, float* pooled, std::uint8_t* argmax, bool bf16 = false) {
+                            const X* x, Y* pooled, std::uint8_t* argmax, bool bf16 = false) {
   static_assert(Tiles::wmma::bm % (Kp * Kp) == 0 && Tiles::mma::bm % (Kp * Kp) == 0,
                 "conv2d_maxpool_forward: the tile does not hold whole pooling windows");
   static_assert(Kp * Kp <= 256, "conv2d_maxpool_forward: the window index must fit a byte");
@@ -568,10 +571,10 @@ std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_cou
 
 /// The two GEMMs of a conv backward pass reading dz from `dz`, the input gradient to `sink` (none when
 /// the sink is not active: the first layer). The input gradient's GEMM reads w, so it runs first: an
-/// active `update` changes w (and b) in the weight gradient's GEMM.
-template <class TilesX, class TilesW, class P, class Dz, class Sink>
+/// active `update` changes w (and b) in the weight gradient's GEMM. X: x's stored element.
+template <class TilesX, class TilesW, class P, class Dz, class X, class Sink>
 void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, const Dz& dz, const float* w,
-                           const float* x, const Sink& sink, float* dw, float* db, float* scratch,
+                           const X* x, const Sink& sink, float* dw, float* db, float* scratch,
                            const LayerUpdate<float>& update) {
   if (sink.active()) launch_layer_gemm<TilesX, P>(conv2d_dx_problem_to(s, batch, dz, w, sink), 1, t);
   const auto ops = conv2d_dw_operands(s, batch, dz, x);
@@ -586,10 +589,11 @@ void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, c
 ///   pass (unpooling, ReLU mask and activation derivative evaluated once per element, not once per
 ///   GEMM tile that reads it).
 /// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>. An active
-/// `update` applies the optimizer to w and b as dW and db are finished (they are still written).
-template <class TilesX, class TilesW, class P, class Dz, class Sink>
+/// `update` applies the optimizer to w and b as dW and db are finished (they are still written). X: x's
+/// stored element (float, or BFloat16 in a 16-bit workspace).
+template <class TilesX, class TilesW, class P, class Dz, class X, class Sink>
 void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, const Dz& dz, const float* w,
-                        const float* x, const Sink& sink, float* dw, float* db, float* scratch,
+                        const X* x, const Sink& sink, float* dw, float* db, float* scratch,
                         const LayerUpdate<float>& update = {}) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);

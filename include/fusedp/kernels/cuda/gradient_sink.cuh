@@ -15,7 +15,9 @@
 // gradients in bf16 (`bf16`, net/activation_storage.hpp), a sink first rounds v to bf16, the value the
 // unfused pass would have read stored, then forms dz from it in fp32 as that pass does. A dz that is
 // then a bf16 value (received_dz_element: the epilogue's derivative is a mask) is stored in 16 bits,
-// BFloat16, and the stage below's GEMMs read it so: the same values in half the bytes.
+// BFloat16, and the stage below's GEMMs read it so: the same values in half the bytes. The output of the
+// stage below, which a sink reads for the derivative, is read as the element the plan stores it in (Y:
+// float, or BFloat16 where CudaPlan::narrow_output).
 //
 //   StoreSink            dy itself (no fusion: what the stage below then reads as its dy)
 //   ActivationSink<Epi>  dz = v * Epi'(z, y) at i (a Conv2d or Linear below with an activation)
@@ -45,10 +47,6 @@ template <class P, class Epi>
 using received_dz_element =
     std::conditional_t<std::is_same_v<P, precision::Bf16> && derivative_is_mask<Epi>, BFloat16, float>;
 
-/// v stored as an element E: itself, or its bf16 bits (rounded to nearest even; exact for a bf16 value).
-FUSEDP_HD inline void store_element(float* p, float v) { *p = v; }
-FUSEDP_HD inline void store_element(BFloat16* p, float v) { p->bits = to_bf16(v); }
-
 /// The value itself, stored at i: the input gradient as the layer below receives it unfused.
 struct StoreSink {
   float* out;
@@ -57,21 +55,26 @@ struct StoreSink {
   FUSEDP_HD void put(std::size_t i, float v) const { out[i] = stored_value(v, bf16); }
 };
 
-/// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, z
-/// its pre-activation values where Epi saves them), as EpilogueGradient and ConvGradient compute it,
-/// stored as E (received_dz_element).
-template <class Epi, class E = float>
+/// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, stored
+/// as Y: float, or BFloat16 where the plan stores that output in 16 bits, CudaPlan::output_element; z
+/// its pre-activation values where Epi saves them, fp32), as EpilogueGradient and ConvGradient compute
+/// it, stored as E (received_dz_element).
+template <class Epi, class E = float, class Y = float>
 struct ActivationSink {
   E* dz;
-  const float* y;
+  const Y* y;
   const float* z;
   bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return dz != nullptr; }
   FUSEDP_HD void put(std::size_t i, float value) const {
     const float v = stored_value(value, bf16);
-    if constexpr (Epi::empty) store_element(dz + i, v);
-    else if constexpr (Epi::saves_input) store_element(dz + i, v * Epi::derivative(z[i], y[i]));
-    else store_element(dz + i, v * Epi::derivative(y[i], y[i]));
+    if constexpr (Epi::empty) {
+      store_element(dz + i, v);
+    } else {
+      const float yi = to_float(y[i]);
+      if constexpr (Epi::saves_input) store_element(dz + i, v * Epi::derivative(z[i], yi));
+      else store_element(dz + i, v * Epi::derivative(yi, yi));
+    }
   }
 };
 
@@ -79,18 +82,19 @@ struct ActivationSink {
 /// the gradient v of pooled element i = (plane, py, px): as PooledConvGradient reads it, v * Epi'(pooled)
 /// at the window's argmax and 0 at its other pixels. The last window of a row (column) also zeroes
 /// the pixels after it that no window covers (OW % Kp of them), so every element of dz is written once.
-/// Stored as E (received_dz_element).
-template <class Epi, int Kp, class E = float>
+/// Stored as E (received_dz_element); the pooled values read as Y (float, or BFloat16 where the plan
+/// stores them in 16 bits: CudaPlan::output_element).
+template <class Epi, int Kp, class E = float, class Y = float>
 struct UnpoolSink {
   E* dz = nullptr;
-  const float* pooled = nullptr;
+  const Y* pooled = nullptr;
   const std::uint8_t* argmax = nullptr;
   int oh = 0, ow = 0, ph = 0, pw = 0;  // the conv's output and the pooled planes
   FastDiv div_phw, div_pw;
   bool bf16 = false;
 
   UnpoolSink() = default;
-  FUSEDP_HD UnpoolSink(E* dz_, const float* pooled_, const std::uint8_t* argmax_, int oh_, int ow_,
+  FUSEDP_HD UnpoolSink(E* dz_, const Y* pooled_, const std::uint8_t* argmax_, int oh_, int ow_,
                        bool bf16_ = false)
       : dz(dz_), pooled(pooled_), argmax(argmax_), oh(oh_), ow(ow_), ph(oh_ / Kp), pw(ow_ / Kp),
         div_phw((oh_ / Kp) * (ow_ / Kp)), div_pw(ow_ / Kp), bf16(bf16_) {}
@@ -101,7 +105,10 @@ struct UnpoolSink {
     div_phw.divmod(int(i), plane, r);
     div_pw.divmod(r, py, px);
     float g = stored_value(v, bf16);
-    if constexpr (!Epi::empty) g = g * Epi::derivative(pooled[i], pooled[i]);
+    if constexpr (!Epi::empty) {
+      const float p = to_float(pooled[i]);
+      g = g * Epi::derivative(p, p);
+    }
     const int at = argmax[i];
     const int y0 = py * Kp, x0 = px * Kp;
     const int y1 = py + 1 == ph ? oh : y0 + Kp, x1 = px + 1 == pw ? ow : x0 + Kp;

@@ -53,10 +53,11 @@ struct GradientColumns {
   FUSEDP_HD float at(int r, int k) const { return g(std::size_t(k) * ld + r); }
 };
 
-/// Epilogue of a Linear forward: y (m, n) = Epi(C + b), z = C + b when the epilogue saves it.
-template <class Epi>
+/// Epilogue of a Linear forward: y (m, n) = Epi(C + b), z = C + b when the epilogue saves it. Y: y's
+/// element (float, or BFloat16 where the plan stores this output in 16 bits); z is fp32.
+template <class Epi, class Y = float>
 struct BiasActivationRows {
-  float* y;
+  Y* y;
   float* z;
   const float* bias;
   int m, n;
@@ -67,17 +68,20 @@ struct BiasActivationRows {
       const float v = c[lm * ldc + ln] + bias[gn];
       const std::size_t i = std::size_t(gm) * n + gn;
       if constexpr (Epi::saves_input) z[i] = v;
-      y[i] = stored_value(Epi::apply(v), bf16);
+      store_element(y + i, stored_value(Epi::apply(v), bf16));
     });
   }
 };
 
-/// The GEMM of a Linear forward: C (batch, out) = x (batch, in) W^T, epilogue bias + Epi.
-template <class Epi>
-GemmProblem<Rows, Rows, BiasActivationRows<Epi>> linear_forward_problem(int batch, int in, int out, const float* w,
-                                                                         const float* b, const float* x, float* y,
-                                                                         float* z, bool bf16 = false) {
-  return {batch, out, in, in, Rows{x, in}, Rows{w, in}, BiasActivationRows<Epi>{y, z, b, batch, out, bf16}, nullptr};
+/// The GEMM of a Linear forward: C (batch, out) = x (batch, in) W^T, epilogue bias + Epi. X, Y: x's and
+/// y's stored elements.
+template <class Epi, class X, class Y>
+GemmProblem<RowsOf<X>, Rows, BiasActivationRows<Epi, Y>> linear_forward_problem(int batch, int in, int out,
+                                                                                 const float* w, const float* b,
+                                                                                 const X* x, Y* y, float* z,
+                                                                                 bool bf16 = false) {
+  return {batch, out, in, in, RowsOf<X>{x, in}, Rows{w, in}, BiasActivationRows<Epi, Y>{y, z, b, batch, out, bf16},
+          nullptr};
 }
 
 /// Epilogue of an input gradient (m, n) row-major: the sink receives C at index row * n + col.
@@ -127,35 +131,36 @@ struct WeightGradientOperands {
   B b;
 };
 
-/// dW (out, in) = dz^T x: a(o, b) = dz by columns, b(i, b) = x by columns; the row sums of a are db.
-template <class Epi>
-WeightGradientOperands<GradientColumns<Epi>, Columns> linear_dw_operands(int batch, int in, int out,
-                                                                         const EpilogueGradient<Epi>& g,
-                                                                         const float* x) {
-  return {out, in, batch, GradientColumns<Epi>{g, out}, Columns{x, in}};
+/// dW (out, in) = dz^T x: a(o, b) = dz by columns, b(i, b) = x (stored as X) by columns; the row sums
+/// of a are db.
+template <class Epi, class X>
+WeightGradientOperands<GradientColumns<Epi>, ColumnsOf<X>> linear_dw_operands(int batch, int in, int out,
+                                                                              const EpilogueGradient<Epi>& g,
+                                                                              const X* x) {
+  return {out, in, batch, GradientColumns<Epi>{g, out}, ColumnsOf<X>{x, in}};
 }
 
-/// dW (out, in) = dz^T x from dz stored (batch, out) as E: a(o, b) and b(i, b) both plain columns
-/// (tensor-core copies); the row sums of a are db.
-template <class E>
-WeightGradientOperands<ColumnsOf<E>, Columns> linear_stored_dw_operands(int batch, int in, int out, const E* dz,
-                                                                        const float* x) {
-  return {out, in, batch, ColumnsOf<E>{dz, out}, Columns{x, in}};
+/// dW (out, in) = dz^T x from dz stored (batch, out) as E, x as X: a(o, b) and b(i, b) both plain
+/// columns (tensor-core copies); the row sums of a are db.
+template <class E, class X>
+WeightGradientOperands<ColumnsOf<E>, ColumnsOf<X>> linear_stored_dw_operands(int batch, int in, int out, const E* dz,
+                                                                             const X* x) {
+  return {out, in, batch, ColumnsOf<E>{dz, out}, ColumnsOf<X>{x, in}};
 }
 
 /// y[i + c] (and z[i + c], before Epi) of a split Linear forward (batch x n, row-major), c < L: the parts
 /// summed in split order (split_sums), plus the bias, then Epi. Both halves that may finish a split
-/// forward call it, so they give the same bits.
-template <class Epi, int L = 1>
+/// forward call it, so they give the same bits. Y: y's stored element.
+template <class Epi, int L = 1, class Y>
 FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_linear_sums(const float* partial, int splits, std::size_t count,
-                                                       std::size_t i, int n, const float* bias, float* y, float* z,
+                                                       std::size_t i, int n, const float* bias, Y* y, float* z,
                                                        bool bf16) {
   const Lanes<L> s = split_sums<L>(partial, splits, count, i);
   const std::size_t col = i % std::size_t(n);  // a run of L never crosses a row (n % L == 0)
   for (int c = 0; c < L; ++c) {
     const float v = s.v[c] + bias[col + c];
     if constexpr (Epi::saves_input) z[i + c] = v;
-    y[i + c] = stored_value(Epi::apply(v), bf16);
+    store_element(y + i + c, stored_value(Epi::apply(v), bf16));
   }
 }
 
@@ -163,13 +168,13 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_linear_sums(const float* partial, int
 /// for a weight gradient): the last split of a tile to finish (counted in `arrivals`, one counter per
 /// output tile, zero before the launch and set back to zero) finishes the tile's elements with
 /// finish_linear_sums, four at a time where it can. One launch fewer per split forward (the CIFAR-10
-/// CNN's fc1).
-template <class Epi>
+/// CNN's fc1). Y: y's stored element.
+template <class Epi, class Y = float>
 struct LinearForwardReduction {
   unsigned* arrivals = nullptr;
   int splits = 1;
   const float* bias = nullptr;
-  float* y = nullptr;
+  Y* y = nullptr;
   float* z = nullptr;  // written only when Epi saves its input
   bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return arrivals != nullptr; }
@@ -185,9 +190,9 @@ struct LinearForwardReduction {
 
 /// The second half of a split Linear forward as a kernel of its own (where the stream has no arrival
 /// counters for the grid): finish_linear_sums for every element.
-template <class Epi>
+template <class Epi, class Y>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
-                                             const float* bias, float* y, float* z, bool bf16) {
+                                             const float* bias, Y* y, float* z, bool bf16) {
   kernel_prologue();
   for (std::size_t i = grid_index(); i < count; i += grid_stride())
     finish_linear_sums<Epi>(partial, splits, count, i, n, bias, y, z, bf16);
@@ -212,11 +217,11 @@ std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
 /// and Epi in its epilogue when the plan does not split (or there is no scratch), else the parts into
 /// `scratch`, finished by the GEMM's last block per tile where `arrivals` has a counter for every tile of
 /// either mainloop's grid, else by linear_forward_reduce_kernel. Shared by linear_forward and
-/// tests/gpu/emulation.cu, which runs the blocks on the host.
-template <class Epi, class Tiles, class Launch>
+/// tests/gpu/emulation.cu, which runs the blocks on the host. X, Y: x's and y's stored elements.
+template <class Epi, class Tiles, class X, class Y, class Launch>
 void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
-                          const float* x, float* y, float* z, float* scratch, const ArrivalCounters& arrivals,
-                          bool bf16, Launch&& run_gemm) {
+                          const X* x, Y* y, float* z, float* scratch, const ArrivalCounters& arrivals, bool bf16,
+                          Launch&& run_gemm) {
   const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, sm_count);
   if (s.splits == 1 || scratch == nullptr) {
     run_gemm(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z, bf16), 1);
@@ -224,23 +229,24 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
   }
   const std::size_t count = std::size_t(batch) * out;
   const bool in_kernel = arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out);
-  PartialsRowMajor<LinearForwardReduction<Epi>> parts{scratch, batch, out, count};
+  PartialsRowMajor<LinearForwardReduction<Epi, Y>> parts{scratch, batch, out, count};
   if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z, bf16};
-  run_gemm(GemmProblem<Rows, Rows, PartialsRowMajor<LinearForwardReduction<Epi>>>{batch, out, in, s.k_chunk, Rows{x, in},
-                                                                                  Rows{w, in}, parts, nullptr},
+  run_gemm(GemmProblem<RowsOf<X>, Rows, PartialsRowMajor<LinearForwardReduction<Epi, Y>>>{
+               batch, out, in, s.k_chunk, RowsOf<X>{x, in}, Rows{w, in}, parts, nullptr},
            s.splits);
   if (in_kernel) return;
-  launch<linear_forward_reduce_kernel<Epi>>("linear_forward_reduce_kernel", elementwise_blocks(count),
+  launch<linear_forward_reduce_kernel<Epi, Y>>("linear_forward_reduce_kernel", elementwise_blocks(count),
                                             elementwise_threads, 0, stream, scratch, s.splits, count, out, b, y, z,
                                             bf16);
 }
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
 /// linear_forward_scratch floats) on `t`, the split parts finished as split_linear_forward says (by the
-/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values.
-template <class Epi, class Tiles, class P>
-void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const float* x,
-                    float* y, float* z, float* scratch, bool bf16 = false) {
+/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values. X, Y: x's and
+/// y's stored elements (float, or BFloat16 in a 16-bit workspace).
+template <class Epi, class Tiles, class P, class X, class Y>
+void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const X* x, Y* y,
+                    float* z, float* scratch, bool bf16 = false) {
   split_linear_forward<Epi, Tiles>(t.stream, t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals, bf16,
                                    [&](const auto& p, int splits) { launch_layer_gemm<Tiles, P>(p, splits, t); });
 }
@@ -253,9 +259,9 @@ std::size_t linear_backward_scratch(int batch, int in, int out, int sm_count) {
 
 /// Backward of Linear from dz stored (batch, out): dy itself when there is no activation, or what the
 /// stage above wrote through an ActivationSink. Both GEMMs read it as plain rows and columns; the input
-/// gradient goes to `sink`. Tiles: GemmTiles<in>.
-template <class Tiles, class P, class Sink, class E>
-void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
+/// gradient goes to `sink`. Tiles: GemmTiles<in>. X: x's stored element.
+template <class Tiles, class P, class Sink, class E, class X>
+void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, const float* w, const X* x,
                             const E* dz, const Sink& sink, float* dw, float* db, float* scratch,
                             const LayerUpdate<float>& update = {}) {
   if (sink.active()) launch_layer_gemm<Tiles, P>(linear_stored_dx_problem(batch, in, out, w, dz, sink), 1, t);
@@ -268,8 +274,9 @@ void linear_backward_stored(const GemmTarget& t, int batch, int in, int out, con
 /// dy * Epi' computed as each GEMM loads it (read in place when Epi is empty); dy is not changed. dW
 /// and db are set, not accumulated. Tiles: GemmTiles<in> (the n of both GEMMs). An active `update`
 /// applies the optimizer to w and b as dW and db are finished, after the input gradient's GEMM has read w.
-template <class Epi, class Tiles, class P, class Sink>
-void linear_backward_to(const GemmTarget& t, int batch, int in, int out, const float* w, const float* x,
+/// X: x's stored element (float, or BFloat16 in a 16-bit workspace).
+template <class Epi, class Tiles, class P, class Sink, class X>
+void linear_backward_to(const GemmTarget& t, int batch, int in, int out, const float* w, const X* x,
                         const float* y, const float* z, const float* dy, const Sink& sink, float* dw, float* db,
                         float* scratch, const LayerUpdate<float>& update = {}) {
   if constexpr (Epi::empty) {
@@ -277,7 +284,7 @@ void linear_backward_to(const GemmTarget& t, int batch, int in, int out, const f
   } else {
     const EpilogueGradient<Epi> g{dy, y, z};
     if (sink.active()) launch_layer_gemm<Tiles, P>(linear_dx_problem_to(batch, in, out, w, g, sink), 1, t);
-    const auto ops = linear_dw_operands<Epi>(batch, in, out, g, x);
+    const auto ops = linear_dw_operands(batch, in, out, g, x);
     layer_weight_gradient<Tiles, P>(t, ops.m, ops.n, ops.k, ops.a, ops.b, dw, db, scratch, update);
   }
 }
