@@ -16,7 +16,8 @@
 #      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
 #      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
 #      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1; LeNet and the CIFAR-10 CNN also
-#      in BF16 there, impl=fusedp-mma-bf16), LeNet and the CIFAR-10 CNN once
+#      in BF16 there, impl=fusedp-mma-bf16, and the CNN once more with its BF16 stage outputs in fp32
+#      elements, impl=fusedp-mma-wide-bf16, train_step_gpu_wide when prebuilt), LeNet and the CIFAR-10 CNN once
 #      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
 #      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu; also
 #      the BF16 mainloop with the CIFAR-10 activations in memory as fp32 and as BFloat16), and
@@ -152,6 +153,7 @@ if [[ -n "$PREBUILT" ]]; then
   [[ -x "$PREBUILT/train_step_gpu" ]] && cp "$PREBUILT/train_step_gpu" "$OUT/train_step_gpu"
   [[ -x "$PREBUILT/train_step_gpu_mma" ]] && cp "$PREBUILT/train_step_gpu_mma" "$OUT/train_step_gpu_mma"
   [[ -x "$PREBUILT/train_step_gpu_unfused" ]] && cp "$PREBUILT/train_step_gpu_unfused" "$OUT/train_step_gpu_unfused"
+  [[ -x "$PREBUILT/train_step_gpu_wide" ]] && cp "$PREBUILT/train_step_gpu_wide" "$OUT/train_step_gpu_wide"
   [[ -x "$PREBUILT/gemm_gpu" ]] && cp "$PREBUILT/gemm_gpu" "$OUT/gemm_gpu"
 else
 DOCTEST_DIR=""
@@ -270,6 +272,7 @@ if (( torch_ok )); then
   after=75  # seconds kept for fusedp's benchmarks and the report
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=135  # and fusedp's second build, with its BF16 runs
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
+  [[ -x "$OUT/train_step_gpu_wide" ]] && after=$(( after + 8 ))  # and the wide one (the CIFAR-10 CNN in BF16)
   after=$(( after + 40 ))  # and the separate-update, no-pdl, serial-backward and split-kernel runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
@@ -367,6 +370,12 @@ if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
     FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_mma" --net "$net" --batch 128 --precision bf16 \
       --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
   done
+  # The CIFAR-10 CNN in BF16 with every stage output in fp32 elements (impl=fusedp-mma-wide-bf16;
+  # prebuilt only): what storing them in 16 bits gives, in the same run.
+  if [[ -x "$OUT/train_step_gpu_wide" ]] && (( $(left) > 40 )); then
+    FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_wide" --net cifar --batch 128 --precision bf16 \
+      --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+  fi
 fi
 
 # The tensor-core mainloop against the WMMA one, per GEMM problem of the seed networks (issue 14), and

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benchmarks/gpu/prebuild.sh: builds what check.sh runs (tests/gpu/*.cu, the layer tests once more on the
-# tensor-core mainloop as test_gpu_*_mma, train_step_gpu, train_step_gpu_mma and train_step_gpu_unfused,
+# tensor-core mainloop as test_gpu_*_mma, train_step_gpu, train_step_gpu_mma, train_step_gpu_unfused and
+# train_step_gpu_wide,
 # gemm_gpu, allreduce_bench
 # and the examples) for one
 # GPU architecture on a machine WITHOUT a GPU, so that a short lease of a GPU machine is spent running,
@@ -33,6 +34,10 @@ bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
 bench -DFUSEDP_CUDA_MMA_LAYERS=1 -DFUSEDP_BENCH_BF16=1 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
 # Without the fused gradient boundaries (impl=fusedp-unfused): what they give, measured in the same run.
 bench -DFUSEDP_CUDA_FUSED_GRADIENTS=0 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_unfused"
+# train_step_gpu_mma with every BF16 stage output in fp32 elements (impl=fusedp-mma-wide-bf16): what the
+# 16-bit outputs give, measured in the same run.
+bench -DFUSEDP_CUDA_MMA_LAYERS=1 -DFUSEDP_BENCH_BF16=1 -DFUSEDP_CUDA_NARROW_OUTPUTS=0 benchmarks/gpu/train_step_gpu.cu \
+  -o "$DIR/train_step_gpu_wide"
 bench benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"
 bench -DFUSEDP_WITH_NCCL=1 benchmarks/gpu/allreduce_bench.cu -lnccl -o "$DIR/allreduce_bench"
 # The examples (each with its _cuda twin), without MPI: GPU machines may have none.
@@ -43,7 +48,8 @@ ninja -C build/gpu$ARCH-examples -j "$JOBS"
 for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
-strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/train_step_gpu_unfused "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
+strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/train_step_gpu_unfused \
+  "$DIR"/train_step_gpu_wide "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
 du -sh "$DIR"
 # The device tool carries at most 64 MiB with the working tree, and the binaries take about 100 MB:
 # also pack them (xz, about 18 MB), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the

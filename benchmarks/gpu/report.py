@@ -67,7 +67,8 @@ def read_fusedp(path):
     fusedp-mma: the layers' GEMMs on the tensor-core one; fusedp-unfused: without the fused gradient
     boundaries; fusedp-separate-update: the optimizer as its own pass; fusedp-no-pdl: without programmatic
     dependent launch; fusedp-serial: backward's weight gradients in order on one stream; fusedp-split-kernel:
-    split-K parts added up by a second kernel), and the FAILED/NOTE
+    split-K parts added up by a second kernel; fusedp-mma-wide: BF16 stage outputs in fp32 elements), and
+    the FAILED/NOTE
     lines."""
     out, notes = {}, []
     if not path or not os.path.exists(path):

@@ -31,7 +31,10 @@
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
 // impl=fusedp-mma; FUSEDP_CUDA_GEMM=wmma runs the same binary on WMMA (impl=fusedp). Built with
 // -DFUSEDP_CUDA_FUSED_GRADIENTS=0 (train_step_gpu_unfused) every layer forms its own dz, as before the
-// fused gradient boundaries (net/cuda_plan.hpp), and the lines say impl=fusedp-unfused.
+// fused gradient boundaries (net/cuda_plan.hpp), and the lines say impl=fusedp-unfused. Built with
+// -DFUSEDP_CUDA_NARROW_OUTPUTS=0 as well as train_step_gpu_mma's flags (train_step_gpu_wide), a BF16
+// model keeps every stage output in fp32 elements (the same values; net/cuda_plan.hpp), and the lines
+// say impl=fusedp-mma-wide.
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
 // -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar (issue 17's BF16 targets; impl=...-bf16 in the
@@ -167,7 +170,7 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
                   : o.serial_backward       ? "fusedp-serial"
                   : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
                       ? "fusedp-split-kernel"
-                  : mma ? "fusedp-mma"
+                  : mma ? (fp::cuda_narrow_outputs ? "fusedp-mma" : "fusedp-mma-wide")
                         : "fusedp") +
       (std::is_same_v<typename Space::precision, fp::precision::Bf16> ? "-bf16" : "");
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f "

@@ -34,7 +34,10 @@
 // output: the derivative is taken in the sink, which reads the element) and whose reader, the group
 // above past any Flatten, is a Conv2d or Linear stage or a conv + max-pool (GEMM operands, which widen
 // as they load) that folds no BatchNorm in evaluation. In the CIFAR-10 CNN: both pooled outputs and
-// fc1's (output_element, input_element; CudaGroups passes them to the layers).
+// fc1's (output_element, input_element; CudaGroups passes them to the layers). -DFUSEDP_CUDA_NARROW_OUTPUTS=0
+// keeps every output in fp32 elements (the same values), for measuring what it gives
+// (benchmarks/gpu: train_step_gpu_wide); like FUSEDP_CUDA_FUSED_GRADIENTS, the same in every
+// translation unit of a program.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/bf16.hpp"
@@ -57,10 +60,16 @@
 #define FUSEDP_CUDA_FUSED_GRADIENTS 1
 #endif
 
+#ifndef FUSEDP_CUDA_NARROW_OUTPUTS
+#define FUSEDP_CUDA_NARROW_OUTPUTS 1
+#endif
+
 namespace fusedp {
 
 /// Whether the Cuda plan fuses gradient boundaries (FUSEDP_CUDA_FUSED_GRADIENTS, default 1).
 inline constexpr bool cuda_fused_gradients = FUSEDP_CUDA_FUSED_GRADIENTS != 0;
+/// Whether a Bf16 Cuda plan stores outputs in 16 bits where it can (FUSEDP_CUDA_NARROW_OUTPUTS, default 1).
+inline constexpr bool cuda_narrow_outputs = FUSEDP_CUDA_NARROW_OUTPUTS != 0;
 
 enum class CudaGroupKind { stage, conv_maxpool, mlp };
 
@@ -347,7 +356,7 @@ struct plan_facts<Net, type_list<Gs...>> {
   static constexpr std::array<bool, count> narrow = [] {
     std::array<bool, count> r{};
     for (std::size_t g = 0; g < count; ++g)
-      r[g] = receives[g] && summary[above[g]].kind != CudaGroupKind::mlp && !folds[above[g]];
+      r[g] = cuda_narrow_outputs && receives[g] && summary[above[g]].kind != CudaGroupKind::mlp && !folds[above[g]];
     return r;
   }();
   static constexpr std::array<bool, count> narrow_input = [] {
