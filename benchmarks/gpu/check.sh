@@ -27,7 +27,7 @@
 #      order on one stream (impl=fusedp-serial) and with split-K GEMMs' parts added
 #      up by a second kernel (impl=fusedp-split-kernel), and, where ncu exists, each kernel's
 #      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
-#      (benchmarks/gpu/kernel_times.py);
+#      (benchmarks/gpu/kernel_times.py), and of the CIFAR-10 CNN's BF16 step against its own minimum;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -273,6 +273,7 @@ if (( torch_ok )); then
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=135  # and fusedp's second build, with its BF16 runs
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
   [[ -x "$OUT/train_step_gpu_wide" ]] && after=$(( after + 8 ))  # and the wide one (the CIFAR-10 CNN in BF16)
+  [[ -x "$OUT/train_step_gpu_mma" ]] && after=$(( after + 15 ))  # and its BF16 kernel times under ncu
   after=$(( after + 40 ))  # and the separate-update, no-pdl, serial-backward and split-kernel runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
@@ -375,6 +376,19 @@ if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
   if [[ -x "$OUT/train_step_gpu_wide" ]] && (( $(left) > 40 )); then
     FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_wide" --net cifar --batch 128 --precision bf16 \
       --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+  fi
+  # The BF16 CIFAR-10 step's kernels and DRAM bytes under ncu, against the fused minimum with 16-bit
+  # activations (289.5 MB a step of 128: RESULTS.md, session 21).
+  if [[ -n "$NCU" ]] && (( $(left) > 55 )); then
+    log "kernel times and DRAM bytes of one cifar step in BF16 (ncu)"
+    FUSEDP_CUDA_GEMM=mma timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
+      --print-kernel-base function \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      "$OUT/train_step_gpu_mma" --net cifar --batch 128 --precision bf16 --steps 3 --warmup 2 --no-queued \
+      > "$OUT/ncu_cifar_bf16.csv" 2> "$OUT/ncu_cifar_bf16.err"
+    step_ms=$(sed -n "s/^RESULT impl=fusedp-mma-bf16 net=cifar batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
+    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_cifar_bf16.csv" --net cifar-bf16 --floor-mb 289.5 \
+      ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_cifar_bf16.err"
   fi
 fi
 
