@@ -141,8 +141,6 @@ inline std::vector<fp::kernels::BFloat16> stored_bf16(std::vector<float>& v) {
   return h;
 }
 
-/// ||got - want|| / ||want||, infinite when got holds a NaN or an infinity (e.g. an unwritten poisoned
-/// element) or the sizes differ.
 /// `batch` random class labels in [0, classes) from stream `stream`.
 inline std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t classes, std::uint64_t stream) {
   const auto u = random_values(batch, stream, 0.0f, 1.0f);
@@ -151,6 +149,8 @@ inline std::vector<std::int32_t> labels_for(std::size_t batch, std::size_t class
   return l;
 }
 
+/// ||got - want|| / ||want||, infinite when got holds a NaN or an infinity (e.g. an unwritten poisoned
+/// element) or the sizes differ.
 template <class A, class B>
 double relative_error(const A& got, const B& want) {
   if (std::size(got) != std::size(want)) return INFINITY;

@@ -226,6 +226,16 @@ const char* const networks[] = {
     "PR",
 };
 
+// What a cursor runs against in the tests of its refusals: the recorded streams, a side stream and a
+// report list over them, three gradient buffers and two scratch halves of one float.
+struct CursorSetting {
+  Streams streams;
+  FakeSide side{&streams};
+  Reports reports{&streams, {}};
+  std::array<float, 3> g{};
+  float scratch[2]{};
+};
+
 }  // namespace
 
 TEST_CASE("backward in order: two buffers alternate, one scratch, every stage reported at once") {
@@ -261,12 +271,7 @@ TEST_CASE("branched backward: weight gradients beside the next step, no race, st
   }
 }
 
-TEST_CASE("the cursor refuses a fork nobody waits for, and a stage reported before its fork is marked") {
-  Streams streams;
-  FakeSide side{&streams};
-  Reports reports{&streams, {}};
-  std::array<float, 3> g{};
-  float scratch[2]{};
+TEST_CASE_FIXTURE(CursorSetting, "the cursor refuses a fork nobody waits for, and a stage reported before its fork is marked") {
   using Cursor = fusedp::BackwardCursor<float, FakeSide, Reports>;
   {
     Cursor cur({&g[0], &g[1], &g[2]}, scratch, 1, &side, reports);
@@ -291,12 +296,8 @@ TEST_CASE("the cursor refuses a fork nobody waits for, and a stage reported befo
   }
 }
 
-TEST_CASE("a cursor left with a branch pending or a fork unmarked (backward threw) makes the model's stream wait") {
-  Streams streams;
-  FakeSide side{&streams};
-  Reports reports{&streams, {}};
-  std::array<float, 3> g{};
-  float scratch[2]{};
+TEST_CASE_FIXTURE(CursorSetting,
+                  "a cursor left with a branch pending or a fork unmarked (backward threw) makes the model's stream wait") {
   {
     fusedp::BackwardCursor<float, FakeSide, Reports> cur({&g[0], &g[1], &g[2]}, scratch, 1, &side, reports);
     cur.will_fork();
