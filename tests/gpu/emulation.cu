@@ -1260,7 +1260,8 @@ TEST_CASE("bf16 storage: epilogues and sinks store the fp32 values rounded, the 
 
 TEST_CASE("16-bit stage outputs: writers store the bits of their bf16 values, readers compute from them what they compute from fp32 (CPU emulation)") {
   using kc::GemmTiles;
-  // Linear: CIFAR's fc1 shape, narrowed (few rows, long reduction: split); tile and epilogue variety.
+  // Linear: few rows and a long reduction, so the forward is split (as CIFAR's fc1's is); tiles and
+  // epilogues of each kind.
   check_linear_narrow<Epilogue<Relu>, kc::GemmTiles<72>::wmma, 72>(20, 1000, 132);
   check_linear_narrow<Epilogue<Gelu>, kc::GemmTiles<72>::mma, 72>(20, 1000, 8);  // saves z
   check_linear_narrow<Epilogue<Tanh>, kc::GemmTiles<130>::mma, 130>(100, 600, 132);
