@@ -37,7 +37,7 @@ env "${DATA[@]}" FUSEDP_PREBUILT_DIR="$ARCHIVE" FUSEDP_CHECK_DIR="$WORK" \
 rc=$?
 echo "check.sh exit status $rc" >> "$DEST/check.log"
 cp "$WORK"/results.md "$WORK"/fusedp.txt "$WORK"/gemm.txt "$WORK"/kernel_times.txt "$WORK"/*.png "$DEST"/ 2>/dev/null
-tar -C "$WORK" -czf "$DEST/logs.tgz" --exclude=prebuilt --exclude=train_step_gpu --exclude=train_step_gpu_mma \
+tar -C "$WORK" -czf "$DEST/logs.tgz" --exclude=prebuilt --exclude='train_step_gpu*' \
   --exclude=gemm_gpu --exclude='*.png' . 2>/dev/null
 tail -c 9000 "$DEST/check.log"
 exit $rc
