@@ -3,11 +3,14 @@
 # network and takes at most 64 MiB of files along (this workplace's device tool). Prepare here, on a
 # machine without a GPU:
 #
-#   benchmarks/gpu/prebuild.sh 90                      # ~15 min on 2 cores; writes build/gpu-carry/prebuilt-sm90.tar.xz
-#   mkdir -p build/gpu-carry/fmnist && cp /usr/share/datasets/fashion-mnist/*.gz build/gpu-carry/fmnist/
-#                                                      # real data for the examples and the training test (30 MB)
+#   benchmarks/gpu/prebuild.sh 90                      # ~25 min on 2 cores; writes build/gpu-carry/prebuilt-sm90.tar.xz
+#   mkdir -p build/gpu-carry/fmnist && for f in /usr/share/datasets/fashion-mnist/*.gz; do
+#     zcat "$f" | xz -9 -T2 > "build/gpu-carry/fmnist/$(basename "${f%.gz}").xz"; done
+#                                                      # real data for the examples and the training test:
+#                                                      # 27 MB in xz where the .gz files take 31
 #
-# (archive ~18 MB + Fashion-MNIST 30 MB + the tree ~2 MB: inside the 64 MiB).
+# (2026-12-06: archive 34 MB + Fashion-MNIST 27 MB + the tree 3 MB = 64 MB, inside the 64 MiB = 67.1 MB;
+# prebuild.sh prints the folder's and the tree's size. Check `du -sb build/gpu-carry` before the call.)
 #
 # then run there, in the repository root, carrying build/gpu-carry:
 #
@@ -29,9 +32,18 @@ NCCL_LIB=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0] + '/li
 [[ -n "$NCCL_LIB" ]] && export LD_LIBRARY_PATH="$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu,memory.used --format=csv
 echo "tools: ncu=$(command -v ncu || echo none) compute-sanitizer=$(command -v compute-sanitizer || echo none)"
-DATA=()
-[[ -f "$CARRY/fmnist/t10k-images-idx3-ubyte.gz" ]] && DATA=(FUSEDP_FASHION_MNIST_DIR="$CARRY/fmnist")
 WORK=${FUSEDP_CHECK_DIR:-/tmp/fusedp-gpu-check}
+# Fashion-MNIST: IDX files in xz (unpacked beside the work folder: the readers take plain or .gz ones),
+# or the .gz files themselves.
+DATA=()
+if ls "$CARRY"/fmnist/*-ubyte.xz >/dev/null 2>&1; then
+  FMNIST="$WORK-fmnist"
+  mkdir -p "$FMNIST"
+  for f in "$CARRY"/fmnist/*-ubyte.xz; do xz -dc "$f" > "$FMNIST/$(basename "${f%.xz}")"; done
+  DATA=(FUSEDP_FASHION_MNIST_DIR="$FMNIST")
+elif [[ -f "$CARRY/fmnist/t10k-images-idx3-ubyte.gz" ]]; then
+  DATA=(FUSEDP_FASHION_MNIST_DIR="$CARRY/fmnist")
+fi
 env "${DATA[@]}" FUSEDP_PREBUILT_DIR="$ARCHIVE" FUSEDP_CHECK_DIR="$WORK" \
   FUSEDP_CHECK_BUDGET="${FUSEDP_CHECK_BUDGET:-490}" bash benchmarks/gpu/check.sh > "$DEST/check.log" 2>&1
 rc=$?

@@ -38,10 +38,17 @@
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
 // -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar (issue 17's BF16 targets; impl=...-bf16 in the
-// RESULT line), -DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every network.
+// RESULT line), -DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every network;
+// -DFUSEDP_BENCH_ONLY_BF16=1 builds bf16 for lenet and cifar and nothing else (train_step_gpu_wide: a
+// binary a quarter the size, for the device tool's 64 MiB).
 //
 // Written and compiled without a GPU; its numbers exist only once someone runs it on one.
 #include "../../tests/support/fusedp_core.hpp"
+
+#if FUSEDP_BENCH_ONLY_BF16 && !FUSEDP_BENCH_BF16
+#undef FUSEDP_BENCH_BF16
+#define FUSEDP_BENCH_BF16 1
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -257,17 +264,20 @@ int main(int argc, char** argv) {
   int failures = 0;
   auto one = [&](const std::string& n, std::size_t b) {
     try {
-      if (precision == "tf32") run_net<fp::Cuda>(n, b, o);
 #if FUSEDP_BENCH_ALL_PRECISIONS
-      else if (precision == "fp32") run_net<fp::CudaFp32>(n, b, o);
-      else if (precision == "bf16") run_net<fp::CudaBf16>(n, b, o);
+      if (precision == "fp32") return run_net<fp::CudaFp32>(n, b, o);
+      if (precision == "bf16") return run_net<fp::CudaBf16>(n, b, o);
 #elif FUSEDP_BENCH_BF16
-      else if (precision == "bf16" && (n == "lenet" || n == "cifar")) run_bf16_net(n, b, o);
+      if (precision == "bf16" && (n == "lenet" || n == "cifar")) return run_bf16_net(n, b, o);
 #endif
-      else throw fp::InvalidArgument("--precision " + precision + " is not built in for --net " + n +
-                                     " (tf32; -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar, "
-                                     "-DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every net, which "
-                                     "triples the compile time)");
+#if !FUSEDP_BENCH_ONLY_BF16
+      if (precision == "tf32") return run_net<fp::Cuda>(n, b, o);
+#endif
+      throw fp::InvalidArgument("--precision " + precision + " is not built in for --net " + n +
+                                " (tf32; -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar, "
+                                "-DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every net, which "
+                                "triples the compile time; -DFUSEDP_BENCH_ONLY_BF16=1 has bf16 for lenet "
+                                "and cifar only)");
     } catch (const std::exception& e) {
       std::printf("FAILED impl=fusedp net=%s batch=%zu: %s\n", n.c_str(), b, e.what());
       std::fflush(stdout);
