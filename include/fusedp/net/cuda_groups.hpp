@@ -1,22 +1,21 @@
 #pragma once
-// CudaGroups<Net, P>: how the groups of CudaPlan<Net, P> (net/cuda_plan.hpp) run on one device over a
-// model's parameter store and stage binding: a plain stage through its layer's Cuda overloads (the
-// StageBinding the Host model uses; a Conv2d or Linear whose input or output is stored in 16 bits
-// calls them directly, with the elements), conv + max-pooling as one fused kernel writing the pooled values
-// and a one-byte argmax, a run of narrow Linear layers as one fused MLP kernel forward and one
-// backward (or stage by stage where the device cannot run it). Where CudaPlan says a group receives
-// its dz from the group above, that group's input-gradient GEMM writes it through the sink dx_sink
-// makes, and the group reads it stored. With an active `update` (a training step's fused optimizer) the
-// weight-gradient GEMMs of the groups CudaPlan::updates_in_gemm names also apply the optimizer to their
-// layers' weights and biases. Under precision::Bf16 every group stores its output and input gradient
-// as bf16 values (net/activation_storage.hpp), the fused conv + max-pool and the sinks included, and
-// the outputs CudaPlan::narrow_output names in 16 bits (each group's layers told the elements of their
-// input and output: CudaPlan::input_element, output_element); the fused MLP runs only under Tf32.
-// With a side stream, each Conv2d and Linear group (alone or with its fused max-pooling) but the first
-// layer runs its weight-gradient GEMM on it, beside the next group's
-// backward, over three gradient buffers and two scratch halves (net/backward_cursor.hpp). Layers inside
-// a Residual block, and those of an MLP group run layer by layer (but its first Linear), run in order.
-// Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
+// CudaGroups<Net, P>: how the groups of CudaPlan<Net, P> (net/cuda_plan.hpp) run on one device over a model's
+// parameter store and stage binding: a plain stage through its layer's Cuda overloads (the StageBinding the
+// Host model uses; a Conv2d or Linear whose input or output is stored in 16 bits calls them directly, with
+// the elements), conv + max-pooling as one fused kernel writing the pooled values and a one-byte argmax, a
+// run of narrow Linear layers as one fused MLP kernel forward and one backward (or stage by stage where the
+// device cannot run it). Where CudaPlan says a group receives its dz from the group above, that group's
+// input-gradient GEMM writes it through the sink dx_sink makes, and the group reads it stored. With an active
+// `update` (a training step's fused optimizer) the weight-gradient GEMMs of the groups
+// CudaPlan::updates_in_gemm names also apply the optimizer to their layers' weights and biases. Under
+// precision::Bf16 every group stores its output and input gradient as bf16 values
+// (net/activation_storage.hpp), the fused conv + max-pool and the sinks included, and the outputs
+// CudaPlan::narrow_output names in 16 bits (each group's layers told the elements of their input and output:
+// CudaPlan::input_element, output_element); the fused MLP runs only under Tf32. With a side stream, each
+// Conv2d and Linear group (alone or with its fused max-pooling) but the first layer runs its weight-gradient
+// GEMM on it, beside the next group's backward, over three gradient buffers and two scratch halves
+// (net/backward_cursor.hpp). Layers inside a Residual block, and those of an MLP group run layer by layer
+// (but its first Linear), run in order. Made on the fly by Model<Net, Cuda> for each pass; it owns nothing.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
