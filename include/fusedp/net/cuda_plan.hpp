@@ -317,16 +317,6 @@ struct plan_facts<Net, type_list<Gs...>> {
   static constexpr std::array<bool, count> reshape{reshape_group<Net, Gs>()...};
   static constexpr std::array<bool, count> sink{dx_through_sink<Net, Gs>()...};
   static constexpr std::array<bool, count> transforms{transforms_dy<Net, Gs>()...};
-  // receives[g]: the first group after g that is not a reshape writes g's dz through a sink.
-  static constexpr std::array<bool, count> receives = [] {
-    std::array<bool, count> r{};
-    for (std::size_t g = 0; g < count; ++g) {
-      std::size_t a = g + 1;
-      while (a < count && reshape[a]) ++a;
-      r[g] = cuda_fused_gradients && transforms[g] && a < count && sink[a];
-    }
-    return r;
-  }();
   // above[g]: the first group after g that is not a reshape (the one that reads g's output), else count;
   // feeder[g]: the last group before g that is not a reshape (whose output g reads), else count (g reads
   // the network's input).
@@ -346,6 +336,13 @@ struct plan_facts<Net, type_list<Gs...>> {
       while (b > 0 && reshape[b - 1]) --b;
       r[g] = b > 0 ? b - 1 : count;
     }
+    return r;
+  }();
+  // receives[g]: the first group after g that is not a reshape writes g's dz through a sink.
+  static constexpr std::array<bool, count> receives = [] {
+    std::array<bool, count> r{};
+    for (std::size_t g = 0; g < count; ++g)
+      r[g] = cuda_fused_gradients && transforms[g] && above[g] < count && sink[above[g]];
     return r;
   }();
   // folds[g]: the group's last stage runs the BatchNorm after it in its epilogue in evaluation.
@@ -368,12 +365,8 @@ struct plan_facts<Net, type_list<Gs...>> {
   // group before it that is not a reshape receives), else count.
   static constexpr std::array<std::size_t, count> receiver = [] {
     std::array<std::size_t, count> r{};
-    for (std::size_t g = 0; g < count; ++g) {
-      r[g] = count;
-      std::size_t b = g;
-      while (b > 0 && reshape[b - 1]) --b;
-      if (sink[g] && b > 0 && receives[b - 1]) r[g] = b - 1;
-    }
+    for (std::size_t g = 0; g < count; ++g)
+      r[g] = sink[g] && feeder[g] != count && receives[feeder[g]] ? feeder[g] : count;
     return r;
   }();
 };
