@@ -343,19 +343,24 @@ FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
 # (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
 # against the step's median above (the rest is time between kernels) and against the fused minimum
-# traffic that benchmarks/RESULTS.md (session 21) works out: LeNet 7.5 MB, the CIFAR-10 CNN 331.2 MB
-# per step of 128 in TF32.
+# traffic that train_step_gpu prints (floor_mb, from the type: net/cost.hpp's step_traffic_floor, the
+# arithmetic of benchmarks/RESULTS.md's session 21): LeNet 7.5 MB, the CIFAR-10 CNN 331.2 MB per step of
+# 128 in TF32.
 NCU=$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)
+# The value of `key` in the first RESULT line of fusedp.txt for impl $1 and net $2 at batch 128.
+result_field() {
+  sed -n "s/^RESULT impl=$1 net=$2 batch=128 .*$3=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1
+}
 if [[ -n "$NCU" && -x "$OUT/train_step_gpu" ]] && (( $(left) > 80 )); then
-  for spec in lenet:7.5 cifar:331.2; do
-    net=${spec%%:*} floor=${spec##*:}
+  for net in lenet cifar; do
+    floor=$(result_field fusedp "$net" floor_mb)
     log "kernel times and DRAM bytes of one $net step (ncu)"
     timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
       --print-kernel-base function \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 --no-queued > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
-    step_ms=$(sed -n "s/^RESULT impl=fusedp net=$net batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
-    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" --floor-mb "$floor" \
+    step_ms=$(result_field fusedp "$net" median_ms)
+    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" ${floor:+--floor-mb "$floor"} \
       ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"
   done
 fi
@@ -378,7 +383,7 @@ if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
       --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
   fi
   # The BF16 CIFAR-10 step's kernels and DRAM bytes under ncu, against the fused minimum with 16-bit
-  # activations (289.5 MB a step of 128: RESULTS.md, session 21).
+  # activations (floor_mb: 289.5 MB a step of 128, as RESULTS.md's session 21 works it out).
   if [[ -n "$NCU" ]] && (( $(left) > 55 )); then
     log "kernel times and DRAM bytes of one cifar step in BF16 (ncu)"
     FUSEDP_CUDA_GEMM=mma timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
@@ -386,8 +391,9 @@ if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
       "$OUT/train_step_gpu_mma" --net cifar --batch 128 --precision bf16 --steps 3 --warmup 2 --no-queued \
       > "$OUT/ncu_cifar_bf16.csv" 2> "$OUT/ncu_cifar_bf16.err"
-    step_ms=$(sed -n "s/^RESULT impl=fusedp-mma-bf16 net=cifar batch=128 .*median_ms=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1)
-    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_cifar_bf16.csv" --net cifar-bf16 --floor-mb 289.5 \
+    step_ms=$(result_field fusedp-mma-bf16 cifar median_ms)
+    floor=$(result_field fusedp-mma-bf16 cifar floor_mb)
+    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_cifar_bf16.csv" --net cifar-bf16 ${floor:+--floor-mb "$floor"} \
       ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_cifar_bf16.err"
   fi
 fi

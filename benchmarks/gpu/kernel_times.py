@@ -13,8 +13,9 @@ each kernel's time and DRAM bytes, their sums, and
   - with --step-ms (the step's median from train_step_gpu without the profiler) the time between
     kernels: launch latency, ramps and tails, what programmatic dependent launch and fewer launches
     can take away;
-  - with --floor-mb (the fused minimum of benchmarks/RESULTS.md, session 21) the measured traffic as a
-    multiple of it (issue 17's target: within 1.5x).
+  - with --floor-mb (the step's fused minimum, which train_step_gpu prints as floor_mb from the type:
+    CostModel::step_traffic_floor, the arithmetic of benchmarks/RESULTS.md's session 21) the measured
+    traffic as a multiple of it (issue 17's target: within 1.5x).
 Writes that are still in L2 when a kernel ends reach DRAM later, outside any kernel's count, so the
 write bytes can fall short of what the step writes.
 """
@@ -75,7 +76,7 @@ def main():
     p.add_argument("csv")
     p.add_argument("--net", default="?")
     p.add_argument("--step-ms", type=float, help="the step's median time without the profiler")
-    p.add_argument("--floor-mb", type=float, help="the step's fused minimum DRAM traffic (RESULTS.md)")
+    p.add_argument("--floor-mb", type=float, help="the step's fused minimum DRAM traffic (train_step_gpu's floor_mb)")
     a = p.parse_args()
     kernels = read(a.csv)
     if not kernels:

@@ -3,8 +3,11 @@
 // device; each step is bracketed by CUDA events on the model's stream; warm-up steps first, then the
 // median of the timed steps. Prints one line per configuration:
 //
-//   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30 host_ms=0.031 queued_ms=0.101
+//   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30 host_ms=0.031 queued_ms=0.101 floor_mb=7.5
 //
+// floor_mb is the step's fused minimum of memory traffic from the type (CostModel::step_traffic_floor,
+// net/cost.hpp: SGD with momentum, activations in 16 bits under bf16), which check.sh hands to
+// kernel_times.py to set ncu's DRAM bytes against; none for ResNet-18, which that model does not cover.
 // median_ms brackets each step with events as it is submitted, so where the host takes longer to submit
 // a step than the GPU to run it, it measures the host. Two more figures tell which: host_ms, the host's
 // wall time to submit one step (the mean over the timed steps), and queued_ms, the GPU's time per step
@@ -44,6 +47,7 @@
 //
 // Written and compiled without a GPU; its numbers exist only once someone runs it on one.
 #include "../../tests/support/fusedp_core.hpp"
+#include <fusedp/net/cost.hpp>
 
 #if FUSEDP_BENCH_ONLY_BF16 && !FUSEDP_BENCH_BF16
 #undef FUSEDP_BENCH_BF16
@@ -180,10 +184,17 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
                   : mma ? (fp::cuda_narrow_outputs ? "fusedp-mma" : "fusedp-mma-wide")
                         : "fusedp") +
       (std::is_same_v<typename Space::precision, fp::precision::Bf16> ? "-bf16" : "");
+  // The step's fused minimum of DRAM traffic (net/cost.hpp; SGD with momentum, 16-bit activations under
+  // BF16), which check.sh hands to kernel_times.py; none for a network the traffic model does not cover.
+  char floor[48] = "";
+  if constexpr (fp::CostModel<Net>::has_traffic_floor) {
+    constexpr std::size_t a = std::is_same_v<typename Space::precision, fp::precision::Bf16> ? 2 : 4;
+    std::snprintf(floor, sizeof floor, " floor_mb=%.1f", double(fp::CostModel<Net>::step_traffic_floor(batch, 1, a).total()) / 1e6);
+  }
   std::printf("RESULT impl=%s net=%s batch=%zu precision=%s median_ms=%.4f images_per_s=%.0f graphs=%d loss=%.4f "
-              "host_ms=%.4f queued_ms=%.4f\n",
+              "host_ms=%.4f queued_ms=%.4f%s\n",
               impl.c_str(), name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
-              model.last_step_replayed() ? 1 : 0, double(l), host_ms, queued_ms);
+              model.last_step_replayed() ? 1 : 0, double(l), host_ms, queued_ms, floor);
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
   std::fflush(stdout);
 }
