@@ -24,8 +24,9 @@
 #      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
 #      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
 #      without programmatic dependent launch (impl=fusedp-no-pdl), with backward's weight gradients in
-#      order on one stream (impl=fusedp-serial) and with split-K GEMMs' parts added
-#      up by a second kernel (impl=fusedp-split-kernel), and, where ncu exists, each kernel's
+#      order on one stream (impl=fusedp-serial) and with split-K GEMMs' parts always added
+#      up by a second kernel (impl=fusedp-split-kernel) or always by the GEMM's last block per tile
+#      (impl=fusedp-split-gemm), and, where ncu exists, each kernel's
 #      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
 #      (benchmarks/gpu/kernel_times.py), and of the CIFAR-10 CNN's BF16 step against its own minimum;
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
@@ -274,7 +275,7 @@ if (( torch_ok )); then
   [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
   [[ -x "$OUT/train_step_gpu_wide" ]] && after=$(( after + 8 ))  # and the wide one (the CIFAR-10 CNN in BF16)
   [[ -x "$OUT/train_step_gpu_mma" ]] && after=$(( after + 15 ))  # and its BF16 kernel times under ncu
-  after=$(( after + 40 ))  # and the separate-update, no-pdl, serial-backward and split-kernel runs (two nets each)
+  after=$(( after + 50 ))  # and the separate-update, no-pdl, serial-backward, split-kernel and split-gemm runs (two nets each)
   after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
   after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
@@ -337,9 +338,13 @@ variant_steps "without programmatic dependent launch" --no-dependent-launch
 # Each weight gradient after its layer's input gradient on one stream (impl=fusedp-serial), not beside
 # the next layer's backward.
 variant_steps "with backward in order on one stream" --serial-backward
-# The parts of split-K GEMMs added up by a second kernel (impl=fusedp-split-kernel), not by the GEMM's
-# last block per tile (the variable reaches train_step_gpu through the function).
+# Who adds up the parts of split-K GEMMs. By default the GEMM's last block per tile where a tile's parts
+# are at most 64 KiB, else a second kernel (none of LeNet's or the CIFAR-10 CNN's splits is that small);
+# here every split by a second kernel (impl=fusedp-split-kernel), then every split by the GEMM's last
+# block, whatever its size (impl=fusedp-split-gemm: the rule before session 30). The variable reaches
+# train_step_gpu through the function.
 FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by a second kernel"
+FUSEDP_CUDA_SPLIT_REDUCTION=gemm variant_steps "with split-K parts added up by the GEMM's last block, whatever their size"
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
 # (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
 # against the step's median above (the rest is time between kernels) and against the fused minimum

@@ -21,7 +21,7 @@ TORCH_ORDER = ["torch-eager", "torch-graph", "torch-compile", "torch-autotune", 
 
 # The runs that turn one of fusedp's defaults off to measure what it gives (check.sh's variant runs): listed
 # in the table, never counted as fusedp's result in the ratios and targets.
-ABLATIONS = ("-unfused", "-separate-update", "-no-pdl", "-serial", "-split-kernel", "-wide")
+ABLATIONS = ("-unfused", "-separate-update", "-no-pdl", "-serial", "-split-kernel", "-split-gemm", "-wide")
 
 
 def ablation(impl):
@@ -76,9 +76,8 @@ def read_fusedp(path):
     fusedp-mma: the layers' GEMMs on the tensor-core one; fusedp-unfused: without the fused gradient
     boundaries; fusedp-separate-update: the optimizer as its own pass; fusedp-no-pdl: without programmatic
     dependent launch; fusedp-serial: backward's weight gradients in order on one stream; fusedp-split-kernel:
-    split-K parts added up by a second kernel; fusedp-mma-wide: BF16 stage outputs in fp32 elements), and
-    the FAILED/NOTE
-    lines."""
+    split-K parts added up by a second kernel; fusedp-split-gemm: by the GEMM's last block whatever their
+    size; fusedp-mma-wide: BF16 stage outputs in fp32 elements), and the FAILED/NOTE lines."""
     out, notes = {}, []
     if not path or not os.path.exists(path):
         return out, ["fusedp: no results (the benchmark did not run)"]

@@ -27,8 +27,10 @@
 // FUSEDP_CUDA_DEPENDENT_LAUNCH=off); the lines say impl=fusedp-no-pdl.
 // --serial-backward: each weight-gradient GEMM after its layer's input gradient on the model's stream,
 // not beside the next layer's (Model::use_backward_branches(false)); the lines say impl=fusedp-serial.
-// FUSEDP_CUDA_SPLIT_REDUCTION=kernel: the parts of split-K GEMMs added up by a second kernel, not by
+// FUSEDP_CUDA_SPLIT_REDUCTION=kernel: the parts of split-K GEMMs added up by a second kernel, never by
 // the GEMM's last block per tile (kernels/cuda/gemm_dispatch.cuh); the lines say impl=fusedp-split-kernel.
+// FUSEDP_CUDA_SPLIT_REDUCTION=gemm: always by the GEMM's last block, whatever the size of a tile's parts
+// (by default only up to kernels::cuda::split_tile_reduction_bytes); the lines say impl=fusedp-split-gemm.
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say
@@ -181,6 +183,8 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
                   : o.serial_backward       ? "fusedp-serial"
                   : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::kernel
                       ? "fusedp-split-kernel"
+                  : fp::kernels::cuda::split_reduction_from_environment() == fp::kernels::cuda::SplitReduction::gemm
+                      ? "fusedp-split-gemm"
                   : mma ? (fp::cuda_narrow_outputs ? "fusedp-mma" : "fusedp-mma-wide")
                         : "fusedp") +
       (std::is_same_v<typename Space::precision, fp::precision::Bf16> ? "-bf16" : "");

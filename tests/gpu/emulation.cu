@@ -1367,14 +1367,116 @@ TEST_CASE("the mainloop switch: FUSEDP_CUDA_GEMM's values, and what falls back t
 }
 
 TEST_CASE("the split reduction switch: FUSEDP_CUDA_SPLIT_REDUCTION's values") {
-  CHECK(kc::parse_split_reduction(nullptr) == kc::SplitReduction::gemm);
-  CHECK(kc::parse_split_reduction("") == kc::SplitReduction::gemm);
+  CHECK(kc::parse_split_reduction(nullptr) == kc::SplitReduction::automatic);
+  CHECK(kc::parse_split_reduction("") == kc::SplitReduction::automatic);
+  CHECK(kc::parse_split_reduction("auto") == kc::SplitReduction::automatic);
   CHECK(kc::parse_split_reduction("gemm") == kc::SplitReduction::gemm);
   CHECK(kc::parse_split_reduction("kernel") == kc::SplitReduction::kernel);
-  for (const char* bad : {"GEMM", "second", "kernel "}) {
+  for (const char* bad : {"GEMM", "second", "kernel ", "automatic"}) {
     const std::string want =
-        "FUSEDP_CUDA_SPLIT_REDUCTION is '" + std::string(bad) + "'; it must be 'gemm' or 'kernel'";
+        "FUSEDP_CUDA_SPLIT_REDUCTION is '" + std::string(bad) + "'; it must be 'auto', 'gemm' or 'kernel'";
     CHECK_THROWS_WITH_AS((void)kc::parse_split_reduction(bad), doctest::Contains(want.c_str()), fp::InvalidArgument);
+  }
+}
+
+// Who adds up a split GEMM's parts by default: its last block per tile only where a tile's parts are
+// at most split_tile_reduction_bytes (one block reducing megabytes alone would hold the GPU for tens of
+// microseconds), else a second kernel; with counters that set no limit (FUSEDP_CUDA_SPLIT_REDUCTION=gemm)
+// always the last block; without counters never.
+TEST_CASE("a split GEMM's last block adds up small tiles of parts only") {
+  std::vector<unsigned> counters(fp::Cuda::arrival_counter_count, 0u);
+  const fp::ArrivalCounters unlimited{counters.data(), counters.size()};
+  fp::ArrivalCounters limited = unlimited;
+  limited.tile_bytes = kc::split_tile_reduction_bytes;
+  constexpr int sms = 132;  // an H200
+  // A weight gradient's split: m x n outputs over k on TileT.
+  const auto parts_bytes = [](auto tile, int m, int n, int k) {
+    using TileT = decltype(tile);
+    const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sms);
+    return std::pair{s.splits, std::size_t(s.splits) * std::min(m, TileT::bm) * std::min(n, TileT::bn) * 4};
+  };
+  // Small: 8 x 8 over 4096 (32 splits of 8 x 8 floats, 8 KiB).
+  {
+    const auto [splits, bytes] = parts_bytes(kc::TileWide{}, 8, 8, 4096);
+    REQUIRE(splits == 32);
+    CHECK(bytes == 8192);
+    CHECK(kc::reduces_in_gemm<kc::TileWide>(limited, 8, 8, splits));
+    fp::ArrivalCounters exact = unlimited;
+    exact.tile_bytes = bytes;  // the limit itself is allowed, a byte less is not
+    CHECK(kc::reduces_in_gemm<kc::TileWide>(exact, 8, 8, splits));
+    exact.tile_bytes = bytes - 1;
+    CHECK(!kc::reduces_in_gemm<kc::TileWide>(exact, 8, 8, splits));
+    CHECK(!kc::reduces_in_gemm<kc::TileWide>(fp::ArrivalCounters{}, 8, 8, splits));
+  }
+  // The target networks' splits at batch 128 are all too large for one block: LeNet's conv weight
+  // gradients (6 x 25 over 128 x 24 x 24; 16 x 54 over 128 x 10 x 10), the CIFAR-10 CNN's (64 x 27 over
+  // 128 x 32 x 32; 128 x 576 over 128 x 16 x 16, on either mainloop's tile) and its fc1 forward (128 x
+  // 1024 over 8192, split on WMMA's plan, either tile reducing).
+  const auto big = [&](auto tile, int m, int n, int k) {
+    using TileT = decltype(tile);
+    const auto [splits, bytes] = parts_bytes(tile, m, n, k);
+    CAPTURE(m);
+    CAPTURE(n);
+    CAPTURE(splits);
+    CAPTURE(bytes);
+    CHECK(splits > 1);
+    CHECK(bytes > kc::split_tile_reduction_bytes);
+    CHECK(!kc::reduces_in_gemm<TileT>(limited, m, n, splits));
+    CHECK(kc::reduces_in_gemm<TileT>(unlimited, m, n, splits));
+  };
+  big(kc::tile_for<25>{}, 6, 25, 128 * 24 * 24);
+  big(kc::tile_for<54>{}, 16, 54, 128 * 10 * 10);
+  big(kc::tile_for<27>{}, 64, 27, 128 * 32 * 32);
+  big(kc::mma::mma_tile_for<27>{}, 64, 27, 128 * 32 * 32);
+  big(kc::tile_for<576>{}, 128, 576, 128 * 16 * 16);
+  big(kc::mma::mma_tile_for<576>{}, 128, 576, 128 * 16 * 16);
+  using Fc1 = kc::GemmTiles<1024>;
+  const kc::SplitPlan fc1 = kc::linear_forward_split<Fc1>(128, 8192, 1024, sms);
+  REQUIRE(fc1.splits > 1);
+  CHECK(!kc::reduces_in_gemm<Fc1::wmma, Fc1::mma>(limited, 128, 1024, fc1.splits));
+  CHECK(kc::reduces_in_gemm<Fc1::wmma, Fc1::mma>(unlimited, 128, 1024, fc1.splits));
+  // Where the two mainloops' tiles differ, both must be small: a 64 x 200 output in 5 parts is 80 KiB a
+  // tile on WMMA's 64 x 64 tiles, 160 KiB on the tensor-core 128 x 128 ones.
+  fp::ArrivalCounters between = unlimited;
+  between.tile_bytes = std::size_t(80) << 10;
+  CHECK(kc::reduces_in_gemm<kc::TileWide>(between, 64, 200, 5));
+  CHECK(!kc::reduces_in_gemm<kc::TileWide, kc::mma::MmaTile128x128>(between, 64, 200, 5));
+
+  // The wiring: a split weight gradient and a split Linear forward hand their tiles to the GEMM's last
+  // block exactly when reduces_in_gemm says so (emulated blocks; the small case, whose sums the other
+  // tests check).
+  const auto x = random_values(std::size_t(4096) * 8, 61), dz = random_values(std::size_t(4096) * 8, 62);
+  std::vector<float> dw(64), db(8), scratch(kc::weight_gradient_scratch<kc::TileWide>(8, 8, 4096, sms) + 1);
+  bool in_gemm = false;
+  kc::split_weight_gradient<kc::TileWide>(nullptr, sms, 8, 8, 4096, kc::Columns{dz.data(), 8}, kc::Columns{x.data(), 8},
+                                          dw.data(), db.data(), scratch.data(), {}, limited,
+                                          [&](const auto& p, int splits) {
+                                            in_gemm = p.epi.reduction.active();
+                                            emulate_gemm<kc::TileWide, true>(p, splits);
+                                          });
+  CHECK(in_gemm);
+  CHECK(std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size()));
+}
+
+// Every number of loads in flight gives the same sums: the adds are in split order whatever InFlight is,
+// so the second kernels (split_sums_in_flight) and the GEMM's last blocks (4) give the same bits.
+TEST_CASE("split sums: the same bits with any number of loads in flight") {
+  const std::size_t stride = 12;
+  const auto parts = random_values(stride * 41, 63);
+  for (int splits = 1; splits <= 41; ++splits) {
+    CAPTURE(splits);
+    for (std::size_t i : {std::size_t(0), std::size_t(4), std::size_t(8)}) {
+      const auto a = kc::split_sums<1, 4>(parts.data(), splits, stride, i);
+      const auto b = kc::split_sums<1, kc::split_sums_in_flight>(parts.data(), splits, stride, i);
+      const auto c = kc::split_sums<4, kc::split_sums_in_flight>(parts.data(), splits, stride, i);
+      const auto d = kc::split_sums<4, 4>(parts.data(), splits, stride, i);
+      float serial = 0;
+      for (int z = 0; z < splits; ++z) serial += parts[std::size_t(z) * stride + i];
+      CHECK(std::memcmp(&a.v[0], &serial, sizeof(float)) == 0);
+      CHECK(std::memcmp(&b.v[0], &serial, sizeof(float)) == 0);
+      CHECK(std::memcmp(&c.v[0], &d.v[0], 4 * sizeof(float)) == 0);
+      CHECK(std::memcmp(&c.v[0], &serial, sizeof(float)) == 0);
+    }
   }
 }
 

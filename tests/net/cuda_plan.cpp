@@ -166,7 +166,7 @@ TEST_CASE("which tensors a Cuda training step updates in their gradients' GEMMs"
 TEST_CASE("ElementRuns numbers the rest of the tensors consecutively") {
   using Plan = fp::CudaPlan<ResNet, fp::precision::Tf32>;
   const fp::kernels::ElementRuns rest{Plan::rest_runs.data(), Plan::rest_runs.data() + 2 * Plan::rest_run_count,
-                                      Plan::rest_run_count};
+                                      Plan::rest_run_count, Plan::rest_runs[3 * Plan::rest_run_count]};
   std::vector<int> covered(ResNet::param_storage, 0);
   for (std::size_t k = 0; k < Plan::updated_tensors.size() / 2; ++k)
     for (std::size_t i = Plan::updated_tensors[2 * k]; i < Plan::updated_tensors[2 * k + 1]; ++i) ++covered[i];
@@ -190,11 +190,14 @@ TEST_CASE("ElementRuns numbers the rest of the tensors consecutively") {
   // Runs with gaps, of one element, and at the buffer's end.
   const std::size_t bounds[] = {0, 3, 5, 6, 10, 14};
   const std::size_t prefix[] = {0, 3, 4, 8};
-  const fp::kernels::ElementRuns runs{bounds, prefix, 3};
+  const fp::kernels::ElementRuns runs{bounds, prefix, 3, 8};
   std::vector<std::size_t> got;
   for (std::size_t j = 0; j < runs.size(); ++j) got.push_back(runs.index(j));
   CHECK(got == std::vector<std::size_t>{0, 1, 2, 5, 10, 11, 12, 13});
   CHECK(fp::kernels::ElementRuns{}.size() == 0);
+  // The host sizes the pass's launch from size(), and a model's arrays are device memory, which the host
+  // cannot read (CudaModel::rest_runs): size() reads neither array.
+  CHECK(fp::kernels::ElementRuns{nullptr, nullptr, 3, 8}.size() == 8);
 }
 
 namespace {

@@ -166,10 +166,13 @@ void copy_async(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
 /// Counters in device memory that belong to a stream: a kernel that counts its blocks' arrivals (a
 /// split-K GEMM whose last block per tile adds the partial products, kernels/cuda/gemm.cuh) uses them,
 /// and its last block sets them back to zero, so between kernels they are all zero. Only kernels ordered
-/// on that one stream may use them.
+/// on that one stream may use them. `tile_bytes`: the most partial-product bytes a GEMM's last block may
+/// add up alone with them (a larger reduction goes to a kernel of its own; kernels/cuda/gemm.cuh,
+/// reduces_in_gemm); no limit unless the caller sets one (kernels/cuda/gemm_dispatch.cuh, split_arrivals).
 struct ArrivalCounters {
   unsigned* data = nullptr;
   std::size_t count = 0;
+  std::size_t tile_bytes = ~std::size_t(0);
 };
 
 /// One CUDA device, the stream its work is queued on, and the precision of its GEMMs. Copies share the

@@ -195,13 +195,15 @@ struct LayerUpdate {
 /// Runs [begin, end) of a flat buffer, in order, numbered consecutively: element j of the runs is
 /// element index(j) of the buffer. What a pass over "everything but" some tensors walks (the update of
 /// the parameters whose gradient GEMMs did not apply it). `bounds` holds 2 * count offsets, `prefix`
-/// count + 1 (prefix[k]: elements in the runs before run k; prefix[count] the total).
+/// count + 1 (prefix[k]: elements in the runs before run k; prefix[count] the total). `elements` is that
+/// total held by value: the arrays may be device memory, which the host that sizes the launch cannot read.
 struct ElementRuns {
   const std::size_t* bounds = nullptr;
   const std::size_t* prefix = nullptr;
   std::size_t count = 0;
+  std::size_t elements = 0;
 
-  [[nodiscard]] FUSEDP_HD std::size_t size() const { return count == 0 ? 0 : prefix[count]; }
+  [[nodiscard]] FUSEDP_HD std::size_t size() const { return elements; }
   [[nodiscard]] FUSEDP_HD std::size_t index(std::size_t j) const {
     std::size_t lo = 0, hi = count;  // the last run with prefix <= j
     while (hi - lo > 1) {

@@ -599,10 +599,11 @@ class Model<Net, CudaSpace<P>, T> {
                      const kernels::UpdateTarget<T>& update = {}) {
     groups(update).backward(x, batch, on_stage_done);
   }
-  // The parameters the GEMMs do not update, in device memory (CudaPlan::rest_runs).
+  // The parameters the GEMMs do not update, in device memory (CudaPlan::rest_runs); their count from the
+  // plan, since the host sizes the pass's launch.
   [[nodiscard]] kernels::ElementRuns rest_runs() const noexcept {
     const std::size_t* r = rest_runs_.data();
-    return {r, r + 2 * plan::rest_run_count, plan::rest_run_count};
+    return {r, r + 2 * plan::rest_run_count, plan::rest_run_count, plan::rest_elements};
   }
 
   space_type space_;

@@ -185,36 +185,43 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE Lanes<L> load_lanes(const float* p) {
 
 /// The sums of the `splits` partial products partial[z * stride + i + c] of elements i + c (c < L), each
 /// in split order from 0: how every split-K GEMM adds up an element, whether a second kernel or the
-/// GEMM's last block does it, so both give the same bits. The loads of four splits are written before
-/// their adds (loops of constant length, which nvcc unrolls): a block that reduces a whole tile alone
-/// keeps several loads in flight per thread (the GPU issues in order, so an add waiting for its load
-/// would hold back the next load). L = 4 needs partial + i and stride 16-byte aligned.
-template <int L>
+/// GEMM's last block does it, so both give the same bits. The loads of InFlight splits are written
+/// before their adds (loops of constant length, which nvcc unrolls), so each thread keeps that many loads
+/// in flight (the GPU issues in order: an add waiting for its load would hold back the next load). Only
+/// when the loads are issued depends on InFlight, not the order of the adds, so every InFlight gives the
+/// same bits: 4 in a GEMM's last block (registers), split_sums_in_flight in the second kernels, whose
+/// one element per thread is a chain of `splits` loads from L2. L = 4 needs partial + i and stride
+/// 16-byte aligned.
+template <int L, int InFlight = 4>
 FUSEDP_HD FUSEDP_ALWAYS_INLINE Lanes<L> split_sums(const float* partial, int splits, std::size_t stride, std::size_t i) {
-  constexpr int in_flight = 4;
+  // The last group is predicated rather than loaded one split at a time, so 9 splits with 16 in flight
+  // take one round trip, not nine.
   Lanes<L> s{};
-  int z = 0;
-  for (; z + in_flight <= splits; z += in_flight) {
-    Lanes<L> v[in_flight];
-    for (int q = 0; q < in_flight; ++q) v[q] = load_lanes<L>(partial + std::size_t(z + q) * stride + i);
-    for (int q = 0; q < in_flight; ++q)
-      for (int c = 0; c < L; ++c) s.v[c] += v[q].v[c];
-  }
-  for (; z < splits; ++z) {
-    const Lanes<L> v = load_lanes<L>(partial + std::size_t(z) * stride + i);
-    for (int c = 0; c < L; ++c) s.v[c] += v.v[c];
+  for (int z = 0; z < splits; z += InFlight) {
+    Lanes<L> v[InFlight];
+    for (int q = 0; q < InFlight; ++q)
+      if (z + q < splits) v[q] = load_lanes<L>(partial + std::size_t(z + q) * stride + i);
+    for (int q = 0; q < InFlight; ++q)
+      if (z + q < splits)
+        for (int c = 0; c < L; ++c) s.v[c] += v[q].v[c];
   }
   return s;
 }
 
+/// Loads in flight per thread in the second kernels that add up split parts (reduce_splits_kernel,
+/// linear_forward_reduce_kernel): a thread's element is a chain of `splits` dependent adds, up to 256
+/// (plan_split: 2 x the SMs' blocks over one tile), whose loads would otherwise each wait a round trip to
+/// L2 in groups of four. An estimate, not a measurement: 16 turns 64 round trips into 16 for 256 splits.
+inline constexpr int split_sums_in_flight = 16;
+
 /// out[i + c] = split_sums for c < L, then `target`'s update with `step` where active: how every split-K
 /// weight gradient finishes its elements, whether reduce_splits_kernel or the GEMM's last block
 /// (SplitTileReduction: with L = 4, and the updates in a pass of their own) does it.
-template <int L>
+template <int L, int InFlight = 4>
 FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_split_sums(const float* partial, int splits, std::size_t stride,
                                                       std::size_t i, float* out, const UpdateTarget<float>& target,
                                                       const AnyStep<float>& step) {
-  const Lanes<L> s = split_sums<L>(partial, splits, stride, i);
+  const Lanes<L> s = split_sums<L, InFlight>(partial, splits, stride, i);
   for (int c = 0; c < L; ++c) {
     out[i + c] = s.v[c];
     if (target.active()) target.apply(step, i + c, s.v[c]);
@@ -645,6 +652,29 @@ template <class... TileT>
   return arrivals.data != nullptr && ((tiles(TileT::bm, TileT::bn) <= arrivals.count) && ...);
 }
 
+/// The most partial-product bytes a split GEMM's last block per tile adds up alone by default
+/// (ArrivalCounters::tile_bytes; kernels/cuda/gemm_dispatch.cuh, split_arrivals). An estimate, written
+/// before any measurement: that block, the last of its kernel, runs while the rest of the GPU waits for
+/// the kernel to end, and its 128-256 threads with four 16-byte loads each in flight move about 8-16 KB
+/// per round trip to L2 (0.3-0.5 us): 20-50 GB/s, so 64 KiB takes 1.3-3 us, what the launch and boundary
+/// of the second kernel it saves cost (benchmarks/RESULTS.md, session 21). A larger reduction, such as
+/// the 256 x 27 x 64 fp32 parts of the CIFAR-10 CNN's conv1 weight gradient (1.8 MB, 35-90 us for one
+/// block), goes to reduce_splits_kernel, one element per thread over the whole grid.
+/// benchmarks/gpu/check.sh times every limit's extremes (FUSEDP_CUDA_SPLIT_REDUCTION=gemm and kernel).
+inline constexpr std::size_t split_tile_reduction_bytes = std::size_t(64) << 10;
+
+/// Whether the last split of each tile adds up the tile's parts in the GEMM (SplitTileReduction,
+/// LinearForwardReduction) for an m x n output in `splits` parts on tiles TileT (either mainloop's grid):
+/// `arrivals` has a counter for every tile, and a tile's parts inside the output (splits x its rows and
+/// columns in m x n, fp32) take at most arrivals.tile_bytes. Else a second kernel does.
+template <class... TileT>
+[[nodiscard]] bool reduces_in_gemm(const ArrivalCounters& arrivals, int m, int n, int splits) {
+  const auto tile_bytes = [&](int bm, int bn) {
+    return std::size_t(splits) * std::size_t(std::min(m, bm)) * std::size_t(std::min(n, bn)) * sizeof(float);
+  };
+  return arrivals_cover<TileT...>(arrivals, m, n) && ((tile_bytes(TileT::bm, TileT::bn) <= arrivals.tile_bytes) && ...);
+}
+
 /// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
 /// second half of a split-K GEMM, so the result does not depend on scheduling. Active updates apply
 /// the optimizer to the weights (out) and the bias (row_out) with the finished sums.
@@ -655,11 +685,11 @@ __global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t c
   static_assert(std::is_same_v<T, float>, "reduce_splits_kernel: the split sums are float (finish_split_sums)");
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count)
-    finish_split_sums<1>(partial, splits, count, i, out, update.weight,
-                         update.weight.active() ? update.weight.load() : AnyStep<T>{});
+    finish_split_sums<1, split_sums_in_flight>(partial, splits, count, i, out, update.weight,
+                                               update.weight.active() ? update.weight.load() : AnyStep<T>{});
   if (row_out != nullptr && i < std::size_t(rows))
-    finish_split_sums<1>(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
-                         update.bias.active() ? update.bias.load() : AnyStep<T>{});
+    finish_split_sums<1, split_sums_in_flight>(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
+                                               update.bias.active() ? update.bias.load() : AnyStep<T>{});
 }
 
 /// Scratch (floats) a weight-gradient GEMM of this shape needs for its split partial products.
@@ -671,8 +701,9 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 
 /// The split-K flow of a weight gradient with the GEMM launched by `run_gemm(problem, splits)`: one
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`,
-/// added up in split order by the last split of each tile (SplitTileReduction) where `arrivals` has a
-/// counter for every tile, else by reduce_splits_kernel. The updates are applied by whichever writes dw
+/// added up in split order by the last split of each tile (SplitTileReduction) where reduces_in_gemm
+/// says so (`arrivals` has a counter for every tile, and a tile's parts are within its limit), else by
+/// reduce_splits_kernel. The updates are applied by whichever writes dw
 /// and db last (the bias's only with db). Shared by weight_gradient and gemm_mma.cuh's
 /// weight_gradient_mma (and tests/gpu/emulation.cu, which runs the blocks on the host).
 template <class TileT, class A, class B, class Launch>
@@ -688,7 +719,7 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
   const std::size_t count = std::size_t(m) * n;
   float* row_partial = scratch + std::size_t(s.splits) * count;
-  const bool in_kernel = arrivals_cover<TileT>(arrivals, m, n);
+  const bool in_kernel = reduces_in_gemm<TileT>(arrivals, m, n, s.splits);
   StoreRowMajor partials{scratch, m, n, count};
   if (in_kernel) partials.reduction = {arrivals.data, s.splits, dw, row_partial, db, u};
   run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, partials, db ? row_partial : nullptr}, s.splits);

@@ -70,36 +70,42 @@ inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMain
   return chosen;
 }
 
-/// Who adds up the parts of a split-K GEMM (a weight gradient, a split Linear forward).
+/// Who adds up the parts of a split-K GEMM (a weight gradient, a split Linear forward). Every choice
+/// gives the same bits.
 enum class SplitReduction {
-  gemm,    ///< the GEMM's last block per output tile, with the stream's arrival counters (one launch)
-  kernel,  ///< a second kernel (reduce_splits_kernel, linear_forward_reduce_kernel): the same bits
+  automatic,  ///< the GEMM's last block per tile where a tile's parts are small (split_tile_reduction_bytes), else a second kernel
+  gemm,       ///< the GEMM's last block per output tile, with the stream's arrival counters (one launch), whatever the size
+  kernel,     ///< a second kernel (reduce_splits_kernel, linear_forward_reduce_kernel)
 };
 
-/// The reduction named by `value`, FUSEDP_CUDA_SPLIT_REDUCTION's text: "gemm" or "kernel"; null or
-/// empty is gemm. Anything else is an InvalidArgument naming the variable and the value.
+/// The reduction named by `value`, FUSEDP_CUDA_SPLIT_REDUCTION's text: "auto", "gemm" or "kernel"; null
+/// or empty is auto. Anything else is an InvalidArgument naming the variable and the value.
 [[nodiscard]] inline SplitReduction parse_split_reduction(const char* value) {
   const std::string_view v = value ? value : "";
-  if (v.empty() || v == "gemm") return SplitReduction::gemm;
+  if (v.empty() || v == "auto") return SplitReduction::automatic;
+  if (v == "gemm") return SplitReduction::gemm;
   if (v == "kernel") return SplitReduction::kernel;
   throw InvalidArgument("FUSEDP_CUDA_SPLIT_REDUCTION is '" + std::string(v) +
-                        "'; it must be 'gemm' or 'kernel' (or unset: gemm)");
+                        "'; it must be 'auto', 'gemm' or 'kernel' (or unset: auto)");
 }
 
-/// FUSEDP_CUDA_SPLIT_REDUCTION's choice: for comparing the two on a device (benchmarks/gpu/check.sh,
-/// impl=fusedp-split-kernel); the results are the same bits either way. Read at the first call in the
-/// process, as gemm_mainloop_from_environment.
+/// FUSEDP_CUDA_SPLIT_REDUCTION's choice: for comparing them on a device (benchmarks/gpu/check.sh,
+/// impl=fusedp-split-gemm and fusedp-split-kernel); the results are the same bits either way. Read at
+/// the first call in the process, as gemm_mainloop_from_environment.
 [[nodiscard]] inline SplitReduction split_reduction_from_environment() {
   static const SplitReduction chosen = parse_split_reduction(std::getenv("FUSEDP_CUDA_SPLIT_REDUCTION"));
   return chosen;
 }
 
-/// The arrival counters split GEMMs on `space` finish their tiles with: the stream's, or none when
-/// `reduction` is SplitReduction::kernel.
+/// The arrival counters split GEMMs on `space` finish their tiles with: the stream's, limited to tiles
+/// of split_tile_reduction_bytes of parts (automatic) or not (gemm), or none (kernel).
 template <class P>
 [[nodiscard]] ArrivalCounters split_arrivals(const CudaSpace<P>& space,
                                              SplitReduction reduction = split_reduction_from_environment()) {
-  return reduction == SplitReduction::gemm ? space.arrival_counters() : ArrivalCounters{};
+  if (reduction == SplitReduction::kernel) return {};
+  ArrivalCounters a = space.arrival_counters();
+  if (reduction == SplitReduction::automatic) a.tile_bytes = split_tile_reduction_bytes;
+  return a;
 }
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's

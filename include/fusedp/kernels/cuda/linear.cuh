@@ -151,11 +151,11 @@ WeightGradientOperands<ColumnsOf<E>, ColumnsOf<X>> linear_stored_dw_operands(int
 /// y[i + c] (and z[i + c], before Epi) of a split Linear forward (batch x n, row-major), c < L: the parts
 /// summed in split order (split_sums), plus the bias, then Epi. Both halves that may finish a split
 /// forward call it, so they give the same bits. Y: y's stored element.
-template <class Epi, int L = 1, class Y>
+template <class Epi, int L = 1, int InFlight = 4, class Y>
 FUSEDP_HD FUSEDP_ALWAYS_INLINE void finish_linear_sums(const float* partial, int splits, std::size_t count,
                                                        std::size_t i, int n, const float* bias, Y* y, float* z,
                                                        bool bf16) {
-  const Lanes<L> s = split_sums<L>(partial, splits, count, i);
+  const Lanes<L> s = split_sums<L, InFlight>(partial, splits, count, i);
   const std::size_t col = i % std::size_t(n);  // a run of L never crosses a row (n % L == 0)
   for (int c = 0; c < L; ++c) {
     const float v = s.v[c] + bias[col + c];
@@ -195,7 +195,7 @@ __global__ void linear_forward_reduce_kernel(const float* partial, int splits, s
                                              const float* bias, Y* y, float* z, bool bf16) {
   kernel_prologue();
   for (std::size_t i = grid_index(); i < count; i += grid_stride())
-    finish_linear_sums<Epi>(partial, splits, count, i, n, bias, y, z, bf16);
+    finish_linear_sums<Epi, 1, split_sums_in_flight>(partial, splits, count, i, n, bias, y, z, bf16);
 }
 
 /// The split of linear_forward (WMMA's tile's plan, whichever mainloop runs it: its parts are whole
@@ -215,8 +215,8 @@ std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
 
 /// The flow of linear_forward with the GEMM launched by `run_gemm(problem, splits)`: one GEMM with bias
 /// and Epi in its epilogue when the plan does not split (or there is no scratch), else the parts into
-/// `scratch`, finished by the GEMM's last block per tile where `arrivals` has a counter for every tile of
-/// either mainloop's grid, else by linear_forward_reduce_kernel. Shared by linear_forward and
+/// `scratch`, finished by the GEMM's last block per tile where reduces_in_gemm says so for either
+/// mainloop's grid, else by linear_forward_reduce_kernel. Shared by linear_forward and
 /// tests/gpu/emulation.cu, which runs the blocks on the host. X, Y: x's and y's stored elements.
 template <class Epi, class Tiles, class X, class Y, class Launch>
 void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
@@ -228,7 +228,7 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
     return;
   }
   const std::size_t count = std::size_t(batch) * out;
-  const bool in_kernel = arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out);
+  const bool in_kernel = reduces_in_gemm<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out, s.splits);
   PartialsRowMajor<LinearForwardReduction<Epi, Y>> parts{scratch, batch, out, count};
   if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z, bf16};
   run_gemm(GemmProblem<RowsOf<X>, Rows, PartialsRowMajor<LinearForwardReduction<Epi, Y>>>{
