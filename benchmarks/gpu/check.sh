@@ -338,13 +338,13 @@ variant_steps "without programmatic dependent launch" --no-dependent-launch
 # Each weight gradient after its layer's input gradient on one stream (impl=fusedp-serial), not beside
 # the next layer's backward.
 variant_steps "with backward in order on one stream" --serial-backward
-# Who adds up the parts of split-K GEMMs. By default the GEMM's last block per tile where a tile's parts
-# are at most 64 KiB, else a second kernel (none of LeNet's or the CIFAR-10 CNN's splits is that small);
+# Who adds up the parts of split-K GEMMs. By default the GEMM's last block per tile where its chain of
+# round trips to L2 is at most 8, else a second kernel (none of LeNet's or the CIFAR-10 CNN's is that short);
 # here every split by a second kernel (impl=fusedp-split-kernel), then every split by the GEMM's last
 # block, whatever its size (impl=fusedp-split-gemm: the rule before session 30). The variable reaches
 # train_step_gpu through the function.
 FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by a second kernel"
-FUSEDP_CUDA_SPLIT_REDUCTION=gemm variant_steps "with split-K parts added up by the GEMM's last block, whatever their size"
+FUSEDP_CUDA_SPLIT_REDUCTION=gemm variant_steps "with split-K parts always added up by the GEMM's last block"
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
 # (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
 # against the step's median above (the rest is time between kernels) and against the fused minimum

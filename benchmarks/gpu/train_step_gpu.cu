@@ -6,8 +6,9 @@
 //   RESULT impl=fusedp net=lenet batch=128 precision=tf32 median_ms=0.123 images_per_s=1040000 graphs=1 loss=2.30 host_ms=0.031 queued_ms=0.101 floor_mb=7.5
 //
 // floor_mb is the step's fused minimum of memory traffic from the type (CostModel::step_traffic_floor,
-// net/cost.hpp: SGD with momentum, activations in 16 bits under bf16), which check.sh hands to
-// kernel_times.py to set ncu's DRAM bytes against; none for ResNet-18, which that model does not cover.
+// net/cost.hpp: SGD with momentum, activations in 16 bits under bf16, the wide build's too: the floor is
+// the design's, not the build's), which check.sh hands to kernel_times.py to set ncu's DRAM bytes
+// against; none for ResNet-18, which that model does not cover.
 // median_ms brackets each step with events as it is submitted, so where the host takes longer to submit
 // a step than the GPU to run it, it measures the host. Two more figures tell which: host_ms, the host's
 // wall time to submit one step (the mean over the timed steps), and queued_ms, the GPU's time per step
@@ -29,8 +30,8 @@
 // not beside the next layer's (Model::use_backward_branches(false)); the lines say impl=fusedp-serial.
 // FUSEDP_CUDA_SPLIT_REDUCTION=kernel: the parts of split-K GEMMs added up by a second kernel, never by
 // the GEMM's last block per tile (kernels/cuda/gemm_dispatch.cuh); the lines say impl=fusedp-split-kernel.
-// FUSEDP_CUDA_SPLIT_REDUCTION=gemm: always by the GEMM's last block, whatever the size of a tile's parts
-// (by default only up to kernels::cuda::split_tile_reduction_bytes); the lines say impl=fusedp-split-gemm.
+// FUSEDP_CUDA_SPLIT_REDUCTION=gemm: always by the GEMM's last block, however long its chain of loads (by
+// default only up to kernels::cuda::split_tile_reduction_trips); the lines say impl=fusedp-split-gemm.
 //
 // Built with -DFUSEDP_CUDA_MMA_LAYERS=1 (benchmarks/gpu/prebuild.sh's train_step_gpu_mma) the layers'
 // GEMMs run on the tensor-core mainloop (kernels/cuda/gemm_dispatch.cuh) and the lines say

@@ -1379,82 +1379,149 @@ TEST_CASE("the split reduction switch: FUSEDP_CUDA_SPLIT_REDUCTION's values") {
   }
 }
 
-// Who adds up a split GEMM's parts by default: its last block per tile only where a tile's parts are
-// at most split_tile_reduction_bytes (one block reducing megabytes alone would hold the GPU for tens of
-// microseconds), else a second kernel; with counters that set no limit (FUSEDP_CUDA_SPLIT_REDUCTION=gemm)
-// always the last block; without counters never.
-TEST_CASE("a split GEMM's last block adds up small tiles of parts only") {
+// Who adds up a split GEMM's parts by default: its last block per tile only where the chain of round
+// trips to L2 that takes (tile_reduction_trips) is at most split_tile_reduction_trips (one block walking
+// a chain of hundreds alone would hold the GPU for tens of microseconds), else a second kernel; with
+// counters that set no limit (FUSEDP_CUDA_SPLIT_REDUCTION=gemm) always the last block; without counters
+// never.
+TEST_CASE("a split GEMM's last block adds up its tile's parts only where the chain is short") {
+  // The chains by hand: the busiest thread's runs of four columns (ceil(rows x bn/4 / threads)), one
+  // chain a run where n is a multiple of 4 else one a column (at most 4), one more for the row sums;
+  // each chain splits/4 + splits%4 round trips.
+  CHECK(kc::tile_reduction_trips<kc::TileWide>(8, 8, 8, true) == (1 + 1) * 2);
+  CHECK(kc::tile_reduction_trips<kc::TileWide>(8, 8, 32, false) == 1 * 8);
+  CHECK(kc::tile_reduction_trips<kc::TileWide>(8, 8, 33, false) == 1 * (8 + 1));
+  CHECK(kc::tile_reduction_trips<kc::TileTall16>(128, 2, 8, false) == 4 * 2 * 2);  // two columns: two chains a run
+  // LeNet at batch 128: conv1's weight gradient (6 x 25 in 256 parts: one run of 4 columns and the bias),
+  // conv2's (16 x 54 in 100: two runs), fc1's forward (128 x 120 in 3: eight 16-byte runs).
+  CHECK(kc::tile_reduction_trips<kc::tile_for<25>>(6, 25, 256, true) == (4 + 1) * 64);
+  CHECK(kc::tile_reduction_trips<kc::tile_for<54>>(16, 54, 100, true) == (2 * 4 + 1) * 25);
+  CHECK(kc::tile_reduction_trips<kc::tile_for<120>>(128, 120, 3, false) == 8 * 3);
+  // The CIFAR-10 CNN: conv1's weight gradient (64 x 27 in 256) on either mainloop's tile, conv2's (128 x
+  // 576 in 15 on WMMA's plan, 52 on the tensor-core one), fc1's forward (128 x 1024 in 9), fc2's (128 x
+  // 10 in 8).
+  CHECK(kc::tile_reduction_trips<kc::tile_for<27>>(64, 27, 256, true) == (4 * 4 + 1) * 64);
+  CHECK(kc::tile_reduction_trips<kc::mma::mma_tile_for<27>>(64, 27, 256, true) == (2 * 4 + 1) * 64);
+  CHECK(kc::tile_reduction_trips<kc::tile_for<576>>(128, 576, 15, true) == (8 + 1) * 6);
+  CHECK(kc::tile_reduction_trips<kc::mma::mma_tile_for<576>>(128, 576, 52, true) == (16 + 1) * 13);
+  CHECK(kc::tile_reduction_trips<kc::tile_for<1024>>(128, 1024, 9, false) == 8 * 3);
+  CHECK(kc::tile_reduction_trips<kc::mma::mma_tile_for<1024>>(128, 1024, 9, false) == 16 * 3);
+  CHECK(kc::tile_reduction_trips<kc::tile_for<10>>(128, 10, 8, false) == 4 * 4 * 2);
+
   std::vector<unsigned> counters(fp::Cuda::arrival_counter_count, 0u);
   const fp::ArrivalCounters unlimited{counters.data(), counters.size()};
-  fp::ArrivalCounters limited = unlimited;
-  limited.tile_bytes = kc::split_tile_reduction_bytes;
-  constexpr int sms = 132;  // an H200
-  // A weight gradient's split: m x n outputs over k on TileT.
-  const auto parts_bytes = [](auto tile, int m, int n, int k) {
-    using TileT = decltype(tile);
-    const kc::SplitPlan s = kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sms);
-    return std::pair{s.splits, std::size_t(s.splits) * std::min(m, TileT::bm) * std::min(n, TileT::bn) * 4};
+  const auto limit = [&](int trips) {
+    fp::ArrivalCounters a = unlimited;
+    a.reduction_trip_limit = trips;
+    return a;
   };
-  // Small: 8 x 8 over 4096 (32 splits of 8 x 8 floats, 8 KiB).
-  {
-    const auto [splits, bytes] = parts_bytes(kc::TileWide{}, 8, 8, 4096);
-    REQUIRE(splits == 32);
-    CHECK(bytes == 8192);
-    CHECK(kc::reduces_in_gemm<kc::TileWide>(limited, 8, 8, splits));
-    fp::ArrivalCounters exact = unlimited;
-    exact.tile_bytes = bytes;  // the limit itself is allowed, a byte less is not
-    CHECK(kc::reduces_in_gemm<kc::TileWide>(exact, 8, 8, splits));
-    exact.tile_bytes = bytes - 1;
-    CHECK(!kc::reduces_in_gemm<kc::TileWide>(exact, 8, 8, splits));
-    CHECK(!kc::reduces_in_gemm<kc::TileWide>(fp::ArrivalCounters{}, 8, 8, splits));
-  }
-  // The target networks' splits at batch 128 are all too large for one block: LeNet's conv weight
-  // gradients (6 x 25 over 128 x 24 x 24; 16 x 54 over 128 x 10 x 10), the CIFAR-10 CNN's (64 x 27 over
-  // 128 x 32 x 32; 128 x 576 over 128 x 16 x 16, on either mainloop's tile) and its fc1 forward (128 x
-  // 1024 over 8192, split on WMMA's plan, either tile reducing).
-  const auto big = [&](auto tile, int m, int n, int k) {
+  const fp::ArrivalCounters layers = limit(kc::split_tile_reduction_trips);
+  // The limit itself is allowed, one round trip less is not; no counters, never.
+  CHECK(kc::reduces_in_gemm<kc::TileWide>(limit(4), 8, 8, 8, true));
+  CHECK(!kc::reduces_in_gemm<kc::TileWide>(limit(3), 8, 8, 8, true));
+  CHECK(kc::reduces_in_gemm<kc::TileWide>(layers, 8, 8, 8, true));
+  CHECK(!kc::reduces_in_gemm<kc::TileWide>(fp::ArrivalCounters{}, 8, 8, 8, true));
+  // Every split of the target networks at batch 128 takes the second kernel by default, and the GEMM's
+  // last block without a limit.
+  const auto second_kernel = [&](auto tile, int m, int n, int splits, bool row_sums) {
     using TileT = decltype(tile);
-    const auto [splits, bytes] = parts_bytes(tile, m, n, k);
     CAPTURE(m);
     CAPTURE(n);
     CAPTURE(splits);
-    CAPTURE(bytes);
-    CHECK(splits > 1);
-    CHECK(bytes > kc::split_tile_reduction_bytes);
-    CHECK(!kc::reduces_in_gemm<TileT>(limited, m, n, splits));
-    CHECK(kc::reduces_in_gemm<TileT>(unlimited, m, n, splits));
+    CHECK(!kc::reduces_in_gemm<TileT>(layers, m, n, splits, row_sums));
+    CHECK(kc::reduces_in_gemm<TileT>(unlimited, m, n, splits, row_sums));
   };
-  big(kc::tile_for<25>{}, 6, 25, 128 * 24 * 24);
-  big(kc::tile_for<54>{}, 16, 54, 128 * 10 * 10);
-  big(kc::tile_for<27>{}, 64, 27, 128 * 32 * 32);
-  big(kc::mma::mma_tile_for<27>{}, 64, 27, 128 * 32 * 32);
-  big(kc::tile_for<576>{}, 128, 576, 128 * 16 * 16);
-  big(kc::mma::mma_tile_for<576>{}, 128, 576, 128 * 16 * 16);
-  using Fc1 = kc::GemmTiles<1024>;
-  const kc::SplitPlan fc1 = kc::linear_forward_split<Fc1>(128, 8192, 1024, sms);
-  REQUIRE(fc1.splits > 1);
-  CHECK(!kc::reduces_in_gemm<Fc1::wmma, Fc1::mma>(limited, 128, 1024, fc1.splits));
-  CHECK(kc::reduces_in_gemm<Fc1::wmma, Fc1::mma>(unlimited, 128, 1024, fc1.splits));
-  // Where the two mainloops' tiles differ, both must be small: a 64 x 200 output in 5 parts is 80 KiB a
-  // tile on WMMA's 64 x 64 tiles, 160 KiB on the tensor-core 128 x 128 ones.
-  fp::ArrivalCounters between = unlimited;
-  between.tile_bytes = std::size_t(80) << 10;
-  CHECK(kc::reduces_in_gemm<kc::TileWide>(between, 64, 200, 5));
-  CHECK(!kc::reduces_in_gemm<kc::TileWide, kc::mma::MmaTile128x128>(between, 64, 200, 5));
+  second_kernel(kc::tile_for<25>{}, 6, 25, 256, true);
+  second_kernel(kc::tile_for<54>{}, 16, 54, 100, true);
+  second_kernel(kc::tile_for<120>{}, 128, 120, 3, false);
+  second_kernel(kc::tile_for<27>{}, 64, 27, 256, true);
+  second_kernel(kc::mma::mma_tile_for<27>{}, 64, 27, 256, true);
+  second_kernel(kc::tile_for<576>{}, 128, 576, 15, true);
+  second_kernel(kc::mma::mma_tile_for<576>{}, 128, 576, 52, true);
+  second_kernel(kc::tile_for<1024>{}, 128, 1024, 9, false);
+  second_kernel(kc::tile_for<10>{}, 128, 10, 8, false);
+  // The splits those chains assumed are plan_split's and linear_forward_split's for 132 SMs.
+  constexpr int sms = 132;
+  const auto splits_of = [](auto tile, int m, int n, int k) {
+    using TileT = decltype(tile);
+    return kc::plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sms).splits;
+  };
+  CHECK(splits_of(kc::tile_for<25>{}, 6, 25, 128 * 24 * 24) == 256);
+  CHECK(splits_of(kc::tile_for<54>{}, 16, 54, 128 * 10 * 10) == 100);
+  CHECK(splits_of(kc::tile_for<27>{}, 64, 27, 128 * 32 * 32) == 256);
+  CHECK(splits_of(kc::mma::mma_tile_for<27>{}, 64, 27, 128 * 32 * 32) == 256);
+  CHECK(splits_of(kc::tile_for<576>{}, 128, 576, 128 * 16 * 16) == 15);
+  CHECK(splits_of(kc::mma::mma_tile_for<576>{}, 128, 576, 128 * 16 * 16) == 52);
+  CHECK(kc::linear_forward_split<kc::GemmTiles<120>>(128, 400, 120, sms).splits == 3);
+  CHECK(kc::linear_forward_split<kc::GemmTiles<1024>>(128, 8192, 1024, sms).splits == 9);
+  CHECK(kc::linear_forward_split<kc::GemmTiles<10>>(128, 1024, 10, sms).splits == 8);
+  // Where the two mainloops' tiles differ, both are asked: fc1's forward is 24 round trips on WMMA's
+  // tile, 48 on the tensor-core one.
+  CHECK(kc::reduces_in_gemm<kc::tile_for<1024>>(limit(24), 128, 1024, 9, false));
+  CHECK(!kc::reduces_in_gemm<kc::tile_for<1024>, kc::mma::mma_tile_for<1024>>(limit(24), 128, 1024, 9, false));
+}
 
-  // The wiring: a split weight gradient and a split Linear forward hand their tiles to the GEMM's last
-  // block exactly when reduces_in_gemm says so (emulated blocks; the small case, whose sums the other
-  // tests check).
-  const auto x = random_values(std::size_t(4096) * 8, 61), dz = random_values(std::size_t(4096) * 8, 62);
-  std::vector<float> dw(64), db(8), scratch(kc::weight_gradient_scratch<kc::TileWide>(8, 8, 4096, sms) + 1);
-  bool in_gemm = false;
-  kc::split_weight_gradient<kc::TileWide>(nullptr, sms, 8, 8, 4096, kc::Columns{dz.data(), 8}, kc::Columns{x.data(), 8},
-                                          dw.data(), db.data(), scratch.data(), {}, limited,
-                                          [&](const auto& p, int splits) {
-                                            in_gemm = p.epi.reduction.active();
-                                            emulate_gemm<kc::TileWide, true>(p, splits);
-                                          });
-  CHECK(in_gemm);
+// The wiring: a split weight gradient and a split Linear forward hand their tiles to the GEMM's last
+// block exactly when reduces_in_gemm says so. The GEMM "launch" records whether its problem carries an
+// active reduction and stops the flow there, before a second kernel would be launched (no device here),
+// so both answers are observed, at the limit and one round trip under it.
+TEST_CASE("split GEMMs hand their tiles to the last block exactly when reduces_in_gemm says so") {
+  struct Stop {};
+  std::vector<unsigned> counters(fp::Cuda::arrival_counter_count, 0u);
+  const fp::ArrivalCounters unlimited{counters.data(), counters.size()};
+  const auto limit = [&](int trips) {
+    fp::ArrivalCounters a = unlimited;
+    a.reduction_trip_limit = trips;
+    return a;
+  };
+  constexpr int sms = 132;
+  float dummy = 0;  // never read: the flow stops at the GEMM
+  const auto weight_gradient = [&](int m, int n, int k, const fp::ArrivalCounters& a) {
+    bool in_gemm = false, split = false;
+    const auto stop = [&](const auto& p, int splits) {
+      in_gemm = p.epi.reduction.active();
+      split = splits > 1;
+      throw Stop{};
+    };
+    CHECK_THROWS_AS((kc::split_weight_gradient<kc::tile_for<64>>(nullptr, sms, m, n, k, kc::Columns{&dummy, m},
+                                                                 kc::Columns{&dummy, n}, &dummy, &dummy, &dummy, {}, a,
+                                                                 stop)),
+                    Stop);
+    CHECK(split);
+    return in_gemm;
+  };
+  // 8 x 8 over 1024: 8 parts, one run and the row sums, 4 round trips.
+  CHECK(weight_gradient(8, 8, 1024, limit(4)));
+  CHECK(!weight_gradient(8, 8, 1024, limit(3)));
+  CHECK(weight_gradient(8, 8, 1024, limit(kc::split_tile_reduction_trips)));
+  CHECK(!weight_gradient(64, 27, 128 * 32 * 32, limit(kc::split_tile_reduction_trips)));
+  CHECK(weight_gradient(64, 27, 128 * 32 * 32, unlimited));
+
+  const auto linear_forward = [&]<int Out>(std::integral_constant<int, Out>, int batch, int in,
+                                           const fp::ArrivalCounters& a) {
+    bool in_gemm = false, split = false;
+    const auto stop = [&](const auto& p, int splits) {
+      if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+      split = splits > 1;
+      throw Stop{};
+    };
+    CHECK_THROWS_AS((kc::split_linear_forward<Epilogue<Relu>, kc::GemmTiles<Out>>(
+                        nullptr, sms, batch, in, Out, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, a, false, stop)),
+                    Stop);
+    CHECK(split);
+    return in_gemm;
+  };
+  const std::integral_constant<int, 10> fc2;
+  const std::integral_constant<int, 1024> fc1;
+  // The CIFAR-10 CNN's fc2 forward: 32 round trips on WMMA's tile (16 on the tensor-core one).
+  CHECK(linear_forward(fc2, 128, 1024, limit(32)));
+  CHECK(!linear_forward(fc2, 128, 1024, limit(31)));
+  CHECK(!linear_forward(fc2, 128, 1024, limit(kc::split_tile_reduction_trips)));
+  CHECK(!linear_forward(fc1, 128, 8192, limit(kc::split_tile_reduction_trips)));
+  CHECK(linear_forward(fc1, 128, 8192, unlimited));
+  // The tiles asked are the ones that may run: the tensor-core tile's 48 round trips only where the
+  // layers have it.
+  CHECK(linear_forward(fc1, 128, 8192, limit(24)) == !kc::layers_have_mma);
   CHECK(std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size()));
 }
 

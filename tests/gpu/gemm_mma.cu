@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace fp = fusedp;
@@ -469,9 +470,10 @@ TEST_CASE("linear forward: a split forward finished in the GEMM gives the second
   check_split_linear_forward<298>(space);
 }
 
-// Who adds up split parts, as a target says: by default the GEMM's last block only for tiles of parts up
-// to split_tile_reduction_bytes; FUSEDP_CUDA_SPLIT_REDUCTION=gemm whatever their size; =kernel never (no
-// counters). A weight gradient's branch onto the side stream keeps the limit with its own counters.
+// Who adds up split parts, as a target says: by default the GEMM's last block only where that takes at
+// most split_tile_reduction_trips round trips; FUSEDP_CUDA_SPLIT_REDUCTION=gemm however many; =kernel
+// never (no counters). A weight gradient's branch onto the side stream keeps the limit with its own
+// counters.
 TEST_CASE("gemm_dispatch: the split reduction's counters and limit, on the model's stream and a branch") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   fp::Cuda space;
@@ -479,15 +481,15 @@ TEST_CASE("gemm_dispatch: the split reduction's counters and limit, on the model
   const auto gemm = kc::GemmTarget::of(space, kc::GemmMainloop::wmma, kc::SplitReduction::gemm);
   const auto kernel = kc::GemmTarget::of(space, kc::GemmMainloop::wmma, kc::SplitReduction::kernel);
   CHECK(automatic.arrivals.data == space.arrival_counters().data);
-  CHECK(automatic.arrivals.tile_bytes == kc::split_tile_reduction_bytes);
+  CHECK(automatic.arrivals.reduction_trip_limit == kc::split_tile_reduction_trips);
   CHECK(gemm.arrivals.data == space.arrival_counters().data);
-  CHECK(gemm.arrivals.tile_bytes == ~std::size_t(0));
+  CHECK(gemm.arrivals.reduction_trip_limit == std::numeric_limits<int>::max());
   CHECK(kernel.arrivals.data == nullptr);
   const fp::CudaSideStream side = fp::CudaSideStream::make();
   const fp::CudaBranch branch = side.branch(automatic.arrivals, "weight gradient", 1);
   CHECK(branch.arrivals.data != nullptr);
   CHECK(branch.arrivals.data != automatic.arrivals.data);
-  CHECK(branch.arrivals.tile_bytes == kc::split_tile_reduction_bytes);
+  CHECK(branch.arrivals.reduction_trip_limit == kc::split_tile_reduction_trips);
   CHECK(side.branch(kernel.arrivals, "weight gradient", 1).arrivals.data == nullptr);
 }
 

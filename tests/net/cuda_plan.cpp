@@ -166,7 +166,8 @@ TEST_CASE("which tensors a Cuda training step updates in their gradients' GEMMs"
 TEST_CASE("ElementRuns numbers the rest of the tensors consecutively") {
   using Plan = fp::CudaPlan<ResNet, fp::precision::Tf32>;
   const fp::kernels::ElementRuns rest{Plan::rest_runs.data(), Plan::rest_runs.data() + 2 * Plan::rest_run_count,
-                                      Plan::rest_run_count, Plan::rest_runs[3 * Plan::rest_run_count]};
+                                      Plan::rest_run_count, Plan::rest_elements};
+  static_assert(Plan::rest_runs[3 * Plan::rest_run_count] == Plan::rest_elements);  // the prefix's total
   std::vector<int> covered(ResNet::param_storage, 0);
   for (std::size_t k = 0; k < Plan::updated_tensors.size() / 2; ++k)
     for (std::size_t i = Plan::updated_tensors[2 * k]; i < Plan::updated_tensors[2 * k + 1]; ++i) ++covered[i];

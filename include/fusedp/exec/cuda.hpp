@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -166,13 +167,14 @@ void copy_async(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
 /// Counters in device memory that belong to a stream: a kernel that counts its blocks' arrivals (a
 /// split-K GEMM whose last block per tile adds the partial products, kernels/cuda/gemm.cuh) uses them,
 /// and its last block sets them back to zero, so between kernels they are all zero. Only kernels ordered
-/// on that one stream may use them. `tile_bytes`: the most partial-product bytes a GEMM's last block may
-/// add up alone with them (a larger reduction goes to a kernel of its own; kernels/cuda/gemm.cuh,
-/// reduces_in_gemm); no limit unless the caller sets one (kernels/cuda/gemm_dispatch.cuh, split_arrivals).
+/// on that one stream may use them. `reduction_trip_limit`: the longest chain of round trips to L2 that
+/// a GEMM's last block per tile may walk to add up the tile's parts with them (a longer reduction goes to
+/// a kernel of its own; kernels/cuda/gemm.cuh, tile_reduction_trips and reduces_in_gemm); no limit unless
+/// the caller sets one (the layers' targets do: kernels/cuda/gemm_dispatch.cuh, split_arrivals).
 struct ArrivalCounters {
   unsigned* data = nullptr;
   std::size_t count = 0;
-  std::size_t tile_bytes = ~std::size_t(0);
+  int reduction_trip_limit = std::numeric_limits<int>::max();
 };
 
 /// One CUDA device, the stream its work is queued on, and the precision of its GEMMs. Copies share the

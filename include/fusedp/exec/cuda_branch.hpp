@@ -53,9 +53,8 @@ class CudaSideStream {
   /// The branch a layer's weight gradient takes (with counters only where `main` has them: a target that
   /// reduces splits in a kernel of their own uses none on either stream).
   [[nodiscard]] CudaBranch branch(const ArrivalCounters& main, const char* name, std::int64_t index) const noexcept {
-    return {stream_.get(),
-            main.data != nullptr ? ArrivalCounters{arrivals_->data(), arrivals_->size(), main.tile_bytes} : ArrivalCounters{},
-            fork_.get(), name, index};
+    const ArrivalCounters own{arrivals_->data(), arrivals_->size(), main.reduction_trip_limit};
+    return {stream_.get(), main.data != nullptr ? own : ArrivalCounters{}, fork_.get(), name, index};
   }
   /// Marks the work queued on the side stream so far under `slot` (0 or 1).
   void mark(int slot) const { marks_[slot].record(stream_.get()); }

@@ -203,6 +203,12 @@ struct ElementRuns {
   std::size_t count = 0;
   std::size_t elements = 0;
 
+  ElementRuns() = default;
+  // All four, so that no caller leaves the count at zero (which would skip every element).
+  FUSEDP_HD constexpr ElementRuns(const std::size_t* bounds_, const std::size_t* prefix_, std::size_t count_,
+                                  std::size_t elements_)
+      : bounds(bounds_), prefix(prefix_), count(count_), elements(elements_) {}
+
   [[nodiscard]] FUSEDP_HD std::size_t size() const { return elements; }
   [[nodiscard]] FUSEDP_HD std::size_t index(std::size_t j) const {
     std::size_t lo = 0, hi = count;  // the last run with prefix <= j

@@ -8,13 +8,13 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/cuda/conv2d.cuh"
 
 #include <cstdint>
-#include <type_traits>
 #endif
 
 namespace fusedp {
@@ -164,5 +164,15 @@ struct Conv2d {
   }
 #endif
 };
+
+namespace detail {
+template <int Out, int K, int S, int P, bool B>
+std::true_type conv2d_layer(const Conv2d<Out, K, S, P, B>*);
+std::false_type conv2d_layer(const void*);
+/// Whether layer L is a Conv2d (a Named one too: it derives from its layer), for the plans that treat
+/// Conv2d stages specially (net/cuda_plan.hpp, net/cost.hpp).
+template <class L>
+struct is_conv2d : decltype(conv2d_layer(static_cast<const L*>(nullptr))) {};
+}  // namespace detail
 
 }  // namespace fusedp

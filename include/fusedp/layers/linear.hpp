@@ -8,12 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/cuda/linear.cuh"
-
-#include <type_traits>
 #endif
 
 namespace fusedp {
@@ -101,5 +100,15 @@ struct Linear {
   }
 #endif
 };
+
+namespace detail {
+template <int Out>
+std::true_type linear_layer(const Linear<Out>*);
+std::false_type linear_layer(const void*);
+/// Whether layer L is a Linear (a Named one too: it derives from its layer), for the plans that treat
+/// Linear stages specially (net/cuda_plan.hpp, net/cost.hpp).
+template <class L>
+struct is_linear : decltype(linear_layer(static_cast<const L*>(nullptr))) {};
+}  // namespace detail
 
 }  // namespace fusedp

@@ -65,6 +65,19 @@ struct Pool2d {
 template <int K, int Stride = K>
 struct MaxPool2d : detail::Pool2d<kernels::PoolOp::max, K, Stride> {};
 
+namespace detail {
+// The window of a max-pooling layer whose stride equals its window (a Named one too: it derives from
+// its layer); 0 for any other layer. What the plans fuse into the conv before it (net/cuda_plan.hpp,
+// net/cost.hpp).
+template <int K, int S>
+constexpr int max_pool_window(const Pool2d<kernels::PoolOp::max, K, S>*) {
+  return K == S ? K : 0;
+}
+constexpr int max_pool_window(const void*) { return 0; }
+template <class L>
+inline constexpr int max_pool_window_of = max_pool_window(static_cast<const L*>(nullptr));
+}  // namespace detail
+
 /// Mean over K x K windows.
 /// @tparam K window size
 /// @tparam Stride step between windows (defaults to K)

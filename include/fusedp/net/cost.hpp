@@ -22,7 +22,8 @@
 // one kernel to the next (a profiler's per-kernel bytes count the same way), and the step is fused at
 // every boundary: a Conv2d or Linear runs with its bias and activation in its epilogue, and a
 // MaxPool2d<K> with stride K after a conv whose activation needs only its output is fused into it (the
-// pooled value and a 1-byte argmax saved); each input-gradient GEMM writes the gradient of the stage
+// pooled value and a 1-byte argmax saved; for every K, where the Cuda plan fuses K = 1, 2, 4 and 8:
+// net/cuda_plan.hpp); each input-gradient GEMM writes the gradient of the stage
 // below already masked by its activation (reading its saved output, or its saved pre-activation z) and at
 // pooled size; the two GEMMs of a stage's backward (one for the first stage, which has no input
 // gradient) each read that gradient (and the argmax); the optimizer runs inside the weight-gradient
@@ -46,13 +47,15 @@
 // is one, and traffic_unmodeled_layer names the first layer that is not. benchmarks/RESULTS.md
 // (session 21) works the CIFAR-10 CNN and LeNet out by hand; tests/net/cost.cpp holds this to it.
 #include "fusedp/core/config.hpp"
+#include "fusedp/layers/conv2d.hpp"
 #include "fusedp/layers/layer.hpp"
+#include "fusedp/layers/linear.hpp"
+#include "fusedp/layers/pooling.hpp"
 #include "fusedp/net/sequential.hpp"
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
 #include <utility>
 
 namespace fusedp {
@@ -137,19 +140,16 @@ struct CostModel {
   static constexpr TrafficStage traffic_stage() {
     using S = typename Net::template stage<I>;
     using L = typename S::layer;
-    const std::string_view name = L::name;
-    TrafficStage t{S::first, S::kind == LayerKind::reshape, false, name == "Conv2d", false,
-                   S::epilogue::empty, S::epilogue::saves_input, S::out::size, 0};
-    t.gemm = S::kind == LayerKind::anchor && (t.conv || name == "Linear");
-    if constexpr (requires { L::attributes[1]; })
-      t.square_max_pool = name == "MaxPool2d" && L::attributes[0] == L::attributes[1];
+    TrafficStage t{S::first, S::kind == LayerKind::reshape, false, detail::is_conv2d<L>::value,
+                   detail::max_pool_window_of<L> != 0, S::epilogue::empty, S::epilogue::saves_input, S::out::size, 0};
+    t.gemm = t.conv || detail::is_linear<L>::value;
     for (const ParamTensor& p : Net::param_layout)
       if (p.layer == S::first && p.gemm_weight()) t.weights += p.size;
     return t;
   }
   struct TrafficUnit {
     std::size_t out = 0;  // values per sample it hands on (pooled where pooled)
-    bool pooled = false, plain = true, saves_z = false, conv = false;
+    bool pooled = false, plain = true, saves_z = false;
     std::size_t z = 0;    // saved pre-activation values per sample
   };
   struct TrafficPlan {
@@ -170,7 +170,7 @@ struct CostModel {
       }
       if (t.gemm) {
         TrafficUnit& u = p.units[p.count++];
-        u = TrafficUnit{t.out, false, t.plain, t.saves_z, t.conv, t.saves_z ? t.out : 0};
+        u = TrafficUnit{t.out, false, t.plain, t.saves_z, t.saves_z ? t.out : 0};
         (p.count == 1 ? p.first_weights : p.weights) += t.weights;
         after_conv = t.conv && !t.saves_z;
       } else if (t.square_max_pool && t.plain && after_conv) {

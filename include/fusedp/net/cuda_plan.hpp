@@ -45,7 +45,6 @@
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/layers/linear.hpp"
-#include "fusedp/layers/named.hpp"
 #include "fusedp/layers/pooling.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
@@ -89,30 +88,8 @@ inline constexpr int cuda_conv_tile_rows = 64;
 
 namespace detail {
 
-template <class L>
-struct is_linear : std::false_type {};
-template <int Out>
-struct is_linear<Linear<Out>> : std::true_type {};
-
-template <class L>
-struct is_conv2d : std::false_type {};
-template <int Out, int K, int S, int P, bool B>
-struct is_conv2d<Conv2d<Out, K, S, P, B>> : std::true_type {};
-// A named layer is its layer here too (a Named pooling converts to its base in max_pool_window).
-template <const auto& Name, class L>
-struct is_linear<Named<Name, L>> : is_linear<L> {};
-template <const auto& Name, class L>
-struct is_conv2d<Named<Name, L>> : is_conv2d<L> {};
-
-// The window of a max-pooling layer whose stride equals its window; 0 for any other layer.
-template <int K, int S>
-constexpr int max_pool_window(const Pool2d<kernels::PoolOp::max, K, S>*) {
-  return K == S ? K : 0;
-}
-constexpr int max_pool_window(const void*) { return 0; }
-template <class L>
-inline constexpr int max_pool_window_of = max_pool_window(static_cast<const L*>(nullptr));
-
+// is_conv2d, is_linear (layers/conv2d.hpp, layers/linear.hpp) and max_pool_window_of
+// (layers/pooling.hpp) tell the layers apart, Named ones included.
 template <class Net, std::size_t I>
 constexpr bool fuses_conv_maxpool() {
   if constexpr (I + 1 >= Net::stage_count) {

@@ -222,9 +222,9 @@ FUSEDP_HD FUSEDP_ALWAYS_INLINE Lanes<L> split_sums(const float* partial, int spl
 }
 
 /// Loads in flight per thread in the second kernels that add up split parts (reduce_splits_kernel,
-/// linear_forward_reduce_kernel): a thread's element is a chain of `splits` dependent adds, up to 256
-/// (plan_split: 2 x the SMs' blocks over one tile), whose loads would otherwise each wait a round trip to
-/// L2 in groups of four. An estimate, not a measurement: 16 turns 64 round trips into 16 for 256 splits.
+/// linear_forward_reduce_kernel): a thread's element is a chain of `splits` dependent adds, up to twice
+/// the SMs (plan_split: 264 over one tile on an H200), whose loads would otherwise wait a round trip to
+/// L2 every four. An estimate, not a measurement: 16 turns 64 round trips into 16 for 256 splits.
 inline constexpr int split_sums_in_flight = 16;
 
 /// out[i + c] = split_sums for c < L, then `target`'s update with `step` where active: how every split-K
@@ -576,7 +576,8 @@ void launch_gemm(const GemmProblem<A, B, Epi>& p, int splits, cudaStream_t strea
 /// output tile, zero before the launch, set back to zero by that block) adds the tile's partial
 /// products in split order, exactly as reduce_splits_kernel does (the same sums, so the same bits),
 /// with the same updates; the tiles of the first column (n0 == 0) also add their rows' partial row sums.
-/// One launch fewer per split weight gradient. Inactive (no arrivals): reduce_splits_kernel runs.
+/// One launch fewer per split weight gradient. Inactive (no arrivals, or a tile's parts over their
+/// limit: reduces_in_gemm): reduce_splits_kernel runs.
 struct SplitTileReduction {
   unsigned* arrivals = nullptr;  // one per (blockIdx.x, blockIdx.y) tile, row-major over the grid
   int splits = 1;
@@ -665,27 +666,42 @@ template <class... TileT>
   return arrivals.data != nullptr && ((tiles(TileT::bm, TileT::bn) <= arrivals.count) && ...);
 }
 
-/// The most partial-product bytes a split GEMM's last block per tile adds up alone by default
-/// (ArrivalCounters::tile_bytes; kernels/cuda/gemm_dispatch.cuh, split_arrivals). An estimate, written
-/// before any measurement: that block, the last of its kernel, runs while the rest of the GPU waits for
-/// the kernel to end, and its 128-256 threads with four 16-byte loads each in flight move about 8-16 KB
-/// per round trip to L2 (0.3-0.5 us): 20-50 GB/s, so 64 KiB takes 1.3-3 us, what the launch and boundary
-/// of the second kernel it saves cost (benchmarks/RESULTS.md, session 21). A larger reduction, such as
-/// the 256 x 27 x 64 fp32 parts of the CIFAR-10 CNN's conv1 weight gradient (1.8 MB, 35-90 us for one
-/// block), goes to reduce_splits_kernel, one element per thread over the whole grid.
-/// benchmarks/gpu/check.sh times every limit's extremes (FUSEDP_CUDA_SPLIT_REDUCTION=gemm and kernel).
-inline constexpr std::size_t split_tile_reduction_bytes = std::size_t(64) << 10;
+/// The longest chain of dependent round trips to L2 that one thread of TileT's last block per tile walks
+/// to add up a tile of an m x n output in `splits` parts (SplitTileReduction, LinearForwardReduction):
+/// its share of the tile's runs of four columns (for_each_run_in_tile: ceil(rows x runs a row / threads)
+/// for the busiest thread), each run one 16-byte load a part where n is a multiple of 4, else one chain a
+/// column; each chain's loads four at a time and the last parts one at a time (split_sums); plus one chain
+/// for the row sums (a weight gradient's bias). The reduction runs while the rest of the GPU waits for the
+/// kernel to end, so this chain is what it costs.
+template <class TileT>
+[[nodiscard]] constexpr int tile_reduction_trips(int m, int n, int splits, bool row_sums) {
+  constexpr int runs_a_row = TileT::bn / 4;
+  static_assert(TileT::threads % runs_a_row == 0, "tile_reduction_trips: each thread keeps its column run");
+  const int rows = m < TileT::bm ? m : TileT::bm, cols = n < TileT::bn ? n : TileT::bn;
+  const int runs = (rows * runs_a_row + TileT::threads - 1) / TileT::threads;
+  const int chains = runs * (n % 4 == 0 ? 1 : (cols < 4 ? cols : 4)) + (row_sums ? 1 : 0);
+  return chains * (splits / 4 + splits % 4);
+}
+
+/// The longest chain tile_reduction_trips may give for a split GEMM's last block to add up its tile's
+/// parts by default (ArrivalCounters::reduction_trip_limit; kernels/cuda/gemm_dispatch.cuh,
+/// split_arrivals). An estimate, written before any measurement: a round trip to L2 takes 0.2-0.4 us on
+/// Hopper, so 8 take 1.6-3.2 us, what the launch and boundary of the second kernel it saves cost
+/// (benchmarks/RESULTS.md, session 21; that kernel's own chain is one round trip per 16 parts). A longer
+/// one, such as the CIFAR-10 CNN's conv1 weight gradient (a tile of 64 x 27 in 256 parts: 1,088 round
+/// trips, 220-440 us for one block; RESULTS.md, session 30), goes to reduce_splits_kernel, one element
+/// per thread over the whole grid. benchmarks/gpu/check.sh times the two extremes
+/// (FUSEDP_CUDA_SPLIT_REDUCTION=gemm and kernel).
+inline constexpr int split_tile_reduction_trips = 8;
 
 /// Whether the last split of each tile adds up the tile's parts in the GEMM (SplitTileReduction,
-/// LinearForwardReduction) for an m x n output in `splits` parts on tiles TileT (either mainloop's grid):
-/// `arrivals` has a counter for every tile, and a tile's parts inside the output (splits x its rows and
-/// columns in m x n, fp32) take at most arrivals.tile_bytes. Else a second kernel does.
+/// LinearForwardReduction) for an m x n output in `splits` parts on tiles TileT (the grids that may run),
+/// with its rows' sums where `row_sums`: `arrivals` has a counter for every tile, and every TileT's
+/// tile_reduction_trips is within arrivals.reduction_trip_limit. Else a second kernel does.
 template <class... TileT>
-[[nodiscard]] bool reduces_in_gemm(const ArrivalCounters& arrivals, int m, int n, int splits) {
-  const auto tile_bytes = [&](int bm, int bn) {
-    return std::size_t(splits) * std::size_t(std::min(m, bm)) * std::size_t(std::min(n, bn)) * sizeof(float);
-  };
-  return arrivals_cover<TileT...>(arrivals, m, n) && ((tile_bytes(TileT::bm, TileT::bn) <= arrivals.tile_bytes) && ...);
+[[nodiscard]] bool reduces_in_gemm(const ArrivalCounters& arrivals, int m, int n, int splits, bool row_sums) {
+  return arrivals_cover<TileT...>(arrivals, m, n) &&
+         ((tile_reduction_trips<TileT>(m, n, splits, row_sums) <= arrivals.reduction_trip_limit) && ...);
 }
 
 /// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
@@ -732,7 +748,7 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
   require(scratch != nullptr, "weight_gradient: a split GEMM needs scratch");
   const std::size_t count = std::size_t(m) * n;
   float* row_partial = scratch + std::size_t(s.splits) * count;
-  const bool in_kernel = reduces_in_gemm<TileT>(arrivals, m, n, s.splits);
+  const bool in_kernel = reduces_in_gemm<TileT>(arrivals, m, n, s.splits, db != nullptr);
   StoreRowMajor partials{scratch, m, n, count};
   if (in_kernel) partials.reduction = {arrivals.data, s.splits, dw, row_partial, db, u};
   run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, partials, db ? row_partial : nullptr}, s.splits);
@@ -748,7 +764,7 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
 /// weight_gradient_scratch<TileT>(m, n, k, sm_count) floats. With active updates the optimizer is
 /// applied to the weights and the bias as their gradients are finished (dw and db are still written).
 /// `arrivals`: the stream's counters (CudaSpace::arrival_counters), with which the split GEMM reduces
-/// its own tiles; without them a second kernel does.
+/// its own tiles where reduces_in_gemm allows (their reduction_trip_limit); else a second kernel does.
 template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
                      float* db, float* scratch, const LayerUpdate<float>& update = {},

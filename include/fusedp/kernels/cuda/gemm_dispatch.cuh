@@ -73,8 +73,9 @@ inline constexpr GemmMainloop default_gemm_mainloop = layers_have_mma ? GemmMain
 /// Who adds up the parts of a split-K GEMM (a weight gradient, a split Linear forward). Every choice
 /// gives the same bits.
 enum class SplitReduction {
-  automatic,  ///< the GEMM's last block per tile where a tile's parts are small (split_tile_reduction_bytes), else a second kernel
-  gemm,       ///< the GEMM's last block per output tile, with the stream's arrival counters (one launch), whatever the size
+  automatic,  ///< the GEMM's last block per tile where adding up a tile's parts takes it at most
+              ///< split_tile_reduction_trips round trips to L2 (one launch), else a second kernel
+  gemm,       ///< the GEMM's last block per output tile however long its reduction
   kernel,     ///< a second kernel (reduce_splits_kernel, linear_forward_reduce_kernel)
 };
 
@@ -98,19 +99,21 @@ enum class SplitReduction {
 }
 
 /// The arrival counters split GEMMs on `space` finish their tiles with: the stream's, limited to tiles
-/// of split_tile_reduction_bytes of parts (automatic) or not (gemm), or none (kernel).
+/// whose reduction takes at most split_tile_reduction_trips round trips (automatic) or any (gemm), or none
+/// (kernel).
 template <class P>
 [[nodiscard]] ArrivalCounters split_arrivals(const CudaSpace<P>& space,
                                              SplitReduction reduction = split_reduction_from_environment()) {
   if (reduction == SplitReduction::kernel) return {};
   ArrivalCounters a = space.arrival_counters();
-  if (reduction == SplitReduction::automatic) a.tile_bytes = split_tile_reduction_bytes;
+  if (reduction == SplitReduction::automatic) a.reduction_trip_limit = split_tile_reduction_trips;
   return a;
 }
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
 /// architecture and shared memory (what gemm_mma_can_run asks), the preferred mainloop, and the stream's
-/// arrival counters, with which split GEMMs add up their own parts (none: a second kernel does); and
+/// arrival counters, with which split GEMMs add up their own parts where a tile's are small enough
+/// (split_arrivals; none: a second kernel always does); and
 /// where a layer's weight gradient runs (none: on `stream`, after its input gradient).
 struct GemmTarget {
   cudaStream_t stream = nullptr;

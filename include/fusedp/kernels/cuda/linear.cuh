@@ -3,7 +3,8 @@
 // epilogue adds the bias and applies the activation; when the (batch, out) grid has too few tiles to
 // fill the GPU (a small batch through a wide layer), the reduction is split over blocks and the last
 // block of each tile sums the parts in a fixed order and applies bias and activation (a second kernel
-// does, where the stream has no arrival counters). Backward as two GEMMs that
+// does, where the stream has no arrival counters or a tile's parts are over their limit:
+// reduces_in_gemm). Backward as two GEMMs that
 // load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
 // gradient; where dy already holds dz (no activation, or the stage above wrote dz through a sink:
 // gradient_sink.cuh), both read it as plain rows and columns, which the tensor-core mainloop copies.
@@ -188,8 +189,8 @@ struct LinearForwardReduction {
   }
 };
 
-/// The second half of a split Linear forward as a kernel of its own (where the stream has no arrival
-/// counters for the grid): finish_linear_sums for every element.
+/// The second half of a split Linear forward as a kernel of its own (where reduces_in_gemm says no):
+/// finish_linear_sums for every element.
 template <class Epi, class Y>
 __global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
                                              const float* bias, Y* y, float* z, bool bf16) {
@@ -228,7 +229,13 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
     return;
   }
   const std::size_t count = std::size_t(batch) * out;
-  const bool in_kernel = reduces_in_gemm<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out, s.splits);
+  // The tiles that may run: WMMA's, and the tensor-core one where the layers have it.
+  const bool in_kernel = [&] {
+    if constexpr (layers_have_mma)
+      return reduces_in_gemm<typename Tiles::wmma, typename Tiles::mma>(arrivals, batch, out, s.splits, false);
+    else
+      return reduces_in_gemm<typename Tiles::wmma>(arrivals, batch, out, s.splits, false);
+  }();
   PartialsRowMajor<LinearForwardReduction<Epi, Y>> parts{scratch, batch, out, count};
   if (in_kernel) parts.reduction = {arrivals.data, s.splits, b, y, z, bf16};
   run_gemm(GemmProblem<RowsOf<X>, Rows, PartialsRowMajor<LinearForwardReduction<Epi, Y>>>{
@@ -242,7 +249,7 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
 /// linear_forward_scratch floats) on `t`, the split parts finished as split_linear_forward says (by the
-/// GEMM itself with t.arrivals). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values. X, Y: x's and
+/// GEMM itself with t.arrivals where reduces_in_gemm allows). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values. X, Y: x's and
 /// y's stored elements (float, or BFloat16 in a 16-bit workspace).
 template <class Epi, class Tiles, class P, class X, class Y>
 void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const X* x, Y* y,
