@@ -1379,6 +1379,23 @@ TEST_CASE("the split reduction switch: FUSEDP_CUDA_SPLIT_REDUCTION's values") {
   }
 }
 
+// A stream's arrival counters in host memory, for split GEMMs whose blocks are emulated: without a limit
+// on the last block's chain (FUSEDP_CUDA_SPLIT_REDUCTION=gemm), or with one.
+namespace {
+struct HostCounters {
+  std::vector<unsigned> counters = std::vector<unsigned>(fp::Cuda::arrival_counter_count, 0u);
+  [[nodiscard]] fp::ArrivalCounters unlimited() { return {counters.data(), counters.size()}; }
+  [[nodiscard]] fp::ArrivalCounters limited(int trips) {
+    fp::ArrivalCounters a = unlimited();
+    a.reduction_trip_limit = trips;
+    return a;
+  }
+  [[nodiscard]] bool all_zero() const {
+    return std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size());
+  }
+};
+}  // namespace
+
 // Who adds up a split GEMM's parts by default: its last block per tile only where the chain of round
 // trips to L2 that takes (tile_reduction_trips) is at most split_tile_reduction_trips (one block walking
 // a chain of hundreds alone would hold the GPU for tens of microseconds), else a second kernel; with
@@ -1408,13 +1425,9 @@ TEST_CASE("a split GEMM's last block adds up its tile's parts only where the cha
   CHECK(kc::tile_reduction_trips<kc::mma::mma_tile_for<1024>>(128, 1024, 9, false) == 16 * 3);
   CHECK(kc::tile_reduction_trips<kc::tile_for<10>>(128, 10, 8, false) == 4 * 4 * 2);
 
-  std::vector<unsigned> counters(fp::Cuda::arrival_counter_count, 0u);
-  const fp::ArrivalCounters unlimited{counters.data(), counters.size()};
-  const auto limit = [&](int trips) {
-    fp::ArrivalCounters a = unlimited;
-    a.reduction_trip_limit = trips;
-    return a;
-  };
+  HostCounters c;
+  const fp::ArrivalCounters unlimited = c.unlimited();
+  const auto limit = [&](int trips) { return c.limited(trips); };
   const fp::ArrivalCounters layers = limit(kc::split_tile_reduction_trips);
   // The limit itself is allowed, one round trip less is not; no counters, never.
   CHECK(kc::reduces_in_gemm<kc::TileWide>(limit(4), 8, 8, 8, true));
@@ -1467,13 +1480,9 @@ TEST_CASE("a split GEMM's last block adds up its tile's parts only where the cha
 // so both answers are observed, at the limit and one round trip under it.
 TEST_CASE("split GEMMs hand their tiles to the last block exactly when reduces_in_gemm says so") {
   struct Stop {};
-  std::vector<unsigned> counters(fp::Cuda::arrival_counter_count, 0u);
-  const fp::ArrivalCounters unlimited{counters.data(), counters.size()};
-  const auto limit = [&](int trips) {
-    fp::ArrivalCounters a = unlimited;
-    a.reduction_trip_limit = trips;
-    return a;
-  };
+  HostCounters c;
+  const fp::ArrivalCounters unlimited = c.unlimited();
+  const auto limit = [&](int trips) { return c.limited(trips); };
   constexpr int sms = 132;
   float dummy = 0;  // never read: the flow stops at the GEMM
   const auto weight_gradient = [&](int m, int n, int k, const fp::ArrivalCounters& a) {
@@ -1522,7 +1531,7 @@ TEST_CASE("split GEMMs hand their tiles to the last block exactly when reduces_i
   // The tiles asked are the ones that may run: the tensor-core tile's 48 round trips only where the
   // layers have it.
   CHECK(linear_forward(fc1, 128, 8192, limit(24)) == !kc::layers_have_mma);
-  CHECK(std::count(counters.begin(), counters.end(), 0u) == std::ptrdiff_t(counters.size()));
+  CHECK(c.all_zero());
 }
 
 // Every number of loads in flight gives the same sums: the adds are in split order whatever InFlight is,
