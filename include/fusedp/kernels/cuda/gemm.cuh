@@ -689,7 +689,7 @@ template <class TileT>
 /// Hopper, so 8 take 1.6-3.2 us, what the launch and boundary of the second kernel it saves cost
 /// (benchmarks/RESULTS.md, session 21; that kernel's own chain is one round trip per 16 parts). A longer
 /// one, such as the CIFAR-10 CNN's conv1 weight gradient (a tile of 64 x 27 in 256 parts: 1,088 round
-/// trips, 220-440 us for one block; RESULTS.md, session 30), goes to reduce_splits_kernel, one element
+/// trips, 220-435 us for one block; RESULTS.md, session 30), goes to reduce_splits_kernel, one element
 /// per thread over the whole grid. benchmarks/gpu/check.sh times the two extremes
 /// (FUSEDP_CUDA_SPLIT_REDUCTION=gemm and kernel).
 inline constexpr int split_tile_reduction_trips = 8;
@@ -731,9 +731,9 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 /// The split-K flow of a weight gradient with the GEMM launched by `run_gemm(problem, splits)`: one
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`,
 /// added up in split order by the last split of each tile (SplitTileReduction) where reduces_in_gemm
-/// says so (`arrivals` has a counter for every tile, and a tile's parts are within its limit), else by
-/// reduce_splits_kernel. The updates are applied by whichever writes dw
-/// and db last (the bias's only with db). Shared by weight_gradient and gemm_mma.cuh's
+/// says so (`arrivals` has a counter for every tile, and the last block's chain of loads is within
+/// their limit), else by reduce_splits_kernel. The updates are applied by whichever writes dw and db last
+/// (the bias's only with db). Shared by weight_gradient and gemm_mma.cuh's
 /// weight_gradient_mma (and tests/gpu/emulation.cu, which runs the blocks on the host).
 template <class TileT, class A, class B, class Launch>
 void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,

@@ -112,8 +112,8 @@ template <class P>
 
 /// Where a layer's GEMMs run: the stream, the SM count split-K plans size their grids by, the device's
 /// architecture and shared memory (what gemm_mma_can_run asks), the preferred mainloop, and the stream's
-/// arrival counters, with which split GEMMs add up their own parts where a tile's are small enough
-/// (split_arrivals; none: a second kernel always does); and
+/// arrival counters, with which split GEMMs add up their own parts where the last block's chain of loads
+/// is short enough (split_arrivals; none: a second kernel always does); and
 /// where a layer's weight gradient runs (none: on `stream`, after its input gradient).
 struct GemmTarget {
   cudaStream_t stream = nullptr;

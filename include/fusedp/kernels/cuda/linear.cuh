@@ -3,8 +3,8 @@
 // epilogue adds the bias and applies the activation; when the (batch, out) grid has too few tiles to
 // fill the GPU (a small batch through a wide layer), the reduction is split over blocks and the last
 // block of each tile sums the parts in a fixed order and applies bias and activation (a second kernel
-// does, where the stream has no arrival counters or a tile's parts are over their limit:
-// reduces_in_gemm). Backward as two GEMMs that
+// does, where the stream has no arrival counters or the last block's chain of loads would be over their
+// limit: reduces_in_gemm). Backward as two GEMMs that
 // load dz = dy * Epi' on the fly (dz is never stored), the weight-gradient GEMM also summing the bias
 // gradient; where dy already holds dz (no activation, or the stage above wrote dz through a sink:
 // gradient_sink.cuh), both read it as plain rows and columns, which the tensor-core mainloop copies.
@@ -249,8 +249,8 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
 /// linear_forward_scratch floats) on `t`, the split parts finished as split_linear_forward says (by the
-/// GEMM itself with t.arrivals where reduces_in_gemm allows). Tiles: GemmTiles<out>. `bf16`: y stored as bf16 values. X, Y: x's and
-/// y's stored elements (float, or BFloat16 in a 16-bit workspace).
+/// GEMM itself with t.arrivals where reduces_in_gemm allows). Tiles: GemmTiles<out>. `bf16`: y stored
+/// as bf16 values. X, Y: x's and y's stored elements (float, or BFloat16 in a 16-bit workspace).
 template <class Epi, class Tiles, class P, class X, class Y>
 void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const X* x, Y* y,
                     float* z, float* scratch, bool bf16 = false) {
