@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -488,6 +489,60 @@ TEST_CASE("parameters move between Host and Cuda models unchanged") {
   const auto ev = dev.evaluate(std::span<const float>(x), std::span(labels), fp::SoftmaxCrossEntropy{});
   CHECK(std::isfinite(ev.loss));
   CHECK(ev.outputs.size() == 330);
+}
+
+// Every call of a Cuda model makes its device current and gives the caller's back (CudaDeviceScope), so
+// models on two devices driven from one thread in any order compute what each computes alone, and the
+// caller's current device is what the caller set. Before, a model made its device current only when it
+// allocated: the second model's first step left device 1 current, and the first model's next launch went
+// to a stream of another device. Needs two devices; skipped with one.
+TEST_CASE("models on two devices driven from one thread compute what each computes alone") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  if (fp::cuda_device_count() < 2) {
+    MESSAGE("skipped: needs 2 CUDA devices, " << fp::cuda_device_count() << " visible");
+    return;
+  }
+  const std::size_t batch = 50;
+  const auto x = random_values(batch * 784, 70);
+  const auto y = labels_for(batch, 10, 71);
+  const auto current = [] {
+    int d = -1;
+    REQUIRE(cudaGetDevice(&d) == cudaSuccess);
+    return d;
+  };
+  const auto step = [&](auto& model, fp::Sgd& opt) {
+    return model.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, opt);
+  };
+  const fp::Sgd sgd{{.lr = 0.05f, .momentum = 0.9f}};
+  fp::Model<LeNet, fp::CudaFp32> alone{fp::seed(6), fp::CudaFp32{1}};
+  fp::Sgd o_alone = sgd, o0 = sgd, o1 = sgd;
+  std::vector<float> alone_losses;
+  for (int s = 0; s < 4; ++s) alone_losses.push_back(step(alone, o_alone));
+  fp::Model<LeNet, fp::CudaFp32> on0{fp::seed(6), fp::CudaFp32{0}}, on1{fp::seed(6), fp::CudaFp32{1}};
+  for (int s = 0; s < 4; ++s) {
+    const int caller = s % 2;  // the device the caller made current, each of the two in turn
+    REQUIRE(cudaSetDevice(caller) == cudaSuccess);
+    (void)step(on0, o0);
+    CHECK(current() == caller);
+    CHECK(step(on1, o1) == alone_losses[std::size_t(s)]);
+    CHECK(current() == caller);
+  }
+  CHECK(on0.last_step_replayed());
+  CHECK(on1.last_step_replayed());
+  CHECK(params_on_host(on1) == params_on_host(alone));
+  // Devices of one kind plan the same splits, so device 0's model has the same bits too.
+  if (on0.space().sm_count() == on1.space().sm_count() && on0.space().architecture() == on1.space().architecture())
+    CHECK(params_on_host(on0) == params_on_host(alone));
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  const auto p0 = on0.predict(std::span<const float>(x));
+  const std::vector<float> v0(p0.begin(), p0.end());
+  CHECK(current() == 1);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const auto p1 = on1.predict(std::span<const float>(x));
+  CHECK(current() == 0);
+  CHECK(v0.size() == batch * 10);
+  CHECK(std::all_of(v0.begin(), v0.end(), [](float v) { return std::isfinite(v); }));
+  CHECK(std::all_of(p1.begin(), p1.end(), [](float v) { return std::isfinite(v); }));
 }
 
 TEST_CASE("bad input is refused with a clear error and changes nothing") {

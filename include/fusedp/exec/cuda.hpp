@@ -156,6 +156,29 @@ inline std::string cuda_unavailable_reason() {
   return "";
 }
 
+/// Makes `device` current on the calling thread while it lives, and gives the caller's device back at its
+/// end (as PyTorch's CUDAGuard does): an object bound to one device works whichever device its caller
+/// made current, and leaves that one current. Where the device is current already it costs one
+/// cudaGetDevice and changes nothing. Not copyable or movable: it belongs to one scope of one thread.
+class CudaDeviceScope {
+ public:
+  explicit CudaDeviceScope(int device) {
+    int current = 0;
+    FUSEDP_CUDA_CHECK(cudaGetDevice(&current));
+    if (current == device) return;
+    FUSEDP_CUDA_CHECK(cudaSetDevice(device));
+    previous_ = current;
+  }
+  ~CudaDeviceScope() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);  // a destructor cannot throw; the device was valid
+  }
+  CudaDeviceScope(const CudaDeviceScope&) = delete;
+  CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;  // the caller's device, where this scope changed it
+};
+
 /// Copies n values between host and device (or within the device) on `stream`. With pinned host memory
 /// the copy is asynchronous; with ordinary (pageable) memory CUDA may stage it synchronously.
 template <class T>
@@ -248,6 +271,8 @@ struct CudaSpace {
   [[nodiscard]] int architecture() const noexcept { return arch_; }
   /// Makes this space's device current on the calling thread.
   void activate() const { FUSEDP_CUDA_CHECK(cudaSetDevice(device_)); }
+  /// Makes this space's device current until the returned scope ends, then the caller's again.
+  [[nodiscard]] CudaDeviceScope enter() const { return CudaDeviceScope(device_); }
   /// Waits for all work queued on the stream and reports any asynchronous error.
   void synchronize() const { FUSEDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
 

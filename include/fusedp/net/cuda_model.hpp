@@ -16,6 +16,9 @@
 //   - a guarded optimizer (optim/guard.hpp) measures the gradient on the device and reads one 16-byte
 //     result per step to decide (clip, skip or throw, as on Host); such steps launch directly, never as
 //     a graph, since the update depends on that read.
+//   - every call makes the model's device current while it runs and then gives the caller's device back
+//     (CudaDeviceScope), so models on several devices can be driven from one thread in any order; the
+//     constructor leaves the model's device current, as constructing its CudaSpace does.
 //   - stages run as the groups of CudaPlan<Net, P> (net/cuda_plan.hpp): conv + max-pooling fused, runs
 //     of narrow Linear layers as one fused MLP kernel.
 //   - backward runs the weight-gradient GEMM of each Conv2d and Linear group but the first on a second
@@ -158,7 +161,10 @@ class Model<Net, CudaSpace<P>, T> {
   }
 
   /// Draws every weight and bias again from the seed, exactly as the Host model does, on the host.
-  void reset_parameters() { store_.reset_parameters(space_); }
+  void reset_parameters() {
+    const CudaDeviceScope device = space_.enter();
+    store_.reset_parameters(space_);
+  }
 
   // --- training ---------------------------------------------------------------------------------
 
@@ -181,6 +187,7 @@ class Model<Net, CudaSpace<P>, T> {
   template <class Loss, class Opt>
   void train_step_async(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                         const Loss& loss, Opt& opt) {
+    const CudaDeviceScope device = space_.enter();
     opt.validate();
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
@@ -192,6 +199,7 @@ class Model<Net, CudaSpace<P>, T> {
   template <class Loss, class Opt>
   void train_step_async(DeviceSpan<const T> inputs, DeviceSpan<const typename Loss::template target<T>> targets,
                         const Loss& loss, Opt& opt) {
+    const CudaDeviceScope device = space_.enter();
     opt.validate();
     const std::size_t batch = binding_type::samples_in(inputs.size);
     require(targets.size == batch * target_count<Loss>(), "Model: ", targets.size, " targets on the device for a batch of ",
@@ -205,6 +213,7 @@ class Model<Net, CudaSpace<P>, T> {
   T last_loss() {
     require(loss_.allocated() && last_loss_name_ != nullptr,
             "Model::last_loss: no training step or loss has run on this model yet");
+    const CudaDeviceScope device = space_.enter();
     return loss_.read(space_.stream(), last_loss_name_, output_size);
   }
 
@@ -235,6 +244,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// (when not 1) and the optimizer runs. Returns whether the update ran.
   template <class Opt>
   bool apply_step(const Opt& opt, double factor) {
+    const CudaDeviceScope device = space_.enter();
     const auto span = trace::SpaceSpans<space_type>::open(space_, "optimizer", trace::Kind::optimizer);
     return store_.apply_step(space_, opt, factor);
   }
@@ -242,6 +252,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// The sum of squares and the first non-finite element of the whole gradient, measured on the device
   /// after the work queued so far (waits).
   kernels::cuda::DeviceGradientStats gradient_stats() {
+    const CudaDeviceScope device = space_.enter();
     kernels::cuda::GradientStatsBuffer& b = stats_buffer();
     b.enqueue(space_.stream(), store_.grads().data(), Net::param_storage);
     b.copy_to_host(space_.stream());
@@ -251,7 +262,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// Device memory for gradient statistics on this model's device (allocated on first use).
   kernels::cuda::GradientStatsBuffer& stats_buffer() {
     if (!stats_.allocated()) {
-      space_.activate();
+      const CudaDeviceScope device = space_.enter();
       stats_ = kernels::cuda::GradientStatsBuffer(true);
     }
     return stats_;
@@ -267,6 +278,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// zeroed the first time an optimizer of this type is used.
   template <class Opt>
   std::span<T> optimizer_state() {
+    const CudaDeviceScope device = space_.enter();
     return store_.template optimizer_state<Opt>(space_);
   }
 
@@ -280,6 +292,7 @@ class Model<Net, CudaSpace<P>, T> {
   T compute_gradients(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                       const Loss& loss, StageDone&& on_stage_done = {}, std::size_t normalizer = 0,
                       ReplicaSum sync = {}, std::size_t first_sample = 0) {
+    const CudaDeviceScope device = space_.enter();
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
@@ -294,6 +307,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// Outputs (batch, output_size) in evaluation mode, copied to host memory that stays valid until the
   /// next call on this model (waits).
   std::span<const T> predict(std::span<const T> inputs) {
+    const CudaDeviceScope device = space_.enter();
     const std::size_t batch = binding_type::samples_in(inputs.size());
     stage(inputs, std::span<const std::int32_t>{}, batch, false);
     forward_pass(staging_.inputs(), batch, false);
@@ -301,6 +315,7 @@ class Model<Net, CudaSpace<P>, T> {
   }
   /// Outputs (batch, output_size) on the device for inputs on the device (queued, not waited for).
   DeviceSpan<const T> predict(DeviceSpan<const T> inputs) {
+    const CudaDeviceScope device = space_.enter();
     const std::size_t batch = binding_type::samples_in(inputs.size);
     reserve_for(batch, false);
     forward_pass(inputs.data, batch, false);
@@ -312,6 +327,7 @@ class Model<Net, CudaSpace<P>, T> {
   template <class Loss>
   Evaluation<T> evaluate(std::span<const T> inputs, std::span<const typename Loss::template target<T>> targets,
                          const Loss& loss) {
+    const CudaDeviceScope device = space_.enter();
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
@@ -328,7 +344,10 @@ class Model<Net, CudaSpace<P>, T> {
   /// branches on (use_backward_branches) also their third gradient buffer ((batch,
   /// Net::gradient_elements) floats) and second scratch half. predict and evaluate alone reserve
   /// neither.
-  void reserve(std::size_t batch) { reserve_for(batch, true); }
+  void reserve(std::size_t batch) {
+    const CudaDeviceScope device = space_.enter();
+    reserve_for(batch, true);
+  }
 
   // Device memory: the views below are of the device's buffers (copy_*_to_host reads them).
   /// The flat parameter buffer (padding included; see Net::param_layout) and its gradient twin.
@@ -352,15 +371,22 @@ class Model<Net, CudaSpace<P>, T> {
     to_host(out, store_.optimizer_state(), "copy_optimizer_state_to_host");
   }
   /// Replaces the parameters with param_storage values from host memory (waits).
-  void load_params(std::span<const T> values) { store_.load_params(space_, values); }
+  void load_params(std::span<const T> values) {
+    const CudaDeviceScope device = space_.enter();
+    store_.load_params(space_, values);
+  }
   /// The state buffer (BatchNorm's running statistics) in device memory, and its host copies (wait).
   [[nodiscard]] std::span<T> buffers() noexcept { return store_.buffers(); }
   [[nodiscard]] std::span<const T> buffers() const noexcept { return store_.buffers(); }
   void copy_buffers_to_host(std::span<T> out) const { to_host(out, store_.buffers(), "copy_buffers_to_host"); }
-  void load_buffers(std::span<const T> values) { store_.load_buffers(space_, values); }
+  void load_buffers(std::span<const T> values) {
+    const CudaDeviceScope device = space_.enter();
+    store_.load_buffers(space_, values);
+  }
   /// Replaces the optimizer state of Opt with values from host memory (waits).
   template <class Opt>
   void load_optimizer_state(std::span<const T> values) {
+    const CudaDeviceScope device = space_.enter();
     std::span<T> state = optimizer_state<Opt>();
     require(values.size() == state.size(), "Model::load_optimizer_state: ", values.size(), " values for ",
             state.size());
@@ -381,6 +407,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// ParameterStore::adopt_optimizer.
   template <class Opt>
   bool adopt_optimizer() {
+    const CudaDeviceScope device = space_.enter();
     return store_.template adopt_optimizer<Opt>(space_);
   }
   [[nodiscard]] const space_type& space() const noexcept { return space_; }
@@ -426,6 +453,7 @@ class Model<Net, CudaSpace<P>, T> {
 
   void to_host(std::span<T> out, std::span<const T> src, const char* what) const {
     require(out.size() == src.size(), "Model::", what, ": a span of ", out.size(), " values for ", src.size());
+    const CudaDeviceScope device = space_.enter();
     copy_async(out.data(), src.data(), src.size(), space_.stream());
     space_.synchronize();
   }
@@ -550,6 +578,7 @@ class Model<Net, CudaSpace<P>, T> {
     op_slot_type_ = &detail::op_slot_tag<V>;
   }
 
+  // Its callers hold the model's device scope (space_.enter()): what it allocates lies on that device.
   // reserve, with backward's branch memory when branches are on and `backward` (a training pass
   // follows) or it is there already; the scratch is reallocated with it (twice its stride, then). The
   // scratch, the third buffer and the side stream are allocated first and committed together.
@@ -561,7 +590,6 @@ class Model<Net, CudaSpace<P>, T> {
     constexpr std::size_t widest = Net::gradient_elements > input_size ? Net::gradient_elements : input_size;
     require(capacity * widest < (std::size_t(1) << 31), "Model on Cuda: a batch of ", capacity,
             " needs indices beyond 2^31 (", widest, " values per sample in one tensor)");
-    space_.activate();
     space_.synchronize();  // nothing in flight may use what is freed below
     if (side_.ready()) side_.synchronize();
     graphs_.clear();
