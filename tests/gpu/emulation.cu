@@ -88,14 +88,28 @@ void emulate_gemm(const kc::GemmProblem<A, B, Epi>& p, int splits) {
   }
 }
 
+// A split flow's second pass (kc::ReduceSplits, kc::LinearForwardSums) on the host, element by element,
+// where kc::PassOnStream launches its kernel on a device: the pass's own code, so the flows' default
+// path (reduces_in_gemm says no to every split of the target networks) is emulated as it runs.
+struct PassOnHost {
+  int* runs = nullptr;  // counts the passes run, where not null
+  template <class Pass>
+  void operator()(const Pass& pass) const {
+    for (std::size_t i = 0; i < pass.size(); ++i) pass(i);
+    if (runs != nullptr) ++*runs;
+  }
+};
+
 // How a split weight gradient's partial products are added up: by the GEMM's own last block per tile
-// (SplitTileReduction, what the layers run) or by reduce_splits_kernel (without arrival counters).
-enum class SplitSums { in_gemm, second_kernel };
+// (SplitTileReduction), by the flow's second pass (kc::ReduceSplits, what reduce_splits_kernel runs:
+// no arrival counters), or by a loop written out here, the reference for both.
+enum class SplitSums { in_gemm, second_pass, written_out };
 
 // kc::weight_gradient on the host: kc::split_weight_gradient itself (same split plan, same partial
-// layout) with the GEMM's blocks run by emulate_gemm; with SplitSums::in_gemm the reduction is the
-// kernels' own reduce_tile, else reduce_splits_kernel's loop, written out here. Active updates are
-// applied where the kernels apply them. The arrival counters must all be back at zero afterwards.
+// layout) with the GEMM's blocks run by emulate_gemm and the second pass by PassOnHost; with
+// SplitSums::written_out the reduction is reduce_splits_kernel's loop written out here instead. Active
+// updates are applied where the kernels apply them. The arrival counters must all be back at zero
+// afterwards, and the second pass must have run exactly where it was asked for.
 template <class TileT, class A, class B>
 void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
                              const fp::kernels::LayerUpdate<float>& update = {},
@@ -104,10 +118,14 @@ void emulate_weight_gradient(int sm_count, int m, int n, int k, const A& a, cons
   const std::size_t count = std::size_t(m) * n;
   std::vector<float> scratch(kc::weight_gradient_scratch<TileT>(m, n, k, sm_count) + 1, nan_value);
   std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
-  if (sums == SplitSums::in_gemm || s.splits == 1) {
-    kc::split_weight_gradient<TileT>(nullptr, sm_count, m, n, k, a, b, dw, db, scratch.data(), update,
-                                     fp::ArrivalCounters{arrivals.data(), arrivals.size()},
-                                     [&](const auto& p, int splits) { emulate_gemm<TileT, true>(p, splits); });
+  if (sums != SplitSums::written_out || s.splits == 1) {
+    const fp::ArrivalCounters counters =
+        sums == SplitSums::in_gemm ? fp::ArrivalCounters{arrivals.data(), arrivals.size()} : fp::ArrivalCounters{};
+    int passes = 0;
+    kc::split_weight_gradient<TileT>(
+        sm_count, m, n, k, a, b, dw, db, scratch.data(), update, counters,
+        [&](const auto& p, int splits) { emulate_gemm<TileT, true>(p, splits); }, PassOnHost{&passes});
+    CHECK(passes == (sums == SplitSums::second_pass && s.splits > 1 ? 1 : 0));
     CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
     return;
   }
@@ -704,24 +722,28 @@ void check_fused_update(const Op& op, int sm_count, int m, int n, int k, const A
       else o(p[at + i], g[i], st[at + i], st[total + at + i]);
     }
   };
-  // The reference: the gradient summed by reduce_splits_kernel's loop, then the separate pass; against
-  // it the GEMM whose last blocks sum and update (the path the layers take).
+  // The reference: the gradient summed by reduce_splits_kernel's loop written out, then the separate
+  // pass; against it the GEMM whose last blocks sum and update, and the second pass that sums and
+  // updates (either may finish a layer's split: reduces_in_gemm).
   std::vector<float> dw_sep(count, nan_value), db_sep(m, nan_value), p_sep = params, s_sep = state0;
-  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data(), {}, SplitSums::second_kernel);
+  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw_sep.data(), db_sep.data(), {}, SplitSums::written_out);
   separate(op, p_sep, s_sep, offset, dw_sep.data(), count);
   separate(op.decay_all ? op : fp::kernels::without_decay(op), p_sep, s_sep, bias, db_sep.data(), std::size_t(m));
 
   const auto any = fp::kernels::AnyStep<float>::of(op);
-  std::vector<float> dw(count, nan_value), db(m, nan_value), p = params, st = state0;
-  const fp::kernels::UpdateTarget<float> whole{&any, p.data(), st.data(), total};
-  emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw.data(), db.data(),
-                                 fp::kernels::LayerUpdate<float>{whole.at(offset, true), whole.at(bias, false)});
-  CHECK(std::memcmp(dw.data(), dw_sep.data(), count * sizeof(float)) == 0);
-  CHECK(std::memcmp(db.data(), db_sep.data(), std::size_t(m) * sizeof(float)) == 0);
-  CHECK(std::memcmp(p.data(), p_sep.data(), total * sizeof(float)) == 0);  // nothing outside the tensors moves
-  CHECK(std::memcmp(st.data(), s_sep.data(), st.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(p.data() + offset, params.data() + offset, count * sizeof(float)) != 0);  // the updates ran
-  CHECK(std::memcmp(p.data() + bias, params.data() + bias, std::size_t(m) * sizeof(float)) != 0);
+  for (const SplitSums sums : {SplitSums::in_gemm, SplitSums::second_pass}) {
+    CAPTURE(int(sums));
+    std::vector<float> dw(count, nan_value), db(m, nan_value), p = params, st = state0;
+    const fp::kernels::UpdateTarget<float> whole{&any, p.data(), st.data(), total};
+    emulate_weight_gradient<TileT>(sm_count, m, n, k, a, b, dw.data(), db.data(),
+                                   fp::kernels::LayerUpdate<float>{whole.at(offset, true), whole.at(bias, false)}, sums);
+    CHECK(std::memcmp(dw.data(), dw_sep.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(db.data(), db_sep.data(), std::size_t(m) * sizeof(float)) == 0);
+    CHECK(std::memcmp(p.data(), p_sep.data(), total * sizeof(float)) == 0);  // nothing outside the tensors moves
+    CHECK(std::memcmp(st.data(), s_sep.data(), st.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(p.data() + offset, params.data() + offset, count * sizeof(float)) != 0);  // the updates ran
+    CHECK(std::memcmp(p.data() + bias, params.data() + bias, std::size_t(m) * sizeof(float)) != 0);
+  }
 }
 
 TEST_CASE("a weight gradient that applies the optimizer gives the separate pass's bits (CPU emulation)") {
@@ -808,15 +830,27 @@ void check_split_linear_forward(int batch, int in, int sm_count) {
   REQUIRE(kc::arrivals_cover<typename Tiles::wmma, typename Tiles::mma>(counters, batch, Out));
   // The walk the widths below are chosen for: runs of four where the width is a multiple of 4.
   CHECK(kc::runs_of_four(scratch.data(), Out, count) == (Out % 4 == 0));
-  bool in_gemm = false;
-  kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
-                                       Epi::saves_input ? z.data() : nullptr, scratch.data(), counters, false,
-                                       [&](const auto& p, int splits) {
-                                         if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
-                                         emulate_gemm<TileT, false>(p, splits);
-                                       });
-  CHECK(in_gemm);
+  // The flow itself, with counters (the GEMM's last blocks finish) and without (its second pass does).
+  const auto flow = [&](const fp::ArrivalCounters& a, std::vector<float>& yf, std::vector<float>& zf, int& passes) {
+    std::fill(scratch.begin(), scratch.end(), nan_value);
+    bool in_gemm = false;
+    kc::split_linear_forward<Epi, Tiles>(
+        sm_count, batch, in, Out, w.data(), b.data(), x.data(), yf.data(), Epi::saves_input ? zf.data() : nullptr,
+        scratch.data(), a, false,
+        [&](const auto& p, int splits) {
+          if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
+          emulate_gemm<TileT, false>(p, splits);
+        },
+        PassOnHost{&passes});
+    return in_gemm;
+  };
+  int passes = 0;
+  CHECK(flow(counters, y, z, passes));
+  CHECK(passes == 0);
   CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
+  std::vector<float> yp(count, nan_value), zp(count, nan_value);
+  CHECK_FALSE(flow(fp::ArrivalCounters{}, yp, zp, passes));
+  CHECK(passes == 1);
 
   // The second kernel's way: the same parts, then the sum in split order, the bias, Epi.
   std::vector<float> parts(scratch.size(), nan_value), y2(count, nan_value), z2(count, nan_value);
@@ -833,13 +867,16 @@ void check_split_linear_forward(int batch, int in, int sm_count) {
     y2[i] = Epi::apply(v);
   }
   CHECK(std::memcmp(y.data(), y2.data(), count * sizeof(float)) == 0);
+  CHECK(std::memcmp(yp.data(), y2.data(), count * sizeof(float)) == 0);
   if constexpr (Epi::saves_input) CHECK(std::memcmp(z.data(), z2.data(), count * sizeof(float)) == 0);
+  if constexpr (Epi::saves_input) CHECK(std::memcmp(zp.data(), z2.data(), count * sizeof(float)) == 0);
   // fp32 sums of parts exact in double: only their roundings differ.
   FUSEDP_CHECK_CLOSE(y, y_ref, exact, "split linear y");
   if constexpr (Epi::saves_input) FUSEDP_CHECK_CLOSE(z, z_ref, exact, "split linear z");
 }
 
-TEST_CASE("a split Linear forward finished by the GEMM's last blocks gives the second kernel's bits (CPU emulation)") {
+TEST_CASE("a split Linear forward finished by the GEMM's last blocks or its second pass gives the same bits (CPU "
+          "emulation)") {
   // One row of WMMA tiles (20 x 70: 1 x 2) split many ways; 2 x 3 (100 x 130); on the tensor-core tile.
   // Widths that are multiples of 4 (72, 128) are finished four at a time, the others one by one.
   check_split_linear_forward<Epilogue<Relu>, kc::GemmTiles<70>::wmma, 70>(20, 1000, 132);
@@ -897,11 +934,11 @@ void check_split_linear_stores_bf16(int batch, int in, int sm_count) {
   const auto run = [&](bool bf16, std::vector<float>& y, std::vector<float>& z) {
     std::vector<float> scratch(kc::linear_forward_scratch<Tiles>(batch, in, Out, sm_count), nan_value);
     bool in_gemm = false;
-    kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
+    kc::split_linear_forward<Epi, Tiles>(sm_count, batch, in, Out, w.data(), b.data(), x.data(), y.data(),
                                          z.data(), scratch.data(), counters, bf16, [&](const auto& p, int splits) {
                                            if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
                                            emulate_gemm<TileT, false>(p, splits);
-                                         });
+                                         }, PassOnHost{});
     CHECK(in_gemm);  // finished by the GEMM's last blocks
     CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
     parts = scratch;
@@ -1109,34 +1146,37 @@ void check_linear_narrow(int batch, int in, int sm_count) {
   check_same_bits(widened(y16), y, "linear y in 16 bits");
   if constexpr (Epi::saves_input) check_same_bits(z16, z, "linear z kept in fp32 beside a 16-bit y");
 
-  // Split over `in` (the plan for few rows and a long reduction), finished by the GEMM's last blocks.
+  // Split over `in` (the plan for few rows and a long reduction), finished by the GEMM's last blocks
+  // (with counters) or by the flow's second pass (kc::LinearForwardSums, without).
   using Tiles = kc::GemmTiles<Out>;
   const kc::SplitPlan sp = kc::linear_forward_split<Tiles>(batch, in, Out, sm_count);
   REQUIRE(sp.splits > 1);
   std::vector<unsigned> arrivals(fp::Cuda::arrival_counter_count, 0u);
   const fp::ArrivalCounters counters{arrivals.data(), arrivals.size()};
-  std::vector<float> parts;
-  const auto split = [&](const auto* xe, auto* ye, float* ze) {
+  const auto split = [&](const fp::ArrivalCounters& a, const auto* xe, auto* ye, float* ze) {
     std::vector<float> scratch(kc::linear_forward_scratch<Tiles>(batch, in, Out, sm_count), nan_value);
     bool in_gemm = false;
-    kc::split_linear_forward<Epi, Tiles>(nullptr, sm_count, batch, in, Out, w.data(), b.data(), xe, ye, ze,
-                                         scratch.data(), counters, true, [&](const auto& p, int splits) {
+    int passes = 0;
+    kc::split_linear_forward<Epi, Tiles>(sm_count, batch, in, Out, w.data(), b.data(), xe, ye, ze,
+                                         scratch.data(), a, true, [&](const auto& p, int splits) {
                                            if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
                                            emulate_gemm<TileT, false>(p, splits);
-                                         });
-    CHECK(in_gemm);
-    parts = scratch;
+                                         }, PassOnHost{&passes});
+    CHECK(in_gemm == (a.data != nullptr));
+    CHECK(passes == (a.data != nullptr ? 0 : 1));
   };
-  std::vector<float> ys(n, nan_value), zs(n, nan_value), zs16(n, nan_value);
-  std::vector<BF16> ys16(n, nan_bf16);
-  split(x.data(), ys.data(), zs.data());
-  split(x16.data(), ys16.data(), zs16.data());
+  std::vector<float> ys(n, nan_value), zs(n, nan_value), zs16(n, nan_value), zk16(n, nan_value);
+  std::vector<BF16> ys16(n, nan_bf16), yk16(n, nan_bf16);
+  split(counters, x.data(), ys.data(), zs.data());
+  split(counters, x16.data(), ys16.data(), zs16.data());
   check_same_bits(widened(ys16), ys, "split linear y in 16 bits");
   if constexpr (Epi::saves_input) check_same_bits(zs16, zs, "split linear z kept in fp32 beside a 16-bit y");
-  std::vector<BF16> yk16(n, nan_bf16);  // the second kernel's loop, from the same parts
-  for (std::size_t i = 0; i < n; ++i)
-    kc::finish_linear_sums<Epi>(parts.data(), sp.splits, n, i, Out, b.data(), yk16.data(), zs16.data(), true);
-  check_same_bits(widened(yk16), ys, "split linear y in 16 bits by the second kernel");
+  split(fp::ArrivalCounters{}, x16.data(), yk16.data(), zk16.data());
+  check_same_bits(widened(yk16), ys, "split linear y in 16 bits by the second pass");
+  std::vector<float> yk(n, nan_value), zk(n, nan_value);  // bf16 values in fp32 elements
+  split(fp::ArrivalCounters{}, x.data(), yk.data(), zk.data());
+  check_same_bits(yk, ys, "split linear y rounded to bf16 by the second pass");
+  if constexpr (Epi::saves_input) check_same_bits(zk16, zs, "split linear z by the second pass beside a 16-bit y");
 
   // dW = dz^T x and db with x read in 16 bits (the stored dz fp32 here; its 16 bits are checked above).
   const auto dz = random_values(n, 104);
@@ -1492,9 +1532,9 @@ TEST_CASE("split GEMMs hand their tiles to the last block exactly when reduces_i
       split = splits > 1;
       throw Stop{};
     };
-    CHECK_THROWS_AS((kc::split_weight_gradient<kc::tile_for<64>>(nullptr, sms, m, n, k, kc::Columns{&dummy, m},
+    CHECK_THROWS_AS((kc::split_weight_gradient<kc::tile_for<64>>(sms, m, n, k, kc::Columns{&dummy, m},
                                                                  kc::Columns{&dummy, n}, &dummy, &dummy, &dummy, {}, a,
-                                                                 stop)),
+                                                                 stop, PassOnHost{})),
                     Stop);
     CHECK(split);
     return in_gemm;
@@ -1515,7 +1555,8 @@ TEST_CASE("split GEMMs hand their tiles to the last block exactly when reduces_i
       throw Stop{};
     };
     CHECK_THROWS_AS((kc::split_linear_forward<Epilogue<Relu>, kc::GemmTiles<Out>>(
-                        nullptr, sms, batch, in, Out, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, a, false, stop)),
+                        sms, batch, in, Out, &dummy, &dummy, &dummy, &dummy, nullptr, &dummy, a, false, stop,
+                        PassOnHost{})),
                     Stop);
     CHECK(split);
     return in_gemm;

@@ -438,12 +438,14 @@ void check_split_linear_forward(const fp::Cuda& space) {
       auto y = gpu_test::poisoned<float>(space, count), z = gpu_test::poisoned<float>(space, count);
       bool in_gemm = false, tensor_cores = false;
       kc::split_linear_forward<Epi, Tiles>(
-          t.stream, t.sm_count, batch, in, Out, dw.data(), dbias.data(), dx.data(), y.data(), z.data(), scratch.data(),
-          t.arrivals, false, [&](const auto& p, int splits) {
+          t.sm_count, batch, in, Out, dw.data(), dbias.data(), dx.data(), y.data(), z.data(), scratch.data(),
+          t.arrivals, false,
+          [&](const auto& p, int splits) {
             if constexpr (requires { p.epi.reduction; }) in_gemm = p.epi.reduction.active();
             tensor_cores = kc::takes_mma<typename Tiles::mma, P>(p, t);
             kc::launch_gemm_on<typename Tiles::wmma, typename Tiles::mma, P, false>(p, splits, t);
-          });
+          },
+          kc::PassOnStream{t.stream});
       CHECK(in_gemm == (run > 0));  // the runs compare what they say they compare
       CHECK(tensor_cores == (loop == kc::GemmMainloop::mma));
       got[run][0] = gpu_test::download(space, y);

@@ -704,22 +704,56 @@ template <class... TileT>
          ((tile_reduction_trips<TileT>(m, n, splits, row_sums) <= arrivals.reduction_trip_limit) && ...);
 }
 
-/// out[i] = sum over splits of partial[s * count + i], and likewise for the row sums: the fixed-order
-/// second half of a split-K GEMM, so the result does not depend on scheduling. Active updates apply
-/// the optimizer to the weights (out) and the bias (row_out) with the finished sums.
-template <class T>
-__global__ void reduce_splits_kernel(const T* partial, int splits, std::size_t count, T* out, const T* row_partial,
-                                     int rows, T* row_out, LayerUpdate<T> update) {
+/// The second half of a split-K weight gradient as a pass of its own (reduce_splits_kernel, where
+/// reduces_in_gemm says no): out[i] = sum over splits of partial[s * count + i], and likewise row_out[i]
+/// from the row sums for i < rows, in split order, so the result does not depend on scheduling; active
+/// updates apply the optimizer to the weights (out) and the bias (row_out) with the finished sums. One
+/// element per call; host code may call it (tests/gpu/emulation.cu runs the pass element by element).
+struct ReduceSplits {
+  const float* partial = nullptr;
+  int splits = 1;
+  std::size_t count = 0;  // elements of out
+  float* out = nullptr;
+  const float* row_partial = nullptr;
+  int rows = 0;  // elements of row_out
+  float* row_out = nullptr;
+  LayerUpdate<float> update{};
+
+  /// Elements the pass walks: every element of out, and of row_out.
+  [[nodiscard]] FUSEDP_HD std::size_t size() const { return count > std::size_t(rows) ? count : std::size_t(rows); }
+  FUSEDP_HD void operator()(std::size_t i) const {
+    if (i < count)
+      finish_split_sums<1, split_sums_in_flight>(partial, splits, count, i, out, update.weight,
+                                                 update.weight.active() ? update.weight.load() : AnyStep<float>{});
+    if (row_out != nullptr && i < std::size_t(rows))
+      finish_split_sums<1, split_sums_in_flight>(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
+                                                 update.bias.active() ? update.bias.load() : AnyStep<float>{});
+  }
+};
+
+/// ReduceSplits over its elements, one a thread.
+template <class Pass>
+__global__ void reduce_splits_kernel(Pass pass) {
   kernel_prologue();
-  static_assert(std::is_same_v<T, float>, "reduce_splits_kernel: the split sums are float (finish_split_sums)");
   const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count)
-    finish_split_sums<1, split_sums_in_flight>(partial, splits, count, i, out, update.weight,
-                                               update.weight.active() ? update.weight.load() : AnyStep<T>{});
-  if (row_out != nullptr && i < std::size_t(rows))
-    finish_split_sums<1, split_sums_in_flight>(row_partial, splits, std::size_t(rows), i, row_out, update.bias,
-                                               update.bias.active() ? update.bias.load() : AnyStep<T>{});
+  if (i < pass.size()) pass(i);
 }
+
+/// Launches reduce_splits_kernel over `pass` on `stream`.
+inline void launch_pass(const ReduceSplits& pass, cudaStream_t stream) {
+  launch<reduce_splits_kernel<ReduceSplits>>("reduce_splits_kernel", unsigned((pass.size() + 255) / 256), 256, 0,
+                                             stream, pass);
+}
+
+/// A split flow's `run_pass` on a device (split_weight_gradient, linear.cuh's split_linear_forward):
+/// launches the second pass's kernel on `stream` (launch_pass). Tests run the pass on the host instead.
+struct PassOnStream {
+  cudaStream_t stream = nullptr;
+  template <class Pass>
+  void operator()(const Pass& pass) const {
+    launch_pass(pass, stream);
+  }
+};
 
 /// Scratch (floats) a weight-gradient GEMM of this shape needs for its split partial products.
 template <class TileT>
@@ -732,13 +766,14 @@ std::size_t weight_gradient_scratch(int m, int n, int k, int sm_count) {
 /// launch straight into dw and db when the plan does not split, else partial products into `scratch`,
 /// added up in split order by the last split of each tile (SplitTileReduction) where reduces_in_gemm
 /// says so (`arrivals` has a counter for every tile, and the last block's chain of loads is within
-/// their limit), else by reduce_splits_kernel. The updates are applied by whichever writes dw and db last
-/// (the bias's only with db). Shared by weight_gradient and gemm_mma.cuh's
-/// weight_gradient_mma (and tests/gpu/emulation.cu, which runs the blocks on the host).
-template <class TileT, class A, class B, class Launch>
-void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
-                           float* db, float* scratch, const LayerUpdate<float>& update, const ArrivalCounters& arrivals,
-                           Launch&& run_gemm) {
+/// their limit), else by the ReduceSplits pass `run_pass(pass)` runs (on a device: PassOnStream,
+/// reduce_splits_kernel). The updates are applied by whichever writes dw and db last (the bias's only
+/// with db). Shared by weight_gradient and gemm_mma.cuh's weight_gradient_mma (and
+/// tests/gpu/emulation.cu, which runs the blocks and the pass on the host).
+template <class TileT, class A, class B, class Launch, class Pass>
+void split_weight_gradient(int sm_count, int m, int n, int k, const A& a, const B& b, float* dw, float* db,
+                           float* scratch, const LayerUpdate<float>& update, const ArrivalCounters& arrivals,
+                           Launch&& run_gemm, Pass&& run_pass) {
   const SplitPlan s = plan_split(m, n, k, TileT::bm, TileT::bn, TileT::bk, sm_count);
   const LayerUpdate<float> u{update.weight, db ? update.bias : UpdateTarget<float>{}};
   if (s.splits == 1) {
@@ -753,9 +788,7 @@ void split_weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int 
   if (in_kernel) partials.reduction = {arrivals.data, s.splits, dw, row_partial, db, u};
   run_gemm(GemmProblem<A, B, StoreRowMajor>{m, n, k, s.k_chunk, a, b, partials, db ? row_partial : nullptr}, s.splits);
   if (in_kernel) return;
-  const std::size_t total = std::max(count, std::size_t(m));
-  launch<reduce_splits_kernel<float>>("reduce_splits_kernel", unsigned((total + 255) / 256), 256, 0, stream, scratch,
-                                      s.splits, count, dw, row_partial, m, db, u);
+  run_pass(ReduceSplits{scratch, s.splits, count, dw, row_partial, m, db, u});
 }
 
 /// dW (m x n, row-major) = sum over k of A(m, k) B(n, k), and db (m) = sum over k of A(m, k) when db is
@@ -769,8 +802,9 @@ template <class TileT, class P, class A, class B>
 void weight_gradient(cudaStream_t stream, int sm_count, int m, int n, int k, const A& a, const B& b, float* dw,
                      float* db, float* scratch, const LayerUpdate<float>& update = {},
                      const ArrivalCounters& arrivals = {}) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
-                               [&](const auto& p, int splits) { launch_gemm<TileT, P, true>(p, splits, stream); });
+  split_weight_gradient<TileT>(
+      sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
+      [&](const auto& p, int splits) { launch_gemm<TileT, P, true>(p, splits, stream); }, PassOnStream{stream});
 }
 
 }  // namespace fusedp::kernels::cuda

@@ -505,8 +505,9 @@ template <class TileT, class P = precision::Tf32, class A, class B>
 void weight_gradient_mma(cudaStream_t stream, int sm_count, const MmaDevice& d, int m, int n, int k, const A& a,
                          const B& b, float* dw, float* db, float* scratch, const LayerUpdate<float>& update = {},
                          const ArrivalCounters& arrivals = {}) {
-  split_weight_gradient<TileT>(stream, sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
-                               [&](const auto& p, int splits) { launch_gemm_mma<TileT, true, P>(p, splits, d, stream); });
+  split_weight_gradient<TileT>(
+      sm_count, m, n, k, a, b, dw, db, scratch, update, arrivals,
+      [&](const auto& p, int splits) { launch_gemm_mma<TileT, true, P>(p, splits, d, stream); }, PassOnStream{stream});
 }
 
 }  // namespace fusedp::kernels::cuda

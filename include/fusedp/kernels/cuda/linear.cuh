@@ -189,14 +189,38 @@ struct LinearForwardReduction {
   }
 };
 
-/// The second half of a split Linear forward as a kernel of its own (where reduces_in_gemm says no):
-/// finish_linear_sums for every element.
+/// The second half of a split Linear forward as a pass of its own (linear_forward_reduce_kernel, where
+/// reduces_in_gemm says no): finish_linear_sums for element i of y (and z). Host code may call it
+/// (tests/gpu/emulation.cu runs the pass element by element). Y: y's stored element.
 template <class Epi, class Y>
-__global__ void linear_forward_reduce_kernel(const float* partial, int splits, std::size_t count, int n,
-                                             const float* bias, Y* y, float* z, bool bf16) {
-  kernel_prologue();
-  for (std::size_t i = grid_index(); i < count; i += grid_stride())
+struct LinearForwardSums {
+  const float* partial = nullptr;
+  int splits = 1;
+  std::size_t count = 0;  // elements of y: batch x n
+  int n = 0;
+  const float* bias = nullptr;
+  Y* y = nullptr;
+  float* z = nullptr;  // written only when Epi saves its input
+  bool bf16 = false;
+
+  [[nodiscard]] FUSEDP_HD std::size_t size() const { return count; }
+  FUSEDP_HD void operator()(std::size_t i) const {
     finish_linear_sums<Epi, 1, split_sums_in_flight>(partial, splits, count, i, n, bias, y, z, bf16);
+  }
+};
+
+/// LinearForwardSums over its elements, grid-stride.
+template <class Pass>
+__global__ void linear_forward_reduce_kernel(Pass pass) {
+  kernel_prologue();
+  for (std::size_t i = grid_index(); i < pass.size(); i += grid_stride()) pass(i);
+}
+
+/// Launches linear_forward_reduce_kernel over `pass` on `stream` (PassOnStream).
+template <class Epi, class Y>
+void launch_pass(const LinearForwardSums<Epi, Y>& pass, cudaStream_t stream) {
+  launch<linear_forward_reduce_kernel<LinearForwardSums<Epi, Y>>>(
+      "linear_forward_reduce_kernel", elementwise_blocks(pass.size()), elementwise_threads, 0, stream, pass);
 }
 
 /// The split of linear_forward (WMMA's tile's plan, whichever mainloop runs it: its parts are whole
@@ -217,12 +241,13 @@ std::size_t linear_forward_scratch(int batch, int in, int out, int sm_count) {
 /// The flow of linear_forward with the GEMM launched by `run_gemm(problem, splits)`: one GEMM with bias
 /// and Epi in its epilogue when the plan does not split (or there is no scratch), else the parts into
 /// `scratch`, finished by the GEMM's last block per tile where reduces_in_gemm says so for either
-/// mainloop's grid, else by linear_forward_reduce_kernel. Shared by linear_forward and
-/// tests/gpu/emulation.cu, which runs the blocks on the host. X, Y: x's and y's stored elements.
-template <class Epi, class Tiles, class X, class Y, class Launch>
-void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, int out, const float* w, const float* b,
-                          const X* x, Y* y, float* z, float* scratch, const ArrivalCounters& arrivals, bool bf16,
-                          Launch&& run_gemm) {
+/// mainloop's grid, else by the LinearForwardSums pass `run_pass(pass)` runs (on a device: PassOnStream,
+/// linear_forward_reduce_kernel). Shared by linear_forward and tests/gpu/emulation.cu, which runs the
+/// blocks and the pass on the host. X, Y: x's and y's stored elements.
+template <class Epi, class Tiles, class X, class Y, class Launch, class Pass>
+void split_linear_forward(int sm_count, int batch, int in, int out, const float* w, const float* b, const X* x, Y* y,
+                          float* z, float* scratch, const ArrivalCounters& arrivals, bool bf16, Launch&& run_gemm,
+                          Pass&& run_pass) {
   const SplitPlan s = linear_forward_split<Tiles>(batch, in, out, sm_count);
   if (s.splits == 1 || scratch == nullptr) {
     run_gemm(linear_forward_problem<Epi>(batch, in, out, w, b, x, y, z, bf16), 1);
@@ -242,9 +267,7 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
                batch, out, in, s.k_chunk, RowsOf<X>{x, in}, Rows{w, in}, parts, nullptr},
            s.splits);
   if (in_kernel) return;
-  launch<linear_forward_reduce_kernel<Epi, Y>>("linear_forward_reduce_kernel", elementwise_blocks(count),
-                                            elementwise_threads, 0, stream, scratch, s.splits, count, out, b, y, z,
-                                            bf16);
+  run_pass(LinearForwardSums<Epi, Y>{scratch, s.splits, count, out, b, y, z, bf16});
 }
 
 /// Forward of Linear over `batch` rows, split over `in` when the grid would leave SMs idle (`scratch`:
@@ -254,8 +277,9 @@ void split_linear_forward(cudaStream_t stream, int sm_count, int batch, int in, 
 template <class Epi, class Tiles, class P, class X, class Y>
 void linear_forward(const GemmTarget& t, int batch, int in, int out, const float* w, const float* b, const X* x, Y* y,
                     float* z, float* scratch, bool bf16 = false) {
-  split_linear_forward<Epi, Tiles>(t.stream, t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals, bf16,
-                                   [&](const auto& p, int splits) { launch_layer_gemm<Tiles, P>(p, splits, t); });
+  split_linear_forward<Epi, Tiles>(
+      t.sm_count, batch, in, out, w, b, x, y, z, scratch, t.arrivals, bf16,
+      [&](const auto& p, int splits) { launch_layer_gemm<Tiles, P>(p, splits, t); }, PassOnStream{t.stream});
 }
 
 /// Scratch (floats) of linear_backward. Tiles: GemmTiles<in>.
