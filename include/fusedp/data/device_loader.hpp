@@ -89,7 +89,7 @@ class DeviceLoader {
   /// Starts `epoch` at `start` (DataLoader::set_epoch). Copies queued for the previous epoch finish
   /// first; their batches are discarded.
   void set_epoch(std::uint64_t epoch, EpochPosition start = {}) {
-    activate();
+    const CudaDeviceScope device(device_);  // the caller's device current again on return
     release_current();
     if (pending_) {
       slots_[pending_->slot].copied.synchronize();
@@ -102,7 +102,7 @@ class DeviceLoader {
   /// The next batch of the epoch on the device, or nothing at its end. The batch after it is copied
   /// while the caller computes on this one.
   std::optional<DeviceBatch> next() {
-    activate();
+    const CudaDeviceScope device(device_);  // the caller's device current again on return
     release_current();
     if (!pending_) {
       std::optional<Batch> first = host_.next();
@@ -156,8 +156,6 @@ class DeviceLoader {
     std::size_t count = 0;
     std::size_t index = 0;
   };
-
-  void activate() const { FUSEDP_CUDA_CHECK(cudaSetDevice(device_)); }
 
   // The caller is done queueing work on the batch it holds: mark the point on the compute stream.
   void release_current() {
