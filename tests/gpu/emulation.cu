@@ -1176,6 +1176,7 @@ void check_linear_narrow(int batch, int in, int sm_count) {
   std::vector<float> yk(n, nan_value), zk(n, nan_value);  // bf16 values in fp32 elements
   split(fp::ArrivalCounters{}, x.data(), yk.data(), zk.data());
   check_same_bits(yk, ys, "split linear y rounded to bf16 by the second pass");
+  if constexpr (Epi::saves_input) check_same_bits(zk, zs, "split linear z by the second pass beside bf16 values");
   if constexpr (Epi::saves_input) check_same_bits(zk16, zs, "split linear z by the second pass beside a 16-bit y");
 
   // dW = dz^T x and db with x read in 16 bits (the stored dz fp32 here; its 16 bits are checked above).

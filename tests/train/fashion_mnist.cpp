@@ -5,9 +5,11 @@
 
 #include <fusedp/data/batches.hpp>
 #include <fusedp/data/idx.hpp>
+#include <fusedp/exec/cpu_features.hpp>
 #include "../support/fusedp_core.hpp"
 
 #include "../support/seed_networks.hpp"
+#include "../support/tracking.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -131,4 +133,16 @@ TEST_CASE("a CNN trained at precision bf16 reaches the fp32 runs' accuracy withi
     bf16 += b / 3;
   }
   CHECK(std::abs(bf16 - fp32) <= 0.005);
+}
+
+// tests/gpu/fashion_mnist.cu's BF16 case (Cuda BF16 against TF32) and its bounds, held by the Host's bf16 (the same rounding of operands and stored
+// activations, fp32 sums) against its fp32: runs on any machine, so the bounds are measured, not guessed.
+TEST_CASE("LeNet trains on Host at bf16 as at fp32, within the bounds the Cuda BF16 case uses") {
+  if (!have_data()) return;
+  const tracking::Data d = tracking::load(64 * 400, 2000);
+  MESSAGE("data: " << d.source);
+  const fp::HostPrecision p = fp::cpu_features().avx512_bf16 ? fp::HostPrecision::bf16 : fp::HostPrecision::bf16_emulated;
+  fp::Model<LeNet, fp::Host> fp32{fp::seed(42), fp::Host{0}};
+  fp::Model<LeNet, fp::Host> bf16{fp::seed(42), fp::Host{0, p}};
+  tracking::check_tracking(fp32, bf16, d, "fp32", "bf16", tracking::bf16_first_bound);
 }
