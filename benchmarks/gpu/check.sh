@@ -12,23 +12,27 @@
 #   4. runs ctest -L gpu;
 #   5. waits until every PyTorch process is warm (or the time left says stop; the cold ones are
 #      reported as not measured), then times PyTorch one configuration and mode at a time with nothing
-#      else running, then fusedp's train step (CUDA events, warm-up, median of 100 steps each): LeNet
-#      and the CIFAR-10 CNN at batch 128, 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and
-#      2^18, ResNet-18 at 256, once on the WMMA mainloop and once with the layers' GEMMs on the
-#      tensor-core one (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1; LeNet and the CIFAR-10 CNN also
-#      in BF16 there, impl=fusedp-mma-bf16, and the CNN once more with its BF16 stage outputs in fp32
-#      elements, impl=fusedp-mma-wide-bf16, train_step_gpu_wide when prebuilt), LeNet and the CIFAR-10 CNN once
-#      more without the fused gradient boundaries (train_step_gpu_unfused, when prebuilt); then the GEMM problems of the
-#      seed networks on the tensor-core mainloop and the WMMA one (benchmarks/gpu/gemm_gpu.cu; also
-#      the BF16 mainloop with the CIFAR-10 activations in memory as fp32 and as BFloat16), and
-#      compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where the toolkit has it; LeNet and
-#      the CIFAR-10 CNN also with the optimizer as a separate pass (impl=fusedp-separate-update) and
-#      without programmatic dependent launch (impl=fusedp-no-pdl), with backward's weight gradients in
-#      order on one stream (impl=fusedp-serial) and with split-K GEMMs' parts always added
-#      up by a second kernel (impl=fusedp-split-kernel) or always by the GEMM's last block per tile
-#      (impl=fusedp-split-gemm), and, where ncu exists, each kernel's
-#      time and DRAM bytes in one step of each against the step's time and the fused minimum traffic
-#      (benchmarks/gpu/kernel_times.py), and of the CIFAR-10 CNN's BF16 step against its own minimum;
+#      else running, then fusedp's train steps (CUDA events, warm-up, median of 100 steps each), the
+#      most important first and each only while time is left, so that a call cut short keeps them:
+#      a. issue 17's figures: LeNet and the CIFAR-10 CNN at batch 128 on the WMMA layers (train_step_gpu)
+#         and on the tensor-core ones (train_step_gpu_mma: FUSEDP_CUDA_MMA_LAYERS=1), TF32 and BF16
+#         (impl=fusedp, fusedp-mma, fusedp-mma-bf16); then, where ncu exists, each kernel's time and
+#         DRAM bytes in one step of LeNet and of the CNN and of the CNN's BF16 step, against the step's
+#         time and the fused minimum traffic (benchmarks/gpu/kernel_times.py);
+#      b. the 5-hidden-layer MLPs of width 64 and 128 at batch 2^14 and 2^18 and ResNet-18 at 256 on
+#         both builds;
+#      c. the ablations, LeNet and the CIFAR-10 CNN each: without the fused gradient boundaries
+#         (train_step_gpu_unfused, when prebuilt), the CNN's BF16 stage outputs in fp32 elements
+#         (impl=fusedp-mma-wide-bf16, train_step_gpu_wide when prebuilt), the optimizer as a separate
+#         pass (impl=fusedp-separate-update), without programmatic dependent launch (impl=fusedp-no-pdl),
+#         backward's weight gradients in order on one stream (impl=fusedp-serial), split-K GEMMs' parts
+#         always added up by a second kernel (impl=fusedp-split-kernel) or always by the GEMM's last
+#         block per tile (impl=fusedp-split-gemm);
+#      d. the GEMM problems of the seed networks on the tensor-core mainloop and the WMMA one
+#         (benchmarks/gpu/gemm_gpu.cu; also the BF16 mainloop with the CIFAR-10 activations in memory as
+#         fp32 and as BFloat16), and compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where
+#         the toolkit has it; the table so far (results.txt, results.md);
+#      e. the all-reduce benchmark and the examples on the GPU (prebuilt only);
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
 # Environment: FUSEDP_CHECK_DIR (work folder, default build/gpu-check), FUSEDP_DOCTEST_DIR (folder with
@@ -39,9 +43,9 @@
 # FUSEDP_PREBUILT_DIR (a folder holding test_gpu_* and train_step_gpu[_mma] built elsewhere for this
 # GPU's architecture, e.g. by `benchmarks/gpu/prebuild.sh` on a machine without a GPU, or the .tar.xz it
 # packs them into: nothing is built here, which saves the minutes of device time nvcc takes),
-# FUSEDP_TORCH_MODES (PyTorch modes run on every configuration, default "eager graph compile"),
-# FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10 CNN only, default "autotune eager:bf16
-# graph:bf16 autotune:bf16"; "" for none). A mode is
+# FUSEDP_TORCH_MODES (PyTorch modes run on every configuration, default "eager graph"),
+# FUSEDP_TORCH_STRONG (modes run on LeNet and the CIFAR-10 CNN only, default "compile autotune
+# eager:bf16 graph:bf16 autotune:bf16"; "" for none). A mode is
 # eager|graph|compile|autotune, with :bf16 for bf16 autocast (benchmarks/gpu/torch_bench.py).
 #
 # Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test
@@ -54,8 +58,11 @@ BUDGET=${FUSEDP_CHECK_BUDGET:-460}
 OUT=${FUSEDP_CHECK_DIR:-$ROOT/build/gpu-check}
 PY=${FUSEDP_TORCH_PYTHON:-python3}
 COMPILE_MODE=${FUSEDP_COMPILE_MODE:-default}
-read -r -a TORCH_MODES <<< "${FUSEDP_TORCH_MODES:-eager graph compile}"
-read -r -a TORCH_STRONG <<< "${FUSEDP_TORCH_STRONG-autotune eager:bf16 graph:bf16 autotune:bf16}"
+# torch.compile's processes compete for the CPUs while they warm up: the default mode runs on LeNet and
+# the CIFAR-10 CNN only (with max-autotune and bf16 autocast, what issue 17 compares against), eager and
+# eager in a CUDA graph everywhere.
+read -r -a TORCH_MODES <<< "${FUSEDP_TORCH_MODES:-eager graph}"
+read -r -a TORCH_STRONG <<< "${FUSEDP_TORCH_STRONG-compile autotune eager:bf16 graph:bf16 autotune:bf16}"
 STRONG_CONFIGS=" lenet:128 cifar:128 "
 PREBUILT=${FUSEDP_PREBUILT_DIR:-}
 JOBS=$(nproc 2>/dev/null || echo 4)
@@ -68,7 +75,7 @@ log() { printf '[check %3ds] %s\n' "$(elapsed)" "$*"; }
 clamp() { local v=$1 lo=$2 hi=$3; (( v < lo )) && v=$lo; (( v > hi )) && v=$hi; echo "$v"; }
 
 mkdir -p "$OUT"
-rm -rf "$OUT/torch" "$OUT/fusedp.txt" "$OUT/header.txt"
+rm -rf "$OUT/torch" "$OUT/fusedp.txt" "$OUT/header.txt" "$OUT/kernel_times.txt" "$OUT/results.md"
 mkdir -p "$OUT/torch"
 # FUSEDP_PREBUILT_DIR may name prebuild.sh's archive (.tar.xz): unpacked here into $OUT/prebuilt (by
 # python3's tarfile, so the machine needs no xz).
@@ -79,6 +86,20 @@ if [[ "$PREBUILT" == *.tar.xz ]]; then
     { log "could not unpack $PREBUILT"; exit 2; }
   PREBUILT=$(find "$OUT/prebuilt" -mindepth 1 -maxdepth 1 -type d | head -1)
   log "unpacked the prebuilt binaries into $PREBUILT"
+fi
+# Which commit the binaries were built from (prebuild.sh writes BUILT_FROM): a stale archive must not
+# pass for the commit the call names.
+if [[ -n "$PREBUILT" ]]; then
+  if [[ -f "$PREBUILT/BUILT_FROM" ]]; then
+    BUILT_FROM=$(head -1 "$PREBUILT/BUILT_FROM")
+    log "the prebuilt binaries were built from $BUILT_FROM"
+    if [[ -n "${FUSEDP_COMMIT:-}" && "$BUILT_FROM" != "$FUSEDP_COMMIT"* && "$FUSEDP_COMMIT" != "${BUILT_FROM%% *}"* ]]; then
+      log "WARNING: FUSEDP_COMMIT is $FUSEDP_COMMIT but the binaries are from $BUILT_FROM: the header names the binaries' commit"
+      FUSEDP_COMMIT="$BUILT_FROM (binaries; FUSEDP_COMMIT said $FUSEDP_COMMIT)"
+    fi
+  else
+    log "WARNING: $PREBUILT has no BUILT_FROM: the commit below is what the caller says, not checked"
+  fi
 fi
 # The prebuilt binaries find libcudart.so.13 beside them (prebuild.sh copies it there).
 [[ -n "$PREBUILT" ]] && export LD_LIBRARY_PATH="$PREBUILT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -125,6 +146,9 @@ torch_modes_of() {  # the PyTorch modes run on configuration $1
   if [[ "$STRONG_CONFIGS" == *" $1 "* ]]; then for m in "${TORCH_STRONG[@]}"; do echo "$m"; done; fi
 }
 torch_ok=0
+# Each torch.compile process would start a pool of compile workers as large as the machine; with some
+# thirty processes warming up at once beside the tests, max-autotune may not finish in time.
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   torch_ok=1
   for cfg in "${CONFIGS[@]}"; do
@@ -255,9 +279,16 @@ case $TEST_MODE in
     [[ $TEST_MODE == direct ]] && tdir="$OUT/direct" || tdir="$PREBUILT"
     for t in "$tdir"/test_gpu_*; do
       [[ -x "$t" ]] || continue
-      log "$(basename "$t")"
+      # Each test within what is left beyond the benchmarks' share, so one that hangs cannot take it all.
+      t_limit=$(clamp $(( $(left) - 250 )) 30 "$test_limit")
+      log "$(basename "$t") (time limit ${t_limit}s)"
       tout="$OUT/$(basename "$t").out"
-      if ! FUSEDP_SOURCE_DIR="$ROOT" timeout "$test_limit" "$t" > "$tout" 2>&1; then log "FAILED: $(basename "$t")"; tail -40 "$tout"; status=1; fi
+      FUSEDP_SOURCE_DIR="$ROOT" timeout "$t_limit" "$t" > "$tout" 2>&1
+      trc=$?
+      if (( trc != 0 )); then
+        (( trc == 124 )) && log "TIMED OUT after ${t_limit}s: $(basename "$t")" || log "FAILED (exit $trc): $(basename "$t")"
+        tail -40 "$tout"; status=1
+      fi
       grep -E "test cases|MESSAGE|accuracy|mean loss|data:" "$tout" | tail -8
       grep -q "fusedp-gpu-skip" "$tout" && skipped=1
     done
@@ -270,14 +301,13 @@ if (( torch_ok )); then
   # Nothing is timed while any process still compiles or autotunes (max-autotune times kernels on the
   # GPU): wait until every one is warm or gone, keeping about 3 s per timing run, fusedp's benchmark
   # and the report; those still cold then are stopped and reported as not measured.
-  after=75  # seconds kept for fusedp's benchmarks and the report
-  [[ -x "$OUT/train_step_gpu_mma" ]] && after=135  # and fusedp's second build, with its BF16 runs
-  [[ -x "$OUT/train_step_gpu_unfused" ]] && after=$(( after + 15 ))  # and the unfused one (two nets)
-  [[ -x "$OUT/train_step_gpu_wide" ]] && after=$(( after + 8 ))  # and the wide one (the CIFAR-10 CNN in BF16)
-  [[ -x "$OUT/train_step_gpu_mma" ]] && after=$(( after + 15 ))  # and its BF16 kernel times under ncu
-  after=$(( after + 50 ))  # and the separate-update, no-pdl, serial-backward, split-kernel and split-gemm runs (two nets each)
-  after=$(( after + 30 ))  # and the kernel times under ncu (two nets)
-  after=$(( after + 10 ))  # and train_step_gpu's queued timings (queued_ms: each configuration runs twice)
+  # Seconds kept for fusedp: issue 17's runs first (LeNet and the CIFAR-10 CNN on both builds in TF32
+  # and BF16, about 40 s; their kernels under ncu, about 60 s; the report), then about a minute of the
+  # other configurations and ablations; the rest of those run as far as the budget goes. PyTorch's
+  # strongest modes (max-autotune) need the warm-up time more than the ablations do.
+  after=110
+  [[ -n "$(command -v ncu || true)" ]] || after=50
+  after=$(( after + 60 ))
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
     cold=0
@@ -301,107 +331,114 @@ if (( torch_ok )); then
     touch "$OUT/torch/$id.go"
     for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill "$pid" 2>/dev/null
-    if [[ -s "$OUT/torch/$id.json" ]]; then log "PyTorch $id: $(cut -c1-110 "$OUT/torch/$id.json")"; else log "PyTorch $id: no result ($(tail -1 "$OUT/torch/$id.log"))"; fi
+    if [[ -s "$OUT/torch/$id.json" ]]; then
+      log "PyTorch $id: $("$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["impl"], "median_ms=%.4f" % r["median_ms"], "images_per_s=%.0f" % r["images_per_s"])' "$OUT/torch/$id.json" 2>/dev/null || cut -c1-200 "$OUT/torch/$id.json")"
+    else
+      log "PyTorch $id: no result ($(tail -1 "$OUT/torch/$id.log"))"
+    fi
   done
 fi
 for pid in "${TORCH_PID[@]}"; do kill "$pid" 2>/dev/null; done
 wait 2>/dev/null
 
-if [[ -x "$OUT/train_step_gpu" ]]; then
-  bench_limit=$(clamp $(( $(left) - 10 )) 20 150)
-  log "fusedp train steps (time limit ${bench_limit}s)"
-  timeout "$bench_limit" "$OUT/train_step_gpu" --all --steps 100 --warmup 10 | tee "$OUT/fusedp.txt"
-fi
-# LeNet and the CIFAR-10 CNN without the fused gradient boundaries (impl=fusedp-unfused; prebuilt only):
-# what the fusion gives, in the same run.
-if [[ -x "$OUT/train_step_gpu_unfused" ]] && (( $(left) > 70 )); then
-  log "fusedp train steps without the fused gradient boundaries"
-  for net in lenet cifar; do
-    timeout 30 "$OUT/train_step_gpu_unfused" --net "$net" --batch 128 --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
-  done
-fi
-# LeNet and the CIFAR-10 CNN once more with `train_step_gpu`'s arguments after the label (the RESULT
-# lines' impl names the variant), while time is left: what each piece of issue 17 gives, in the same run.
-variant_steps() {
-  local what=$1
-  shift
-  [[ -x "$OUT/train_step_gpu" ]] && (( $(left) > 65 )) || return 0
-  log "fusedp train steps $what"
-  for net in lenet cifar; do
-    timeout 30 "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 100 --warmup 10 "$@" | tee -a "$OUT/fusedp.txt"
-  done
+# --- 5a. fusedp, the most important first: issue 17's figures (LeNet and the CIFAR-10 CNN at batch 128
+# on the WMMA and the tensor-core layers, TF32 and BF16, then their kernels under ncu), then the other
+# configurations, then the ablations; each while time is left, so a call cut short still has the first.
+# One train step configuration: $1 the binary, $2 net, $3 batch, the rest train_step_gpu's arguments
+# (the RESULT line's impl names the build and variant). Appends to fusedp.txt as it goes.
+step_run() {
+  local bin=$1 net=$2 batch=$3
+  shift 3
+  [[ -x "$bin" ]] || return 0
+  (( $(left) > 25 )) || { log "$(basename "$bin") $net $batch $*: not run (time limit)"; return 0; }
+  timeout "$(clamp $(( $(left) - 20 )) 10 45)" "$bin" --net "$net" --batch "$batch" --steps 100 --warmup 10 "$@" |
+    tee -a "$OUT/fusedp.txt"
 }
-# The optimizer as a separate pass (impl=fusedp-separate-update), not in the weight-gradient GEMMs.
-variant_steps "with the optimizer as a separate pass" --separate-update
-# Every kernel launched the plain way (impl=fusedp-no-pdl), without programmatic dependent launch.
-variant_steps "without programmatic dependent launch" --no-dependent-launch
-# Each weight gradient after its layer's input gradient on one stream (impl=fusedp-serial), not beside
-# the next layer's backward.
-variant_steps "with backward in order on one stream" --serial-backward
-# Who adds up the parts of split-K GEMMs. By default the GEMM's last block per tile where its chain of
-# round trips to L2 is at most 8, else a second kernel (none of LeNet's or the CIFAR-10 CNN's is that short);
-# here every split by a second kernel (impl=fusedp-split-kernel), then every split by the GEMM's last
-# block, whatever its size (impl=fusedp-split-gemm: the rule before session 30). The variable reaches
-# train_step_gpu through the function.
-FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by a second kernel"
-FUSEDP_CUDA_SPLIT_REDUCTION=gemm variant_steps "with split-K parts always added up by the GEMM's last block"
+: > "$OUT/fusedp.txt"
+OTHER_CONFIGS=(mlp64:16384 mlp64:262144 mlp128:16384 mlp128:262144 resnet18:256)
+if [[ -x "$OUT/train_step_gpu" || -x "$OUT/train_step_gpu_mma" ]]; then
+  log "fusedp train steps: LeNet and the CIFAR-10 CNN, WMMA and tensor-core layers, TF32 and BF16"
+  for net in lenet cifar; do
+    step_run "$OUT/train_step_gpu" "$net" 128
+    FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" "$net" 128
+    FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" "$net" 128 --precision bf16
+  done
+fi
 # Where LeNet's and the CIFAR-10 CNN's steps go: each kernel's time and DRAM bytes under Nsight Compute
 # (it runs the kernels one at a time; the card's clocks and the L2 are left as they are), their sums
 # against the step's median above (the rest is time between kernels) and against the fused minimum
 # traffic that train_step_gpu prints (floor_mb, from the type: net/cost.hpp's step_traffic_floor, the
 # arithmetic of benchmarks/RESULTS.md's session 21): LeNet 7.5 MB, the CIFAR-10 CNN 331.2 MB per step of
-# 128 in TF32.
+# 128 in TF32, 289.5 MB in BF16 with its 16-bit activations.
 NCU=$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)
+ncu_ok=1
 # The value of `key` in the first RESULT line of fusedp.txt for impl $1 and net $2 at batch 128.
 result_field() {
   sed -n "s/^RESULT impl=$1 net=$2 batch=128 .*$3=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1
 }
-if [[ -n "$NCU" && -x "$OUT/train_step_gpu" ]] && (( $(left) > 80 )); then
-  for net in lenet cifar; do
-    floor=$(result_field fusedp "$net" floor_mb)
-    log "kernel times and DRAM bytes of one $net step (ncu)"
-    timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
-      --print-kernel-base function \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      "$OUT/train_step_gpu" --net "$net" --batch 128 --steps 3 --warmup 2 --no-queued > "$OUT/ncu_$net.csv" 2> "$OUT/ncu_$net.err"
-    step_ms=$(result_field fusedp "$net" median_ms)
-    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$net.csv" --net "$net" ${floor:+--floor-mb "$floor"} \
-      ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$net.err"
-  done
-fi
-# The same steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma in the table).
-if [[ -x "$OUT/train_step_gpu_mma" ]] && (( $(left) > 60 )); then
-  bench_limit=$(clamp $(( $(left) - 40 )) 20 150)
-  log "fusedp train steps, layers on the tensor-core mainloop (time limit ${bench_limit}s)"
-  FUSEDP_CUDA_GEMM=mma timeout "$bench_limit" "$OUT/train_step_gpu_mma" --all --steps 100 --warmup 10 |
-    tee -a "$OUT/fusedp.txt"
-  # BF16 (impl=fusedp-mma-bf16): issue 17's BF16 targets, against PyTorch's bf16 autocast modes.
-  for net in lenet cifar; do
-    (( $(left) > 40 )) || break
-    FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_mma" --net "$net" --batch 128 --precision bf16 \
-      --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
-  done
-  # The CIFAR-10 CNN in BF16 with every stage output in fp32 elements (impl=fusedp-mma-wide-bf16;
-  # prebuilt only): what storing them in 16 bits gives, in the same run.
-  if [[ -x "$OUT/train_step_gpu_wide" ]] && (( $(left) > 40 )); then
-    FUSEDP_CUDA_GEMM=mma timeout 30 "$OUT/train_step_gpu_wide" --net cifar --batch 128 --precision bf16 \
-      --steps 100 --warmup 10 | tee -a "$OUT/fusedp.txt"
+# One step of $4 (a train_step_gpu binary, then its arguments) under ncu into ncu_$1.csv, and its kernels
+# against the step's median and floor of impl $2, net $3 (kernel_times.py labels it $1). An ncu that may
+# not read the counters (ERR_NVGPUCTRPERM) is said once and not run again.
+ncu_step() {
+  local name=$1 impl=$2 net=$3
+  shift 3
+  [[ -n "$NCU" && -x "$1" ]] && (( ncu_ok )) && (( $(left) > 70 )) || return 0
+  log "kernel times and DRAM bytes of one $name step (ncu)"
+  timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
+    --print-kernel-base function \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    "$@" --steps 3 --warmup 2 --no-queued > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.err"
+  if grep -qE "ERR_NVGPUCTRPERM|==ERROR==" "$OUT/ncu_$name.csv" "$OUT/ncu_$name.err" 2>/dev/null; then
+    log "ncu could not profile: $(grep -hE "ERR_NVGPUCTRPERM|==ERROR==" "$OUT/ncu_$name.csv" "$OUT/ncu_$name.err" | head -2 | tr '\n' ' ')"
+    log "no further ncu runs"
+    ncu_ok=0
+    return 0
   fi
-  # The BF16 CIFAR-10 step's kernels and DRAM bytes under ncu, against the fused minimum with 16-bit
-  # activations (floor_mb: 289.5 MB a step of 128, as RESULTS.md's session 21 works it out).
-  if [[ -n "$NCU" ]] && (( $(left) > 55 )); then
-    log "kernel times and DRAM bytes of one cifar step in BF16 (ncu)"
-    FUSEDP_CUDA_GEMM=mma timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
-      --print-kernel-base function \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      "$OUT/train_step_gpu_mma" --net cifar --batch 128 --precision bf16 --steps 3 --warmup 2 --no-queued \
-      > "$OUT/ncu_cifar_bf16.csv" 2> "$OUT/ncu_cifar_bf16.err"
-    step_ms=$(result_field fusedp-mma-bf16 cifar median_ms)
-    floor=$(result_field fusedp-mma-bf16 cifar floor_mb)
-    "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_cifar_bf16.csv" --net cifar-bf16 ${floor:+--floor-mb "$floor"} \
-      ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_cifar_bf16.err"
-  fi
+  local floor step_ms
+  floor=$(result_field "$impl" "$net" floor_mb)
+  step_ms=$(result_field "$impl" "$net" median_ms)
+  "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$name.csv" --net "$name" ${floor:+--floor-mb "$floor"} \
+    ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$name.err"
+}
+ncu_step lenet fusedp lenet "$OUT/train_step_gpu" --net lenet --batch 128
+ncu_step cifar fusedp cifar "$OUT/train_step_gpu" --net cifar --batch 128
+FUSEDP_CUDA_GEMM=mma ncu_step cifar-bf16 fusedp-mma-bf16 cifar "$OUT/train_step_gpu_mma" --net cifar --batch 128 --precision bf16
+# The other configurations on both builds.
+log "fusedp train steps: the MLPs and ResNet-18"
+for cfg in "${OTHER_CONFIGS[@]}"; do
+  step_run "$OUT/train_step_gpu" "${cfg%%:*}" "${cfg##*:}"
+  FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" "${cfg%%:*}" "${cfg##*:}"
+done
+# The ablations: LeNet and the CIFAR-10 CNN once more with one of fusedp's defaults off (the RESULT
+# line's impl names the variant): what each piece of issue 17 gives, in the same run.
+variant_steps() {
+  local what=$1 bin=$2
+  shift 2
+  [[ -x "$bin" ]] && (( $(left) > 65 )) || return 0
+  log "fusedp train steps $what"
+  for net in lenet cifar; do step_run "$bin" "$net" 128 "$@"; done
+}
+# Without the fused gradient boundaries (impl=fusedp-unfused; prebuilt only).
+variant_steps "without the fused gradient boundaries" "$OUT/train_step_gpu_unfused"
+# The CIFAR-10 CNN in BF16 with every stage output in fp32 elements (impl=fusedp-mma-wide-bf16;
+# prebuilt only): what storing them in 16 bits gives.
+if [[ -x "$OUT/train_step_gpu_wide" ]]; then
+  FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_wide" cifar 128 --precision bf16
 fi
+# The optimizer as a separate pass (impl=fusedp-separate-update), not in the weight-gradient GEMMs.
+variant_steps "with the optimizer as a separate pass" "$OUT/train_step_gpu" --separate-update
+# Every kernel launched the plain way (impl=fusedp-no-pdl), without programmatic dependent launch.
+variant_steps "without programmatic dependent launch" "$OUT/train_step_gpu" --no-dependent-launch
+# Each weight gradient after its layer's input gradient on one stream (impl=fusedp-serial), not beside
+# the next layer's backward.
+variant_steps "with backward in order on one stream" "$OUT/train_step_gpu" --serial-backward
+# Who adds up the parts of split-K GEMMs. By default the GEMM's last block per tile where its chain of
+# round trips to L2 is at most 8, else a second kernel (none of LeNet's or the CIFAR-10 CNN's is that short);
+# here every split by a second kernel (impl=fusedp-split-kernel), then every split by the GEMM's last
+# block, whatever its size (impl=fusedp-split-gemm: the rule before session 30). The variable reaches
+# train_step_gpu through the functions.
+FUSEDP_CUDA_SPLIT_REDUCTION=kernel variant_steps "with split-K parts added up by a second kernel" "$OUT/train_step_gpu"
+FUSEDP_CUDA_SPLIT_REDUCTION=gemm variant_steps "with split-K parts always added up by the GEMM's last block" "$OUT/train_step_gpu"
 
 # The tensor-core mainloop against the WMMA one, per GEMM problem of the seed networks (issue 14), and
 # compute-sanitizer on its test where the toolkit has it.
@@ -414,36 +451,49 @@ GEMM_TEST=""
 [[ -z "$GEMM_TEST" && -x "$OUT/build/tests/test_gpu_gemm_mma" ]] && GEMM_TEST=$OUT/build/tests/test_gpu_gemm_mma
 SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
 if [[ -n "$GEMM_TEST" && -x "$SANITIZER" ]]; then
-  # memcheck on every case; racecheck (far slower) on the small ones: every tile and operand layout.
+  # On the small cases, every tile and operand layout (memcheck on all of them took more than its
+  # 90 s); racecheck is far slower still.
   for tool in memcheck racecheck; do
     (( $(left) > 100 )) || { log "compute-sanitizer $tool: not run (time limit)"; continue; }
-    filter=()
-    [[ $tool == racecheck ]] && filter=(--test-case="gemm_mma: every tile*")
+    filter=(--test-case="gemm_mma: every tile*")
     log "compute-sanitizer --tool $tool on test_gpu_gemm_mma ${filter[*]}"
     timeout 90 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$GEMM_TEST" "${filter[@]}" 2>&1 | tail -3
     log "compute-sanitizer $tool exit: ${PIPESTATUS[0]} (0: clean; 9: errors found; 124: timed out)"
   done
 fi
 
-# --- 5b. all-reduce bandwidth of the bucket plans, and the examples on the GPU (prebuilt only) ---------
-if [[ -n "$PREBUILT" && -x "$PREBUILT/allreduce_bench" ]]; then
+# The table so far (again at the end): a call cut short after this point still has it.
+"$PY" "$ROOT/benchmarks/gpu/report.py" --fusedp "$OUT/fusedp.txt" --torch-dir "$OUT/torch" --header "$OUT/header.txt" \
+  --markdown "$OUT/results.md" > "$OUT/results.txt" 2>&1 || true
+
+# --- 5b. all-reduce bandwidth of the bucket plans, and the examples on the GPU (prebuilt only), each
+# while time is left ------------------------------------------------------------------------------------
+if [[ -n "$PREBUILT" && -x "$PREBUILT/allreduce_bench" ]] && (( $(left) > 70 )); then
   log "allreduce_bench"
   timeout 60 "$PREBUILT/allreduce_bench" --reps 50 --warmup 10 2>&1 | tee "$OUT/allreduce.txt" | grep -E "RESULT|note" | cut -c1-160
 fi
-if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]]; then
+# Runs an example while time is left: $1 its time limit, then the command.
+example() {
+  local limit=$1
+  shift
+  (( $(left) > limit + 10 )) || { log "example $(basename "$1") $2: not run (time limit)"; return 0; }
+  timeout "$limit" "$@" 2>&1 | tr '\r' '\n' | grep -v "ETA"
+}
+if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]] && (( $(left) > 60 )); then
   EX_DATA=()
   [[ -n "${FUSEDP_FASHION_MNIST_DIR:-}" ]] && EX_DATA=(--data "$FUSEDP_FASHION_MNIST_DIR")
   log "examples on the GPU"
   rm -rf "$OUT/ckpt"
-  timeout 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "^epoch.*ETA" | tail -4
-  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
-  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" 2>&1 | tail -2  # one GPU: a clear error
+  example 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" | grep -v "^epoch" | tail -4
+  example 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" | tail -3
+  example 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" | tail -2  # one GPU: a clear error
   # A trace of one GPU epoch (event-timed spans: docs/TRACING.md), its step split and timeline PNG.
-  timeout 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 1 --trace "$OUT/trace_lenet_gpu.json" "${EX_DATA[@]}" 2>&1 | tr '\r' '\n' | grep -E "^trace|^done"
-  "$PY" "$ROOT/scripts/trace_report.py" "$OUT/trace_lenet_gpu.json" --png "$OUT/trace_lenet_gpu.png" 2>&1 | tail -5
-  timeout 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
-  timeout 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -2
-  [[ -x "$PREBUILT/resnet18_cifar" ]] && timeout 60 "$PREBUILT/resnet18_cifar" --device cuda --synthetic 4096 --epochs 2 --batch 256 2>&1 | tr '\r' '\n' | grep -v "ETA" | tail -3
+  example 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 1 --trace "$OUT/trace_lenet_gpu.json" "${EX_DATA[@]}" | grep -E "^trace|^done"
+  [[ -s "$OUT/trace_lenet_gpu.json" ]] && (( $(left) > 25 )) &&
+    timeout 20 "$PY" "$ROOT/scripts/trace_report.py" "$OUT/trace_lenet_gpu.json" --png "$OUT/trace_lenet_gpu.png" 2>&1 | tail -5
+  example 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 | tail -3
+  example 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 | tail -2
+  [[ -x "$PREBUILT/resnet18_cifar" ]] && example 60 "$PREBUILT/resnet18_cifar" --device cuda --synthetic 4096 --epochs 2 --batch 256 | tail -3
 fi
 
 # --- 6. the table -------------------------------------------------------------------------------------

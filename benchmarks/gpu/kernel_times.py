@@ -83,8 +83,13 @@ def main():
         print(f"kernel times {a.net}: no kernels in {a.csv} (did ncu run? see the file)")
         return 1
     step = last_step(kernels)
+    if len(step) == len(kernels):
+        print(f"kernel times {a.net}: NOTE: fewer than two loss kernels among the {len(kernels)} profiled, so the "
+              "sums below cover every profiled kernel (several steps), not one step")
     total = sum(k[1] for k in step)
     measured = all(k[2] is not None and k[3] is not None for k in step)
+    if not measured:
+        print(f"kernel times {a.net}: NOTE: ncu gave no DRAM bytes for some kernels: no traffic figure")
     for name, t, r, w in step:
         traffic = f"  {r / 1e6:8.2f} MB read {w / 1e6:8.2f} MB written" if measured else ""
         print(f"  {t:9.2f} us{traffic}  {name[:90]}")

@@ -25,7 +25,10 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
 mapfile -t tests < <(ninja -C "$BUILD" -t targets all | sed -n 's/^\(test_gpu_[A-Za-z0-9_]*\): phony$/\1/p')
 echo "prebuild: ${tests[*]} and train_step_gpu for sm_$ARCH with $JOBS jobs"
 ninja -C "$BUILD" -j "$JOBS" "${tests[@]}"
-mkdir -p "$DIR"
+# Emptied first, so that no binary of a test since removed is packed and run.
+rm -rf "$DIR" && mkdir -p "$DIR"
+# The commit the binaries are built from (check.sh prints it, and warns where the call names another).
+{ git rev-parse --short=12 HEAD 2>/dev/null || echo unknown; } | { read -r c; git diff --quiet HEAD -- include tests benchmarks examples 2>/dev/null && echo "$c" || echo "$c (with uncommitted changes)"; } > "$DIR/BUILT_FROM"
 for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 bench() { nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread "$@"; }
 bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"

@@ -49,9 +49,13 @@ def _x_of(impl, want):
 
 
 def _x_fastest(want, bf16=False):
+    # "The fastest PyTorch mode" only where its strongest mode (max-autotune with CUDA graphs) was
+    # measured: against the modes that happened to warm up in time the ratio could read met when it is not.
+    strongest = "torch-autotune-bf16" if bf16 else "torch-autotune"
+
     def check(f, t):
         same = [r["images_per_s"] for i, r in t.items() if i.endswith("-bf16") == bf16]
-        return f["images_per_s"] / max(same) >= want if f and same else None
+        return f["images_per_s"] / max(same) >= want if f and same and strongest in t else None
     return check
 
 
