@@ -306,7 +306,7 @@ if (( torch_ok )); then
   # other configurations and ablations; the rest of those run as far as the budget goes. PyTorch's
   # strongest modes (max-autotune) need the warm-up time more than the ablations do.
   after=110
-  [[ -n "$(command -v ncu || true)" ]] || after=50
+  [[ -n "$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)" ]] || after=50  # no ncu runs
   after=$(( after + 60 ))
   keep=$(( after + 3 * ${#TORCH_IDS[@]} ))
   while (( $(left) > keep )); do
