@@ -451,8 +451,8 @@ GEMM_TEST=""
 [[ -z "$GEMM_TEST" && -x "$OUT/build/tests/test_gpu_gemm_mma" ]] && GEMM_TEST=$OUT/build/tests/test_gpu_gemm_mma
 SANITIZER=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
 if [[ -n "$GEMM_TEST" && -x "$SANITIZER" ]]; then
-  # On the small cases, every tile and operand layout (memcheck on all of them took more than its
-  # 90 s); racecheck is far slower still.
+  # On the small cases, every tile and operand layout (memcheck on all of them may not fit its 90 s: a
+  # review's estimate, not measured); racecheck is far slower still.
   for tool in memcheck racecheck; do
     (( $(left) > 100 )) || { log "compute-sanitizer $tool: not run (time limit)"; continue; }
     filter=(--test-case="gemm_mma: every tile*")
