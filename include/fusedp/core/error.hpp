@@ -42,8 +42,10 @@ class DataError : public Error {
 class DeviceError : public Error {
  public:
   DeviceError(std::string call, int code, const std::string& message, int rank = -1)
-      : Error(format(call, code, message, rank)), call_(std::move(call)), code_(code), rank_(rank) {}
+      : Error(format(call, code, message, rank)), call_(std::move(call)), message_(message), code_(code), rank_(rank) {}
   [[nodiscard]] const std::string& call() const noexcept { return call_; }
+  /// What went wrong, without the call, code and rank that what() puts before it.
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
   [[nodiscard]] int code() const noexcept { return code_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
 
@@ -55,6 +57,7 @@ class DeviceError : public Error {
     return s.str();
   }
   std::string call_;
+  std::string message_;
   int code_;
   int rank_;
 };

@@ -142,6 +142,12 @@ class DeviceLoader {
   [[nodiscard]] const Options& options() const noexcept { return host_.options(); }
   /// The stream the copies run on.
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return copy_.get(); }
+  /// Device memory of the two batch slots, in bytes (CudaMemory's `loader` part predicts it).
+  [[nodiscard]] std::size_t device_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const Slot& s : slots_) n += s.images.size_bytes() + s.labels.size_bytes() + s.targets.size_bytes();
+    return n;
+  }
 
  private:
   struct Slot {

@@ -68,6 +68,7 @@ class DeviceBuffer {
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
   [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
 
@@ -109,6 +110,7 @@ class PinnedBuffer {
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
   [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
   T& operator[](std::size_t i) noexcept { return data_[i]; }
@@ -200,6 +202,12 @@ struct ArrivalCounters {
   int reduction_trip_limit = std::numeric_limits<int>::max();
 };
 
+/// A device's memory in bytes (CudaSpace::memory).
+struct DeviceMemory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
 /// One CUDA device, the stream its work is queued on, and the precision of its GEMMs. Copies share the
 /// stream (and its arrival counters). `Cuda` (TF32) is the usual choice; CudaSpace<precision::Fp32> computes exactly in fp32.
 /// @tparam Precision precision::Tf32, precision::Fp32 or precision::Bf16
@@ -275,6 +283,13 @@ struct CudaSpace {
   [[nodiscard]] CudaDeviceScope enter() const { return CudaDeviceScope(device_); }
   /// Waits for all work queued on the stream and reports any asynchronous error.
   void synchronize() const { FUSEDP_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
+  /// The device's memory now (cudaMemGetInfo): what is free for new allocations and the whole.
+  [[nodiscard]] DeviceMemory memory() const {
+    const CudaDeviceScope scope(device_);
+    DeviceMemory m;
+    FUSEDP_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+    return m;
+  }
 
  private:
   int device_;

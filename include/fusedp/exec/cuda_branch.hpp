@@ -48,6 +48,8 @@ class CudaSideStream {
   }
   [[nodiscard]] bool ready() const noexcept { return stream_.get() != nullptr; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  /// Device memory it holds, in bytes (its arrival counters).
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return arrivals_ ? arrivals_->size_bytes() : 0; }
   /// Waits for everything queued on the side stream.
   void synchronize() const { stream_.synchronize(); }
   /// The branch a layer's weight gradient takes (with counters only where `main` has them: a target that

@@ -52,6 +52,12 @@ class HostStaging {
     return reinterpret_cast<const Target*>(targets_.data());
   }
 
+  /// Bytes held on the device (the staged inputs and targets) and in pinned host memory.
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return inputs_.size_bytes() + targets_.size_bytes(); }
+  [[nodiscard]] std::size_t pinned_bytes() const noexcept {
+    return pinned_inputs_.size_bytes() + pinned_targets_.size_bytes() + outputs_.size_bytes();
+  }
+
   /// Copies `n` device values to pinned host memory and waits: valid until the next call.
   std::span<const T> to_host(const T* device, std::size_t n, cudaStream_t stream) {
     copy_async(outputs_.data(), device, n, stream);

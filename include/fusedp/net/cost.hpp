@@ -79,9 +79,14 @@ struct MemoryUse {
   std::size_t state = 0;      // the state buffer: BatchNorm's running and batch statistics
   std::size_t workspace = 0;  // activations, gradient buffers, saved values, scratch
   std::size_t loader = 0;     // the data loader's batch slots
+  std::size_t staging = 0;    // Cuda: a batch's inputs and targets copied from the host, the loss and step
+                              // buffers (net/cuda_memory.hpp); 0 on Host
+  /// The memory of the space, in bytes. Page-locked host memory is not in it.
   [[nodiscard]] constexpr std::size_t total() const {
-    return parameters + gradients + optimizer_state + state + workspace + loader;
+    return parameters + gradients + optimizer_state + state + workspace + loader + staging;
   }
+  /// Cuda: page-locked host memory beside it (the host end of the staging), not in total().
+  std::size_t pinned_host = 0;
 };
 
 /// The fused minimum of one training step's memory traffic, in bytes, by part (CostModel's header).

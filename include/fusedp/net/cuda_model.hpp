@@ -53,6 +53,7 @@
 #include "fusedp/kernels/cuda/optimizer.cuh"
 #include "fusedp/layers/conv2d.hpp"
 #include "fusedp/net/cuda_groups.hpp"
+#include "fusedp/net/cuda_memory.hpp"
 #include "fusedp/net/cuda_plan.hpp"
 #include "fusedp/net/parameter_store.hpp"
 #include "fusedp/net/sequential.hpp"
@@ -340,6 +341,22 @@ class Model<Net, CudaSpace<P>, T> {
 
   // --- memory -----------------------------------------------------------------------------------
 
+  /// What this model holds on its device (and in pinned host memory), in bytes by part: CudaMemory<Net,
+  /// P>::use predicts it from the type, the batch and the SM count (net/cuda_memory.hpp).
+  [[nodiscard]] MemoryUse memory_use() const noexcept {
+    MemoryUse m;
+    m.parameters = store_.params().size_bytes();
+    m.gradients = store_.grads().size_bytes();
+    m.optimizer_state = store_.optimizer_state().size_bytes();
+    m.state = store_.buffers().size_bytes();
+    m.workspace = binding_.allocated() * sizeof(T) + scratch_.size_bytes() + branch_gradients_.size_bytes() +
+                  side_.device_bytes();
+    m.staging = staging_.device_bytes() + loss_.device_bytes() + stats_.device_bytes() + op_slot_.size_bytes() +
+                rest_runs_.size_bytes() + store_.weight_run_bytes();
+    m.pinned_host = staging_.pinned_bytes() + loss_.pinned_bytes() + stats_.pinned_bytes();
+    return m;
+  }
+
   /// Allocates everything for batches up to `batch`, so that no later step allocates: with backward
   /// branches on (use_backward_branches) also their third gradient buffer ((batch,
   /// Net::gradient_elements) floats) and second scratch half. predict and evaluate alone reserve
@@ -438,9 +455,9 @@ class Model<Net, CudaSpace<P>, T> {
  private:
   using binding_type = StageBinding<Net, space_type, T>;
   static constexpr std::size_t last = Net::stage_count - 1;
-  static constexpr std::size_t op_slot_bytes = 256;
-  static constexpr std::size_t target_bytes =
-      output_size * sizeof(T) > sizeof(std::int32_t) ? output_size * sizeof(T) : sizeof(std::int32_t);
+  using memory = CudaMemory<Net, P>;
+  static constexpr std::size_t op_slot_bytes = memory::step_slot_bytes;
+  static constexpr std::size_t target_bytes = memory::target_bytes;
 
   template <class Loss>
   static constexpr std::size_t target_count() {
@@ -588,28 +605,42 @@ class Model<Net, CudaSpace<P>, T> {
     const bool branch_room = !branch_memory || (side_.ready() && branch_capacity_ >= capacity);
     if (batch <= binding_.capacity() && branch_room) return;
     constexpr std::size_t widest = Net::gradient_elements > input_size ? Net::gradient_elements : input_size;
-    require(capacity * widest < (std::size_t(1) << 31), "Model on Cuda: a batch of ", capacity,
-            " needs indices beyond 2^31 (", widest, " values per sample in one tensor)");
+    require(capacity <= memory::batch_limit, "Model on Cuda: a batch of ", capacity, " needs indices beyond 2^31 (",
+            widest, " values per sample in one tensor; at most ", memory::batch_limit, " samples)");
     space_.synchronize();  // nothing in flight may use what is freed below
     if (side_.ready()) side_.synchronize();
     graphs_.clear();
-    // A half of the scratch a whole number of 256-byte lines, so the second half is as aligned as the first.
-    const std::size_t stride = (CudaGroups<Net, P>::scratch_elements(space_.sm_count(), capacity) + 63) / 64 * 64;
+    const std::size_t stride = memory::scratch_stride(space_.sm_count(), capacity);
     const bool halves = branches_ && CudaGroups<Net, P>::branches && (backward || branch_capacity_ > 0);
-    buffer<float> scratch(halves ? 2 * stride : stride);
-    buffer<float> third = halves ? buffer<float>(capacity * Net::gradient_elements) : buffer<float>();
-    CudaSideStream side = halves && !side_.ready() ? CudaSideStream::make() : CudaSideStream();
-    // The scratch and the branch memory, sized for `capacity`, are committed before the binding grows
-    // to it: a later allocation that throws leaves them larger than needed, never smaller.
-    scratch_ = std::move(scratch);
-    scratch_stride_ = stride;
-    branch_gradients_ = std::move(third);
-    branch_capacity_ = halves ? capacity : 0;
-    if (side.ready()) side_ = std::move(side);
-    if (batch > binding_.capacity()) {
-      loss_.allocate(capacity);
-      staging_.allocate(capacity * input_size, capacity * target_bytes, capacity * output_size);
-      binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
+    try {
+      buffer<float> scratch(halves ? 2 * stride : stride);
+      buffer<float> third = halves ? buffer<float>(capacity * Net::gradient_elements) : buffer<float>();
+      CudaSideStream side = halves && !side_.ready() ? CudaSideStream::make() : CudaSideStream();
+      // The scratch and the branch memory, sized for `capacity`, are committed before the binding grows
+      // to it: a later allocation that throws leaves them larger than needed, never smaller.
+      scratch_ = std::move(scratch);
+      scratch_stride_ = stride;
+      branch_gradients_ = std::move(third);
+      branch_capacity_ = halves ? capacity : 0;
+      if (side.ready()) side_ = std::move(side);
+      if (batch > binding_.capacity()) {
+        loss_.allocate(capacity);
+        staging_.allocate(capacity * input_size, capacity * target_bytes, capacity * output_size);
+        binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
+      }
+    } catch (const DeviceError& e) {
+      if (e.code() != int(cudaErrorMemoryAllocation)) throw;
+      // Out of memory: say what the model needs in all at this batch and how to find one that fits.
+      const CudaMemoryOptions o{.state_slots = Net::param_storage == 0 ? 0 : store_.optimizer_state().size() / Net::param_storage,
+                                .training = halves,
+                                .branches = halves,
+                                .guarded = stats_.allocated()};
+      throw DeviceError(e.call(), e.code(),
+                        detail::concat(e.message(), "; the model needs ",
+                                       memory::use(capacity, space_.sm_count(), o).total() >> 20,
+                                       " MiB in all at a batch of ", capacity,
+                                       " (fusedp::CudaMemory<Net, P>::use; CudaMemory::largest_batch finds the "
+                                       "largest batch that fits a budget)"));
     }
   }
 

@@ -181,6 +181,8 @@ class ParameterStore {
   [[nodiscard]] std::span<const T> optimizer_state() const noexcept { return state_.span(); }
   /// Name of the optimizer that owns the state (nullptr before the first step).
   [[nodiscard]] const char* optimizer_name() const noexcept { return state_owner_; }
+  /// Bytes of the copy of Net::weight_runs in this space's memory (decay_runs reads it).
+  [[nodiscard]] std::size_t weight_run_bytes() const noexcept { return weight_runs_.size() * sizeof(std::size_t); }
 
   /// Applies a decision on the current gradient: factor 0 skips the update (counted in skipped_steps),
   /// else the gradient is scaled by `factor` (when not 1) and the optimizer runs. Counts the step either

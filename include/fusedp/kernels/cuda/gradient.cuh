@@ -111,6 +111,9 @@ class GradientStatsBuffer {
     }
   }
   [[nodiscard]] bool allocated() const noexcept { return result_.size() != 0; }
+  /// Bytes held on the device and in pinned host memory.
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return partials_.size_bytes() + result_.size_bytes(); }
+  [[nodiscard]] std::size_t pinned_bytes() const noexcept { return host_.size_bytes(); }
 
   /// Queues the stats of g[0, n) on `stream` into result(); element i is counted as index base + i.
   /// n may be 0 (the result is then {0, all finite}).

@@ -47,6 +47,11 @@ class LossResult {
     if (arrivals_.size() == 0) arrivals_ = DeviceBuffer<unsigned>(1);  // zeroed (and synchronized) by DeviceBuffer
   }
   [[nodiscard]] bool allocated() const noexcept { return values_.size() > 0; }
+  /// Bytes held on the device and in pinned host memory.
+  [[nodiscard]] std::size_t device_bytes() const noexcept {
+    return values_.size_bytes() + status_.size_bytes() + arrivals_.size_bytes();
+  }
+  [[nodiscard]] std::size_t pinned_bytes() const noexcept { return value_host_.size_bytes() + status_host_.size_bytes(); }
   [[nodiscard]] LossOutput output() noexcept {
     return {values_.data(), values_.data() + 1, status_.data(), arrivals_.data()};
   }
