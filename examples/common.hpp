@@ -816,6 +816,28 @@ void fit(Trainer& trainer, Opt& opt, const Loss& loss, fd::DataLoader& train, fd
   fit_with(trainer, opt, loss, train, test, f, resumed, launch);
 }
 
+#if FUSEDP_HAS_CUDA
+/// One line on a GPU run's memory: what the model (with its optimizer's state) and the DeviceLoader hold
+/// at this batch, from their types (CudaMemory), and the largest batch that would fit in what they hold
+/// and what is free, less a tenth for the CUDA context and cudaMalloc's rounding.
+template <class Net, class P>
+void print_device_memory(const fp::Model<Net, fp::CudaSpace<P>>& m, const fd::DeviceLoader& loader, std::size_t batch,
+                         fp::CudaMemoryOptions o) {
+  using Memory = fp::CudaMemory<Net, P>;
+  o.device_loader = true;
+  o.targets = loader.dataset().target_size;
+  const int sm = m.space().sm_count();
+  const std::size_t need = Memory::use(batch, sm, o).total();
+  const fp::DeviceMemory device = m.space().memory();
+  const std::size_t held = m.memory_use().total() + loader.device_bytes();
+  const std::size_t largest = Memory::largest_batch((held + device.free) / 10 * 9, sm, o);
+  std::printf("GPU memory: %.0f MiB for batches of %zu (model, optimizer state, loader); %.0f of %.0f MiB free; "
+              "batches up to %zu would fit\n",
+              double(need) / (1 << 20), batch, double(device.free) / (1 << 20), double(device.total) / (1 << 20),
+              largest);
+}
+#endif
+
 /// fit's loop over a host DataLoader or a DeviceLoader.
 template <class Trainer, class Opt, class Loss, class TrainLoader>
 void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, fd::DataLoader& test,
@@ -887,6 +909,12 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
 
   ft::ProgressLine progress{stdout, train.dataset().regression() ? "samples" : "images"};
   if constexpr (requires { trainer.reserve(std::size_t(1)); }) trainer.reserve(std::size_t(f.batch));
+#if FUSEDP_HAS_CUDA
+  if constexpr (std::is_same_v<TrainLoader, fd::DeviceLoader>)
+    if (root)
+      print_device_memory(model_of(trainer), train, std::min<std::size_t>(f.batch, dataset_size),
+                          {.state_slots = Opt::state_slots, .guarded = requires { typename Opt::on_nonfinite; }});
+#endif
   if constexpr (requires { trainer.agree_steps(std::size_t(1)); }) {
     // The samplers pad every rank to the same count; a mismatch would leave a rank waiting forever.
     const std::size_t steps = train.batches();

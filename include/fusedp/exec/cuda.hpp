@@ -47,10 +47,15 @@ class DeviceBuffer {
                             where);
     }
     data_ = static_cast<T*>(p);
-    FUSEDP_CUDA_CHECK(cudaMemset(data_, 0, n * sizeof(T)));
-    // cudaMemset runs on the default stream, which does not order against the non-blocking streams
-    // of CudaSpace: wait for it, so no kernel ever sees the buffer before it is zero.
-    FUSEDP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    try {
+      FUSEDP_CUDA_CHECK(cudaMemset(data_, 0, n * sizeof(T)));
+      // cudaMemset runs on the default stream, which does not order against the non-blocking streams
+      // of CudaSpace: wait for it, so no kernel ever sees the buffer before it is zero.
+      FUSEDP_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    } catch (...) {
+      release();  // no destructor runs for an object whose constructor throws
+      throw;
+    }
   }
   DeviceBuffer(DeviceBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {

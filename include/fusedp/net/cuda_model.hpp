@@ -629,18 +629,19 @@ class Model<Net, CudaSpace<P>, T> {
         binding_.reserve(capacity, capacity * plan::mlp_gradient_elements);
       }
     } catch (const DeviceError& e) {
-      if (e.code() != int(cudaErrorMemoryAllocation)) throw;
-      // Out of memory: say what the model needs in all at this batch and how to find one that fits.
-      const CudaMemoryOptions o{.state_slots = Net::param_storage == 0 ? 0 : store_.optimizer_state().size() / Net::param_storage,
-                                .training = halves,
-                                .branches = halves,
-                                .guarded = stats_.allocated()};
+      // The device is out of memory (not the pinned host memory of cudaMallocHost, nor a stream or an
+      // event): say what the model needs in all at this batch and how to find one that fits.
+      if (e.code() != int(cudaErrorMemoryAllocation) || !e.call().starts_with("cudaMalloc(")) throw;
+      const std::size_t slots = Net::param_storage == 0 ? 0 : store_.optimizer_state().size() / Net::param_storage;
+      const CudaMemoryOptions o{.state_slots = slots, .training = halves, .branches = halves, .guarded = stats_.allocated()};
       throw DeviceError(e.call(), e.code(),
                         detail::concat(e.message(), "; the model needs ",
                                        memory::use(capacity, space_.sm_count(), o).total() >> 20,
                                        " MiB in all at a batch of ", capacity,
+                                       slots == 0 ? " before its optimizer's state" : "",
                                        " (fusedp::CudaMemory<Net, P>::use; CudaMemory::largest_batch finds the "
-                                       "largest batch that fits a budget)"));
+                                       "largest batch that fits a budget)"),
+                        e.rank());
     }
   }
 
