@@ -25,6 +25,9 @@
 // Model::memory_use() reports the same parts from the buffers it holds; tests/gpu/memory.cu holds the
 // two to each other on a device.
 //
+// Under Parallel<Net, Cuda> each replica is such a model; what the reducer holds beside them (its bucket
+// and communication buffers, NCCL's own) is not counted here.
+//
 // Not counted: the CUDA context (hundreds of MiB, already gone from CudaSpace::memory().free once the
 // space exists), the space's 64 KiB of split-K arrival counters (likewise), the recorded step graphs,
 // and what cudaMalloc rounds each allocation up to (a large allocation takes whole 2 MiB pages). Leave a
