@@ -77,7 +77,8 @@ TEST_CASE("CudaMemory: each part follows the batch and the options as the header
   CHECK(base.loader == 0);
   // Activations, saved values, both gradient buffers and the MLP's dz of 64 samples, and the scratch.
   const std::size_t per_sample =
-      LeNet::workspace_elements_per_sample + fp::CudaPlan<LeNet, fp::precision::Tf32>::mlp_gradient_elements;
+      fp::CudaWorkspace<LeNet, fp::precision::Tf32>::workspace_elements_per_sample +
+      fp::CudaPlan<LeNet, fp::precision::Tf32>::mlp_gradient_elements;
   CHECK(base.workspace == (64 * per_sample + LeNetMemory::scratch_stride(sm, 64)) * f);
   CHECK(base.total() == base.parameters + base.gradients + base.workspace + base.staging);
 

@@ -111,10 +111,11 @@ StoredCheck check_stored(bool training) {
   using Space = fp::CudaSpace<P>;
   using Groups = fp::CudaGroups<Net, P>;
   using plan = typename Groups::plan;
+  using Layout = fp::CudaWorkspace<Net, P>;  // where the Cuda model's regions lie
   constexpr std::size_t n = 5;
   const Space space = gpu_test::make_space<Space>();
   fp::ParameterStore<Net, Space, float> store(space, 7);
-  fp::StageBinding<Net, Space, float> binding;
+  typename Groups::binding_type binding;
   binding.reserve(n, n * plan::mlp_gradient_elements);
   fp::DeviceBuffer<float> scratch(std::max<std::size_t>(Groups::scratch_elements(space.sm_count(), n), 1));
   const std::vector<float> x0 = random_values(n * Net::input_shape::size, 23);
@@ -131,18 +132,29 @@ StoredCheck check_stored(bool training) {
       (
           [&] {
             using S = typename Net::template stage<I>;
-            if constexpr (!Net::stage_plan[I].aliases_input) {
+            if constexpr (!Layout::stage_plan[I].aliases_input) {
               if (!training && fp::detail::folds_next<Net, I>()) return;  // stage I + 1's output, checked there
               if constexpr (holds_argmax<plan, I>()) return;
-              const std::size_t at = Net::stage_plan[I].out_offset * n, values = n * S::out::size;
+              const std::size_t at = Layout::stage_plan[I].out_offset * n, values = n * S::out::size;
               if constexpr (narrow_stage<plan, I>()) {
                 ++c.outputs;
                 ++c.outputs_16bit;
                 const std::vector<float> v = narrow_values(ws, at, values);
                 const bool nan = std::any_of(v.begin(), v.end(), [](float e) { return std::isnan(e); });
-                // Floats [at + values / 2 + 1, at + values) hold no 16-bit element: still poison.
+                // The region is half the floats (CudaWorkspace), what its alignment adds beyond the
+                // 16-bit elements still poison.
+                constexpr std::size_t region = fp::align_elements((S::out::size + 1) / 2);
+                static_assert([] {
+                  constexpr std::size_t start = Layout::stage_plan[I].out_offset;
+                  std::size_t end = Layout::activation_elements;
+                  for (const auto& p : Layout::stage_plan) {
+                    if (!p.aliases_input && p.out_offset > start) end = std::min(end, p.out_offset);
+                    if (p.saves_z && p.z_offset > start) end = std::min(end, p.z_offset);
+                  }
+                  return end - start == region;
+                }(), "the Cuda layout gives a 16-bit output half its floats");
                 bool untouched = true;
-                for (std::size_t i = at + values / 2 + 1; i < at + values; ++i) {
+                for (std::size_t i = at + (values + 1) / 2; i < at + region * n; ++i) {
                   std::uint32_t bits = 0;
                   std::memcpy(&bits, &ws[i], sizeof bits);
                   untouched = untouched && bits == 0xffffffffu;
@@ -155,13 +167,13 @@ StoredCheck check_stored(bool training) {
                 c.outputs_fp32 += count_non_bf16(ws, at, values) == 0 ? 0 : 1;
               }
               // (A residual block's region holds its body's stored outputs, bf16 values: not checked here.)
-              if constexpr (Net::stage_plan[I].saves_z && !ResidualAt<typename S::layer, typename S::in>) {
+              if constexpr (Layout::stage_plan[I].saves_z && !ResidualAt<typename S::layer, typename S::in>) {
                 if (training) {
                   // The region runs to the next one the plan places (per sample).
-                  constexpr std::size_t z = Net::stage_plan[I].z_offset;
+                  constexpr std::size_t z = Layout::stage_plan[I].z_offset;
                   constexpr std::size_t z_end = [] {
-                    std::size_t end = Net::activation_elements;
-                    for (const auto& p : Net::stage_plan) {
+                    std::size_t end = Layout::activation_elements;
+                    for (const auto& p : Layout::stage_plan) {
                       if (!p.aliases_input && p.out_offset > z) end = std::min(end, p.out_offset);
                       if (p.saves_z && p.z_offset > z) end = std::min(end, p.z_offset);
                     }
@@ -227,7 +239,7 @@ StoredCheck check_stored(bool training) {
                       c.dz_16bit_wrong += nonzero > 0 && nonzero <= values / (k * k) ? 0 : 1;
                     } else {
                       // The output of the stage below, as it is stored (in 16 bits where the plan narrows it).
-                      constexpr std::size_t below_at = Net::stage_plan[BelowGroup::first].out_offset;
+                      constexpr std::size_t below_at = Layout::stage_plan[BelowGroup::first].out_offset;
                       const std::vector<float> ws = workspace();
                       const std::vector<float> y =
                           narrow_stage<plan, BelowGroup::first>()

@@ -263,3 +263,85 @@ TEST_CASE("which group outputs a Bf16 Cuda plan stores in 16 bits") {
   CHECK(output_elements<Dropping>() == narrowed("bfffbf"));
   CHECK(input_elements<Dropping>() == narrowed("fbbffb"));
 }
+
+namespace {
+
+// Whether Layout places every stage's output (and saved values) of Net in disjoint regions, in Net's
+// order, each at least `need(i)` floats per sample (saved values: Net's size), within activation_elements.
+template <class Net, class Layout, class Need>
+constexpr bool places_disjoint(Need need) {
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < Net::stage_count; ++i) {
+    const fp::StagePlan& p = Layout::stage_plan[i];
+    const fp::StagePlan& q = Net::stage_plan[i];
+    if (p.aliases_input != q.aliases_input || p.saves_z != q.saves_z || p.weight != q.weight || p.bias != q.bias ||
+        p.state != q.state || p.has_state != q.has_state)
+      return false;
+    if (!p.aliases_input) {
+      if (p.out_offset < at || p.out_offset % fp::align_elements_count != 0) return false;
+      at = p.out_offset + need(i);
+    }
+    if (p.saves_z) {
+      if (p.z_offset < at) return false;
+      std::size_t end = Net::activation_elements;  // Net's saved region runs to the next region Net places
+      for (const fp::StagePlan& r : Net::stage_plan) {
+        if (!r.aliases_input && r.out_offset > q.z_offset) end = std::min(end, r.out_offset);
+        if (r.saves_z && r.z_offset > q.z_offset) end = std::min(end, r.z_offset);
+      }
+      at = p.z_offset + (end - q.z_offset);
+    }
+  }
+  return at <= Layout::activation_elements &&
+         Layout::workspace_elements_per_sample ==
+             Layout::activation_elements + 2 * Net::gradient_elements + Net::backward_elements;
+}
+
+template <class Net, class P>
+using Workspace = fp::CudaWorkspace<Net, P>;
+
+}  // namespace
+
+TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-pool and halves 16-bit outputs") {
+  using LeNet = seed_networks::LeNet;
+  using fp::precision::Bf16;
+  using fp::precision::Tf32;
+  // LeNet per sample: conv1's 6 x 24 x 24 outputs become the 6 x 12 x 12 argmax bytes (216 floats, 224
+  // aligned), conv2's 16 x 10 x 10 the 16 x 5 x 5 bytes (100, 112 aligned); the rest as Net places them
+  // (864 + 400 + 128 + 64 + 16).
+  CHECK(LeNet::activation_elements == 6528);
+  CHECK(Workspace<LeNet, Tf32>::activation_elements == 224 + 864 + 112 + 400 + 128 + 64 + 16);
+  CHECK(Workspace<LeNet, Tf32>::workspace_elements_per_sample == 1808 + 2 * 3456);
+  // Under Bf16 pool1, pool2, fc1 and fc2 are narrowed (no fused MLP): half the floats, aligned.
+  CHECK(Workspace<LeNet, Bf16>::activation_elements ==
+        (fp::cuda_narrow_outputs ? 224 + 432 + 112 + 208 + 64 + 32 + 16 : 1808));
+  // The CIFAR-10 CNN: 65,536 and 32,768 conv floats become 4,096 and 2,048; under Bf16 pool1, pool2
+  // and fc1 halve too.
+  CHECK(Workspace<CifarCnn, Tf32>::activation_elements == 4096 + 16384 + 2048 + 8192 + 1024 + 16);
+  CHECK(Workspace<CifarCnn, Bf16>::activation_elements ==
+        (fp::cuda_narrow_outputs ? 4096 + 8192 + 2048 + 4096 + 512 + 16 : 31760));
+  CHECK(CifarCnn::workspace_elements_per_sample - Workspace<CifarCnn, Tf32>::workspace_elements_per_sample == 92160);
+
+  // Every region disjoint and large enough: what each stage's output needs on Cuda.
+  const auto need_of = []<class Net, class P>() {
+    return [](std::size_t i) {
+      using plan = fp::CudaPlan<Net, P>;
+      const std::size_t size = [&]<std::size_t... I>(std::index_sequence<I...>) {
+        std::size_t s = 0;
+        ((s = I == i ? Net::template stage<I>::out::size : s), ...);
+        return s;
+      }(std::make_index_sequence<Net::stage_count>{});
+      for (std::size_t g = 0; g < plan::group_count; ++g) {
+        if (plan::summary[g].kind == fp::CudaGroupKind::conv_maxpool && plan::summary[g].first == i)
+          return size / 16;  // K = 2 in these networks: a byte a window of four
+      }
+      return size;  // an upper bound for a 16-bit output
+    };
+  };
+  static_assert(places_disjoint<LeNet, Workspace<LeNet, Tf32>>(need_of.operator()<LeNet, Tf32>()));
+  static_assert(places_disjoint<LeNet, Workspace<LeNet, Bf16>>([](std::size_t) { return std::size_t(0); }));
+  static_assert(places_disjoint<CifarCnn, Workspace<CifarCnn, Tf32>>(need_of.operator()<CifarCnn, Tf32>()));
+  static_assert(places_disjoint<ResNet, Workspace<ResNet, Bf16>>(need_of.operator()<ResNet, Bf16>()));
+  // ResNet-18 has no conv + max-pool group and (for now) no 16-bit output: Net's own layout.
+  CHECK(Workspace<ResNet, Tf32>::activation_elements == ResNet::activation_elements);
+  CHECK(Workspace<ResNet, Bf16>::workspace_elements_per_sample == ResNet::workspace_elements_per_sample);
+}

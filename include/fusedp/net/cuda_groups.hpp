@@ -59,12 +59,14 @@ struct CudaGroups {
   using T = float;
   using space_type = CudaSpace<P>;
   using plan = CudaPlan<Net, P>;
+  /// The workspace binding of a Cuda model: Net's stages over the Cuda layout (CudaWorkspace).
+  using binding_type = StageBinding<Net, space_type, T, CudaWorkspace<Net, P>>;
   template <class Gr>
   using mlp_spec = typename detail::mlp_spec_of<Net, Gr::first, std::make_index_sequence<Gr::last - Gr::first + 1>>::type;
 
   const space_type& space;
   ParameterStore<Net, space_type, T>& store;
-  StageBinding<Net, space_type, T>& binding;
+  binding_type& binding;
   T* scratch;
   /// When active, at the flat buffers' start: the groups plan::updates_in_gemm names apply the
   /// optimizer to their layers' weights and biases in their weight-gradient GEMMs (backward of a
@@ -124,7 +126,7 @@ struct CudaGroups {
   // Per-layer dz of a fused MLP group, after everything the Host plan places.
   T* mlp_gradients() { return binding.tail(); }
   // The argmax bytes of a fused conv + max-pool live in the conv's own output region, which the fused
-  // kernel does not otherwise write (Out*OH*OW floats per sample hold Out*(OH/K)*(OW/K) bytes).
+  // kernel does not otherwise write: CudaWorkspace sizes it for Out*(OH/K)*(OW/K) bytes a sample.
   template <std::size_t I>
   std::uint8_t* argmax_of(const T* x, std::size_t batch) {
     return reinterpret_cast<std::uint8_t*>(binding.template output_of<I>(x, batch));
@@ -167,7 +169,7 @@ struct CudaGroups {
   }
   template <std::size_t I>
   static constexpr bool backward_below = []<std::size_t... J>(std::index_sequence<J...>) {
-    return (false || ... || StageBinding<Net, space_type, T>::template runs_backward<J>);
+    return (false || ... || binding_type::template runs_backward<J>);
   }(std::make_index_sequence<I>{});
   // Whether group G may fork: a Conv2d or Linear through its layer's backward_to (alone, with its
   // max-pooling, or the first Linear of an MLP group run layer by layer) with a stage below it that runs
@@ -321,7 +323,7 @@ struct CudaGroups {
         [&] {
           binding.template backward_stage_between<I>(space, store, x, batch, cur.dy(), cur.dx(), cur, cur.scratch(),
                                                      layer_update<I>());
-          if constexpr (StageBinding<Net, space_type, T>::template runs_backward<I>) cur.step_done();
+          if constexpr (binding_type::template runs_backward<I>) cur.step_done();
         }(),
         ...);
   }

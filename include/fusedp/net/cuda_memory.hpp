@@ -8,8 +8,9 @@
 //   parameters, gradients   the flat buffers, Net::param_storage floats each
 //   optimizer_state         state_slots x param_storage floats (allocated by the first step)
 //   state                   the state buffer (BatchNorm's statistics), Net::state_storage floats
-//   workspace               B x Net::workspace_elements_per_sample floats (every stage's output, saved
-//                           values and the gradient buffers backward alternates between), the fused MLP
+//   workspace               B x CudaWorkspace<Net, P>::workspace_elements_per_sample floats (every stage's
+//                           output, saved values and the gradient buffers backward alternates between;
+//                           net/cuda_plan.hpp says where they lie), the fused MLP
 //                           groups' dz (B x CudaPlan::mlp_gradient_elements), the split GEMMs' scratch
 //                           (the most any stage asks for at any batch up to B on this SM count, rounded
 //                           to 256 bytes; twice that with backward branches) and, with branches, a third
@@ -125,7 +126,7 @@ struct CudaMemory {
     m.gradients = Net::param_storage * f;
     m.optimizer_state = o.state_slots * Net::param_storage * f;
     m.state = Net::state_storage * f;
-    m.workspace = (batch * (Net::workspace_elements_per_sample + plan::mlp_gradient_elements) +
+    m.workspace = (batch * (CudaWorkspace<Net, P>::workspace_elements_per_sample + plan::mlp_gradient_elements) +
                    (branch ? 2 : 1) * stride + (branch ? batch * Net::gradient_elements : 0)) *
                   f;
     if (branch && batch > 0) m.workspace += side_stream_bytes;

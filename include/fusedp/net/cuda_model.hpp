@@ -453,7 +453,7 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] const std::string& graph_failure() const noexcept { return graphs_.failure(); }
 
  private:
-  using binding_type = StageBinding<Net, space_type, T>;
+  using binding_type = typename CudaGroups<Net, P>::binding_type;
   static constexpr std::size_t last = Net::stage_count - 1;
   using memory = CudaMemory<Net, P>;
   static constexpr std::size_t op_slot_bytes = memory::step_slot_bytes;

@@ -29,8 +29,8 @@
 // translation unit of a program.
 //
 // 16-bit stage outputs (issue 17): under precision::Bf16 a group's output is a bf16 value; where every
-// reader of it can read 16 bits, it is stored so (kernels::BFloat16), in half the bytes of its fp32
-// region. That is a group that receives its dz through a sink (so its own backward never reads its
+// reader of it can read 16 bits, it is stored so (kernels::BFloat16), in a region of half the bytes
+// (CudaWorkspace). That is a group that receives its dz through a sink (so its own backward never reads its
 // output: the derivative is taken in the sink, which reads the element) and whose reader, the group
 // above past any Flatten, is a Conv2d or Linear stage or a conv + max-pool (GEMM operands, which widen
 // as they load) that folds no BatchNorm in evaluation. In the CIFAR-10 CNN: both pooled outputs and
@@ -38,6 +38,12 @@
 // keeps every output in fp32 elements (the same values), for measuring what it gives
 // (benchmarks/gpu: train_step_gpu_wide); like FUSEDP_CUDA_FUSED_GRADIENTS, the same in every
 // translation unit of a program.
+//
+// The workspace (CudaWorkspace, StageBinding's layout on Cuda): Sequential's per-sample layout, shared
+// with the Host model, less what the groups above never write: the conv's output region of a conv +
+// max-pool holds only the argmax bytes, and a 16-bit output takes half its fp32 region. In the CIFAR-10
+// CNN that is 92,160 of 254,992 floats a sample in TF32 (36%), 104,960 in BF16; in LeNet 4,720 of
+// 13,440 (35%) and 5,440. The gradient buffers keep their fp32 size.
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/bf16.hpp"
@@ -429,6 +435,69 @@ struct CudaPlan {
             ...);
   }(std::make_index_sequence<Net::stage_count>{}),
                 "CudaPlan: a layer updated in its GEMMs must hold one Conv2d or Linear weight and at most a bias");
+};
+
+/// The per-sample workspace of a Cuda model of Net under P (StageBinding's Layout): Sequential's own
+/// layout, its regions in the same order, two kinds of them smaller (the header's comment):
+///   - the conv's output region of a conv + max-pool group holds only the one-byte argmax of each
+///     window, since the fused kernel writes the pooled values to the pooling's region and nothing to
+///     the conv's: a quarter of the pooled values' floats, where Sequential keeps the conv's whole output
+///     (K^2 x 4 times as many bytes);
+///   - a group's output stored in 16 bits (CudaPlan::narrow_output): half its floats.
+/// Everything else (the gradient buffers, saved values, backward's work memory) keeps Net's sizes.
+/// @tparam Net a Sequential<...>
+/// @tparam P precision::Tf32, Fp32 or Bf16
+template <class Net, class P>
+struct CudaWorkspace {
+ private:
+  using plan = CudaPlan<Net, P>;
+  static constexpr auto layout_ = [] {
+    using facts = detail::plan_facts<Net, typename plan::groups>;
+    constexpr std::size_t n = Net::stage_count;
+    constexpr std::array<std::size_t, n> out_size = []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<std::size_t, n>{Net::template stage<I>::out::size...};
+    }(std::make_index_sequence<n>{});
+    // Floats per sample that stage I's output region needs here, where it differs from Net's (else 0).
+    std::array<std::size_t, n> smaller{};
+    for (std::size_t g = 0; g < plan::group_count; ++g) {
+      const CudaGroupInfo& info = plan::summary[g];
+      if (info.kind == CudaGroupKind::conv_maxpool) smaller[info.first] = (out_size[info.first + 1] + 3) / 4;
+      if (std::is_same_v<P, precision::Bf16> && facts::narrow[g]) smaller[info.last] = (out_size[info.last] + 1) / 2;
+    }
+    // Net places each stage's output, then its saved values, one after the other: a region runs to the
+    // start of the next one.
+    const auto region_end = [](std::size_t start) {
+      std::size_t end = Net::activation_elements;
+      for (const StagePlan& p : Net::stage_plan) {
+        if (!p.aliases_input && p.out_offset > start) end = std::min(end, p.out_offset);
+        if (p.saves_z && p.z_offset > start) end = std::min(end, p.z_offset);
+      }
+      return end;
+    };
+    std::array<StagePlan, n> r = Net::stage_plan;
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const StagePlan& p = Net::stage_plan[i];
+      if (!p.aliases_input) {
+        r[i].out_offset = offset;
+        offset += smaller[i] != 0 ? align_elements(smaller[i]) : region_end(p.out_offset) - p.out_offset;
+      }
+      if (p.saves_z) {
+        r[i].z_offset = offset;
+        offset += region_end(p.z_offset) - p.z_offset;
+      }
+    }
+    return std::pair{r, offset};
+  }();
+
+ public:
+  /// Where each stage's output and saved values lie, per sample (Sequential::stage_plan's fields).
+  static constexpr std::array<StagePlan, Net::stage_count> stage_plan = layout_.first;
+  static constexpr std::size_t activation_elements = layout_.second;
+  static constexpr std::size_t gradient_elements = Net::gradient_elements;
+  static constexpr std::size_t backward_elements = Net::backward_elements;
+  static constexpr std::size_t workspace_elements_per_sample =
+      activation_elements + 2 * gradient_elements + backward_elements;
 };
 
 }  // namespace fusedp

@@ -22,20 +22,21 @@ namespace detail {
 template <class S>
 using stage_executor = std::conditional_t<S::kind == LayerKind::pointwise, PointwiseStage, typename S::layer>;
 
-// Where stage I of Net reads and writes, in a workspace `ws` laid out per sample by Net::stage_plan
-// for `batch` samples, `x` the network's input. Shared by a model's binding and a block's inner
-// networks (net/residual.hpp).
-template <Network Net, std::size_t I, class T>
+// Where stage I of Net reads and writes, in a workspace `ws` laid out per sample by Layout::stage_plan
+// (Net's own, Sequential::stage_plan, unless a space lays it out otherwise: net/cuda_plan.hpp,
+// CudaWorkspace) for `batch` samples, `x` the network's input. Shared by a model's binding and a
+// block's inner networks (net/residual.hpp).
+template <Network Net, std::size_t I, class Layout = Net, class T>
 const T* stage_input(T* ws, const T* x, std::size_t batch);
-template <Network Net, std::size_t I, class T>
+template <Network Net, std::size_t I, class Layout = Net, class T>
 T* stage_output(T* ws, const T* x, std::size_t batch) {
-  if constexpr (Net::stage_plan[I].aliases_input) return const_cast<T*>(stage_input<Net, I>(ws, x, batch));
-  else return ws + Net::stage_plan[I].out_offset * batch;
+  if constexpr (Layout::stage_plan[I].aliases_input) return const_cast<T*>(stage_input<Net, I, Layout>(ws, x, batch));
+  else return ws + Layout::stage_plan[I].out_offset * batch;
 }
-template <Network Net, std::size_t I, class T>
+template <Network Net, std::size_t I, class Layout, class T>
 const T* stage_input(T* ws, const T* x, std::size_t batch) {
   if constexpr (I == 0) return x;
-  else return stage_output<Net, I - 1>(ws, x, batch);
+  else return stage_output<Net, I - 1, Layout>(ws, x, batch);
 }
 
 /// The buffers one replica's stages work on: parameters, gradients and state (each the base of a
@@ -51,17 +52,17 @@ struct StageMemory {
 
 /// Stage I's arguments (dy and dx left null; y and dx stored in bf16 where the space stores activations
 /// so, activation_storage.hpp).
-template <Network Net, std::size_t I, class Space, class T>
+template <Network Net, std::size_t I, class Layout = Net, class Space, class T>
 StageArgs<Space, T> stage_args(const Space& space, const StageMemory<T>& m, const T* x, std::size_t batch,
                                bool training, T* scratch, std::uint64_t seed, std::uint64_t step,
                                std::size_t index, ReplicaSum sync = {}, std::size_t first_sample = 0) {
-  constexpr StagePlan p = Net::stage_plan[I];
+  constexpr StagePlan p = Layout::stage_plan[I];
   using S = typename Net::template stage<I>;
   const bool bf16 = stores_bf16_activations<T>(space);
   return StageArgs<Space, T>{space,
                              batch,
-                             stage_input<Net, I>(m.workspace, x, batch),
-                             stage_output<Net, I>(m.workspace, x, batch),
+                             stage_input<Net, I, Layout>(m.workspace, x, batch),
+                             stage_output<Net, I, Layout>(m.workspace, x, batch),
                              p.saves_z ? m.workspace + p.z_offset * batch : nullptr,
                              S::has_params ? m.params + p.weight : nullptr,
                              S::has_params ? m.params + p.bias : nullptr,
@@ -163,7 +164,10 @@ void forward_folding(const ArgsOf& args_of, bool training) {
 /// @tparam Net a Sequential<...>
 /// @tparam Space the execution space whose memory holds the workspace
 /// @tparam T the scalar type
-template <Network Net, class Space, class T>
+/// @tparam Layout where the regions lie per sample: a type with Sequential's stage_plan,
+///         activation_elements, gradient_elements and workspace_elements_per_sample (Net's own, or
+///         CudaWorkspace<Net, P> on Cuda)
+template <Network Net, class Space, class T, class Layout = Net>
 class StageBinding {
  public:
   template <class U>
@@ -184,7 +188,7 @@ class StageBinding {
   /// the threads' scratch; Cuda: the fused MLP's gradients). Returns false when it already had room.
   bool reserve(std::size_t batch, std::size_t tail_elements) {
     if (batch <= capacity_) return false;
-    workspace_ = buffer<T>(batch * Net::workspace_elements_per_sample + tail_elements);
+    workspace_ = buffer<T>(batch * Layout::workspace_elements_per_sample + tail_elements);
     capacity_ = batch;
     return true;
   }
@@ -193,11 +197,11 @@ class StageBinding {
   [[nodiscard]] std::size_t allocated() const noexcept { return workspace_.size(); }
   [[nodiscard]] T* data() noexcept { return workspace_.data(); }
   /// What follows the per-sample regions of `capacity()` samples.
-  [[nodiscard]] T* tail() noexcept { return workspace_.data() + capacity_ * Net::workspace_elements_per_sample; }
+  [[nodiscard]] T* tail() noexcept { return workspace_.data() + capacity_ * Layout::workspace_elements_per_sample; }
 
   /// One of the two gradient buffers backward alternates between, (batch, widest activation).
   T* gradient_buffer(int which, std::size_t batch) {
-    return workspace_.data() + batch * (Net::activation_elements + std::size_t(which) * Net::gradient_elements);
+    return workspace_.data() + batch * (Layout::activation_elements + std::size_t(which) * Layout::gradient_elements);
   }
 
   /// For the training passes until the returned guard ends: the sum over the replicas that SyncBatchNorm
@@ -225,11 +229,11 @@ class StageBinding {
 
   template <std::size_t I>
   T* output_of(const T* x, std::size_t batch) {
-    return detail::stage_output<Net, I>(workspace_.data(), x, batch);
+    return detail::stage_output<Net, I, Layout>(workspace_.data(), x, batch);
   }
   template <std::size_t I>
   const T* input_of(const T* x, std::size_t batch) {
-    return detail::stage_input<Net, I>(workspace_.data(), x, batch);
+    return detail::stage_input<Net, I, Layout>(workspace_.data(), x, batch);
   }
 
   /// Stage I's arguments for a batch `x` of `batch` samples. `scratch`: the stage's scratch memory. The
@@ -239,8 +243,8 @@ class StageBinding {
                               T* scratch) {
     const detail::StageMemory<T> m{workspace_.data(), store.params().data(), store.grads().data(),
                                    store.buffers().data(),
-                                   workspace_.data() + batch * (Net::activation_elements + 2 * Net::gradient_elements)};
-    StageArgs<Space, T> a = detail::stage_args<Net, I>(space, m, x, batch, training, scratch, store.seed(),
+                                   workspace_.data() + batch * (Layout::activation_elements + 2 * Layout::gradient_elements)};
+    StageArgs<Space, T> a = detail::stage_args<Net, I, Layout>(space, m, x, batch, training, scratch, store.seed(),
                                                        store.steps(), Net::template stage<I>::first, sync_, first_sample_);
     if constexpr (detail::is_network_output<Net, I>()) a.bf16_y = false;
     return a;
