@@ -344,11 +344,7 @@ class Model<Net, CudaSpace<P>, T> {
   /// What this model holds on its device (and in pinned host memory), in bytes by part: CudaMemory<Net,
   /// P>::use predicts it from the type, the batch and the SM count (net/cuda_memory.hpp).
   [[nodiscard]] MemoryUse memory_use() const noexcept {
-    MemoryUse m;
-    m.parameters = store_.params().size_bytes();
-    m.gradients = store_.grads().size_bytes();
-    m.optimizer_state = store_.optimizer_state().size_bytes();
-    m.state = store_.buffers().size_bytes();
+    MemoryUse m = detail::store_memory(store_);
     m.workspace = binding_.allocated() * sizeof(T) + scratch_.size_bytes() + branch_gradients_.size_bytes() +
                   side_.device_bytes();
     m.staging = staging_.device_bytes() + loss_.device_bytes() + stats_.device_bytes() + op_slot_.size_bytes() +

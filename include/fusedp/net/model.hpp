@@ -34,6 +34,20 @@ struct Evaluation {
   std::span<const T> outputs;  // (batch, output_size)
 };
 
+namespace detail {
+/// The parts of MemoryUse a model's parameter store holds (parameters, gradients, optimizer state, the
+/// state buffer), in bytes; each model adds its own workspace.
+template <class Store>
+MemoryUse store_memory(const Store& store) noexcept {
+  MemoryUse m;
+  m.parameters = store.params().size_bytes();
+  m.gradients = store.grads().size_bytes();
+  m.optimizer_state = store.optimizer_state().size_bytes();
+  m.state = store.buffers().size_bytes();
+  return m;
+}
+}  // namespace detail
+
 /// A network with its parameters, gradients, optimizer state and workspace on one space.
 /// @tparam Net a Sequential<...>
 /// @tparam Space the execution space (Host; Cuda where compiled with nvcc)
@@ -176,11 +190,7 @@ class Model {
 
   /// What this model has allocated, in bytes (net/cost.hpp predicts it from the type: CostModel::host_memory).
   [[nodiscard]] MemoryUse memory_use() const noexcept {
-    MemoryUse m;
-    m.parameters = store_.params().size_bytes();
-    m.gradients = store_.grads().size_bytes();
-    m.optimizer_state = store_.optimizer_state().size_bytes();
-    m.state = store_.buffers().size_bytes();
+    MemoryUse m = detail::store_memory(store_);
     m.workspace = binding_.allocated() * sizeof(T);
     return m;
   }
