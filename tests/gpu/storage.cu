@@ -65,6 +65,8 @@ struct StoredCheck {
   int dz_16bit_wrong = 0;                 // of those, with zeros where the mask does not put them
   int outputs_16bit = 0;                  // stage outputs stored in 16 bits (narrow_output)
   int outputs_16bit_wrong = 0;            // of those, with a NaN or with the region's second half written
+  int argmax_regions = 0;                 // the conv regions of fused conv + max-poolings (argmax bytes)
+  int argmax_wrong = 0;                   // of those, with a byte outside the window or past the bytes written
   bool logits_bf16 = true;
   bool input_unchanged = true;
 };
@@ -134,7 +136,21 @@ StoredCheck check_stored(bool training) {
             using S = typename Net::template stage<I>;
             if constexpr (!Layout::stage_plan[I].aliases_input) {
               if (!training && fp::detail::folds_next<Net, I>()) return;  // stage I + 1's output, checked there
-              if constexpr (holds_argmax<plan, I>()) return;
+              if constexpr (holds_argmax<plan, I>()) {
+                // One byte a window, its winner's place in it; after n x pooled bytes the region (sized
+                // for them alone by CudaWorkspace) still holds the poison.
+                using Pool = typename Net::template stage<I + 1>;
+                constexpr std::size_t pooled = Pool::out::size;
+                constexpr std::size_t k = fp::detail::max_pool_window_of<typename Pool::layer>;
+                constexpr std::size_t region = fp::align_elements((pooled + 3) / 4);
+                const auto* bytes = reinterpret_cast<const unsigned char*>(ws.data() + Layout::stage_plan[I].out_offset * n);
+                std::size_t wrong = 0;
+                for (std::size_t i = 0; i < n * pooled; ++i) wrong += bytes[i] < k * k ? 0 : 1;
+                for (std::size_t i = n * pooled; i < region * n * sizeof(float); ++i) wrong += bytes[i] == 0xff ? 0 : 1;
+                ++c.argmax_regions;
+                c.argmax_wrong += wrong == 0 ? 0 : 1;
+                return;
+              }
               const std::size_t at = Layout::stage_plan[I].out_offset * n, values = n * S::out::size;
               if constexpr (narrow_stage<plan, I>()) {
                 ++c.outputs;
@@ -276,6 +292,7 @@ struct Expect {
   bool gradients = true;
   bool dz_16bit = false;  // a sink stores a dz in 16 bits (into a ReLU conv, conv + pool or Linear)
   int narrow = 0;         // stage outputs stored in 16 bits under Bf16 (CudaPlan::narrow_output)
+  int argmax = 0;         // fused conv + max-poolings (their conv regions hold argmax bytes)
   bool saves = false;
   bool fp32_logits = true;
 };
@@ -302,6 +319,9 @@ void check_storage(const char* name, Expect expect) {
     // The regions the NaN and poison checks ran on: the plan's narrowed outputs.
     CHECK(bf.outputs_16bit == (fp::cuda_narrow_outputs ? expect.narrow : 0));
     CHECK(bf.outputs_16bit_wrong == 0);
+    CHECK(bf.argmax_regions == expect.argmax);
+    CHECK(bf.argmax_wrong == 0);
+    CHECK(f.argmax_wrong == 0);
     CHECK((bf.gradients_16bit > 0) == (training && expect.dz_16bit));
     CHECK(bf.outputs > 0);
     CHECK((bf.saved > 0) == (training && expect.saves));
@@ -315,11 +335,11 @@ TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as 
   FUSEDP_GPU_REQUIRE_DEVICE();
   // Narrowed: in Net the pooled values, the Tanh conv's output and the ReLU Linear's; in BlockNet the GELU
   // Linear's; in PooledOutputNet the first conv's.
-  check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true, .narrow = 3});
+  check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true, .narrow = 3, .argmax = 1});
   check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.narrow = 1, .saves = true});
   check_storage<BlockOutputNet>("a residual block's output as the logits", {});
   check_storage<SeparateAddNet>("an identity block with an add of its own", {});
   check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});
   check_storage<PooledOutputNet>("a fused conv + max-pooling as the logits",
-                                 {.dz_16bit = true, .narrow = 1, .fp32_logits = false});
+                                 {.dz_16bit = true, .narrow = 1, .argmax = 1, .fp32_logits = false});
 }
