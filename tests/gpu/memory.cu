@@ -89,7 +89,7 @@ TEST_CASE("CudaMemory: each part follows the batch and the options as the header
   static_assert(fp::CudaGroups<LeNet, fp::precision::Tf32>::branches);
   const fp::MemoryUse branched = LeNetMemory::use(64, sm, {.state_slots = 0});
   CHECK(branched.workspace - base.workspace ==
-        (LeNetMemory::scratch_stride(sm, 64) + 64 * LeNet::gradient_elements) * f + 65536);
+        (LeNetMemory::scratch_stride(sm, 64) + 64 * fp::CudaWorkspace<LeNet, fp::precision::Tf32>::gradient_elements) * f + 65536);
   CHECK(LeNetMemory::use(64, sm, {.state_slots = 0, .training = false}).workspace == base.workspace);
   // A guarded optimizer's statistics: device partials and result, one pinned result.
   const fp::MemoryUse guarded = LeNetMemory::use(64, sm, {.state_slots = 0, .branches = false, .guarded = true});

@@ -293,7 +293,7 @@ constexpr bool places_disjoint(Need need) {
   }
   return at <= Layout::activation_elements &&
          Layout::workspace_elements_per_sample ==
-             Layout::activation_elements + 2 * Net::gradient_elements + Net::backward_elements;
+             Layout::activation_elements + 2 * Layout::gradient_elements + Net::backward_elements;
 }
 
 template <class Net, class P>
@@ -330,6 +330,7 @@ using OddPool = fp::Sequential<fp::Input<2, 13, 14>, fp::Conv2d<5, 3, 1, 1>, fp:
 TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-pool and halves 16-bit outputs") {
   using LeNet = seed_networks::LeNet;
   using fp::precision::Bf16;
+  using fp::precision::Fp32;
   using fp::precision::Tf32;
   // LeNet per sample: conv1's 6 x 24 x 24 outputs become the 6 x 12 x 12 argmax bytes (216 floats, 224
   // aligned), conv2's 16 x 10 x 10 the 16 x 5 x 5 bytes (100, 112 aligned); the rest as Net places them
@@ -337,6 +338,7 @@ TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-
   CHECK(LeNet::activation_elements == 6528);
   CHECK(Workspace<LeNet, Tf32>::activation_elements == 224 + 864 + 112 + 400 + 128 + 64 + 16);
   CHECK(Workspace<LeNet, Tf32>::workspace_elements_per_sample == 1808 + 2 * 3456);
+  CHECK(Workspace<LeNet, Fp32>::workspace_elements_per_sample == 1808 + 2 * 3456);
   // Under Bf16 pool1, pool2, fc1 and fc2 are narrowed (no fused MLP): half the floats, aligned.
   CHECK(Workspace<LeNet, Bf16>::activation_elements ==
         (fp::cuda_narrow_outputs ? 224 + 432 + 112 + 208 + 64 + 32 + 16 : 1808));
@@ -346,6 +348,7 @@ TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-
   CHECK(Workspace<CifarCnn, Bf16>::activation_elements ==
         (fp::cuda_narrow_outputs ? 4096 + 8192 + 2048 + 4096 + 512 + 16 : 31760));
   CHECK(CifarCnn::workspace_elements_per_sample - Workspace<CifarCnn, Tf32>::workspace_elements_per_sample == 92160);
+  CHECK(Workspace<CifarCnn, Tf32>::gradient_elements == CifarCnn::gradient_elements);
 
   // Every region disjoint and large enough for what the Cuda kernels store in it.
   static_assert(places_disjoint<LeNet, Workspace<LeNet, Tf32>>(cuda_needs<LeNet, Tf32>()));
@@ -357,4 +360,49 @@ TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-
   // ResNet-18 has no conv + max-pool group and (for now) no 16-bit output: Net's own layout.
   CHECK(Workspace<ResNet, Tf32>::activation_elements == ResNet::activation_elements);
   CHECK(Workspace<ResNet, Bf16>::workspace_elements_per_sample == ResNet::workspace_elements_per_sample);
+}
+
+namespace {
+// Logits wider than every gradient below them: the loss gradient is the widest tensor written.
+using WideLogits = fp::Sequential<fp::Input<4, 1, 1>, fp::Linear<100>>;
+// Under Tf32 one fused MLP group, which a device that cannot run it runs layer by layer: the second
+// Linear then writes the first one's input gradient plainly.
+using SmallMlp = fp::Sequential<fp::Input<4, 1, 1>, fp::Linear<128>, fp::ReLU, fp::Linear<8>>;
+}  // namespace
+
+TEST_CASE("a Cuda gradient buffer holds the widest tensor backward writes into it, in its element") {
+  using LeNet = seed_networks::LeNet;
+  using fp::precision::Bf16;
+  using fp::precision::Fp32;
+  using fp::precision::Tf32;
+  constexpr bool fused = fp::cuda_fused_gradients;
+  // The CIFAR-10 CNN: the widest is conv1's dense dz (64 x 32 x 32), which conv2's input-gradient GEMM
+  // writes through an UnpoolSink: fp32 in TF32 (Net's 65,536 floats), 16 bits past its ReLU under Bf16
+  // (32,768 floats). Without fused gradients each group writes its plain input gradient, the widest
+  // conv2's (pool1's 64 x 16 x 16).
+  CHECK(Workspace<CifarCnn, Tf32>::gradient_elements == (fused ? 65536 : 16384));
+  CHECK(Workspace<CifarCnn, Bf16>::gradient_elements == (fused ? 32768 : 16384));
+  CHECK(Workspace<CifarCnn, Bf16>::workspace_elements_per_sample ==
+        Workspace<CifarCnn, Bf16>::activation_elements + 2 * (fused ? 32768 : 16384));
+  // LeNet: conv1's 6 x 24 x 24 dense dz (3,456 floats; 1,728 in 16 bits); unfused, conv2's input
+  // gradient (6 x 12 x 12).
+  CHECK(Workspace<LeNet, Tf32>::gradient_elements == (fused ? 3456 : 864));
+  CHECK(Workspace<LeNet, Fp32>::gradient_elements == (fused ? 3456 : 864));
+  CHECK(Workspace<LeNet, Bf16>::gradient_elements == (fused ? 1728 : 864));
+  // A Tanh conv's dz is no bf16 value, so fp32 under Bf16 too (3 x 4 x 4); the network's input
+  // (2 x 6 x 6, Net's widest activation) never gets a gradient.
+  CHECK(TanhAndDropout::gradient_elements == 80);
+  CHECK(Workspace<TanhAndDropout, Bf16>::gradient_elements == 48);
+  CHECK(Workspace<TanhAndDropout, Tf32>::gradient_elements == 48);
+  // ResNet-18: a block's input gradient, 64 x 32 x 32 fp32 elements (blocks store theirs plainly).
+  CHECK(Workspace<ResNet, Bf16>::gradient_elements == 65536);
+  // The loss gradient: 100 logits, 112 floats aligned; the Linear below it writes nothing (stage 0).
+  CHECK(Workspace<WideLogits, Bf16>::gradient_elements == 112);
+  CHECK(Workspace<WideLogits, Tf32>::workspace_elements_per_sample ==
+        WideLogits::activation_elements + 2 * 112 + WideLogits::backward_elements);
+  // The fused MLP's layer-by-layer fallback: 128 floats under Tf32. Under Bf16 (no fused MLP) the second
+  // Linear writes the first one's dz through an ActivationSink past a ReLU: 16 bits.
+  REQUIRE(fp::CudaPlan<SmallMlp, Tf32>::summary[0].kind == fp::CudaGroupKind::mlp);
+  CHECK(Workspace<SmallMlp, Tf32>::gradient_elements == 128);
+  CHECK(Workspace<SmallMlp, Bf16>::gradient_elements == (fused ? 64 : 128));
 }

@@ -19,9 +19,11 @@ struct Fp32 {
 /// Mixed precision: GEMM operands rounded to bfloat16 on their way into shared memory (Cuda) or into
 /// the packed panels (Host), fp32 accumulation; fp32 master weights, gradients and optimizer state.
 /// Activations and activation gradients are stored as bf16 values (net/activation_storage.hpp; the
-/// logits and the loss stay fp32), in both spaces' float workspaces for now: the Cuda kernels round
-/// as they write, the Host after each stage. A 16-bit Cuda workspace, which halves their bytes, is
-/// still to come (issue 17).
+/// logits and the loss stay fp32). The Host keeps them in float elements and rounds after each stage.
+/// The Cuda kernels round as they write, and store in 16-bit elements, half the bytes, the tensors
+/// every reader of which takes them (a group output only GEMMs and sinks read, a dz a sink writes past
+/// a ReLU); the Cuda workspace is sized for that (net/cuda_plan.hpp). BatchNorm, pooling and residual
+/// tensors are still bf16 values in float elements on both spaces (issue 17).
 struct Bf16 {
   static constexpr const char* name = "bf16";
 };

@@ -2,6 +2,8 @@
 // Pointwise activation functors and the epilogue chain that applies them after an anchor op. These are
 // the math both spaces share: the Host loops and the Cuda kernels call the same functions.
 #include "fusedp/core/config.hpp"
+#include "fusedp/exec/precision.hpp"
+#include "fusedp/kernels/bf16.hpp"
 
 #include <cmath>
 #include <type_traits>
@@ -115,5 +117,16 @@ struct Epilogue {
 /// then exactly a bf16 value whenever dy is one.
 template <class Epi>
 inline constexpr bool derivative_is_mask = std::is_same_v<Epi, Epilogue<>> || std::is_same_v<Epi, Epilogue<Relu>>;
+
+/// The element a Cuda gradient sink (kernels/cuda/gradient_sink.cuh) stores dz in for a stage below with
+/// epilogue Epi, on a space of precision P: BFloat16 where the model stores its activation gradients in
+/// bf16 (P is Bf16: the sink rounds the gradient it receives) and Epi's derivative is a mask, so dz is a
+/// bf16 value already; float otherwise. The GEMMs that read it round their operands to bf16 (P is Bf16)
+/// and sum the bias gradient from the values themselves, so 16 bits change no bit of their results.
+/// Here, not in the CUDA header, because the Cuda workspace sizes its gradient buffers by it
+/// (net/cuda_plan.hpp), which g++ alone computes.
+template <class P, class Epi>
+using received_dz_element =
+    std::conditional_t<std::is_same_v<P, precision::Bf16> && derivative_is_mask<Epi>, BFloat16, float>;
 
 }  // namespace fusedp::kernels

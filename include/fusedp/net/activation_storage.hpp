@@ -18,6 +18,9 @@
 //     kernels::cuda::received_dz_element;
 //   - a group's output that only the GEMMs of the group above and the sink that writes its dz read
 //     (CudaPlan::narrow_output: in the CIFAR-10 CNN both pooled outputs and fc1's).
+// The Cuda workspace gives these half their regions, and sizes each gradient buffer for the widest
+// tensor written into it in its element (CudaWorkspace: under Bf16 the CIFAR-10 CNN's buffers hold
+// conv1's dense dz in 16 bits, half Net's size).
 // The rest (pooling, BatchNorm, elementwise and residual kernels' tensors, a dz formed by backward
 // itself) keeps bf16 values in fp32 elements.
 #include "fusedp/exec/cuda.hpp"

@@ -73,7 +73,7 @@ struct CudaGroups {
   /// training step; the caller then updates plan::rest_runs).
   kernels::UpdateTarget<T> update{};
   /// When set: backward forks each Conv2d's and Linear's weight gradient onto it, using
-  /// `third_gradients` ((batch, Net::gradient_elements) values) and the scratch as two halves of
+  /// `third_gradients` ((batch, CudaWorkspace::gradient_elements) floats) and the scratch as two halves of
   /// `scratch_stride` floats.
   const CudaSideStream* side = nullptr;
   T* third_gradients = nullptr;

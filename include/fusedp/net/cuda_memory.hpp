@@ -14,7 +14,7 @@
 //                           groups' dz (B x CudaPlan::mlp_gradient_elements), the split GEMMs' scratch
 //                           (the most any stage asks for at any batch up to B on this SM count, rounded
 //                           to 256 bytes; twice that with backward branches) and, with branches, a third
-//                           gradient buffer (B x Net::gradient_elements) and the side stream's 64 KiB of
+//                           gradient buffer (B x CudaWorkspace::gradient_elements) and the side stream's 64 KiB of
 //                           split-K arrival counters (which stay once made, when branches are turned off)
 //   staging                 a batch of inputs and targets copied from the host (B x input floats, B x
 //                           max(4, 4 x outputs) target bytes), the loss's block sums and flags, the
@@ -127,7 +127,7 @@ struct CudaMemory {
     m.optimizer_state = o.state_slots * Net::param_storage * f;
     m.state = Net::state_storage * f;
     m.workspace = (batch * (CudaWorkspace<Net, P>::workspace_elements_per_sample + plan::mlp_gradient_elements) +
-                   (branch ? 2 : 1) * stride + (branch ? batch * Net::gradient_elements : 0)) *
+                   (branch ? 2 : 1) * stride + (branch ? batch * CudaWorkspace<Net, P>::gradient_elements : 0)) *
                   f;
     if (branch && batch > 0) m.workspace += side_stream_bytes;
     // The loss's flag, the step slot and the parameter runs exist from the start; the rest from the

@@ -355,7 +355,7 @@ class Model<Net, CudaSpace<P>, T> {
 
   /// Allocates everything for batches up to `batch`, so that no later step allocates: with backward
   /// branches on (use_backward_branches) also their third gradient buffer ((batch,
-  /// Net::gradient_elements) floats) and second scratch half. predict and evaluate alone reserve
+  /// CudaWorkspace::gradient_elements) floats) and second scratch half. predict and evaluate alone reserve
   /// neither.
   void reserve(std::size_t batch) {
     const CudaDeviceScope device = space_.enter();
@@ -438,7 +438,7 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
   /// Whether backward runs each Conv2d's and Linear's weight-gradient GEMM on a second stream beside
   /// the next layer's backward (on by default; net/backward_cursor.hpp). It needs a third gradient
-  /// buffer ((batch, Net::gradient_elements) floats) and twice the scratch, allocated by the next
+  /// buffer ((batch, CudaWorkspace::gradient_elements) floats) and twice the scratch, allocated by the next
   /// reserve (or step) after it is turned on and freed by the next reserve that grows after it is
   /// turned off. Either way gives the same bits.
   void use_backward_branches(bool on) noexcept { branches_ = on; }
@@ -610,7 +610,7 @@ class Model<Net, CudaSpace<P>, T> {
     const bool halves = branches_ && CudaGroups<Net, P>::branches && (backward || branch_capacity_ > 0);
     try {
       buffer<float> scratch(halves ? 2 * stride : stride);
-      buffer<float> third = halves ? buffer<float>(capacity * Net::gradient_elements) : buffer<float>();
+      buffer<float> third = halves ? buffer<float>(capacity * CudaWorkspace<Net, P>::gradient_elements) : buffer<float>();
       CudaSideStream side = halves && !side_.ready() ? CudaSideStream::make() : CudaSideStream();
       // The scratch and the branch memory, sized for `capacity`, are committed before the binding grows
       // to it: a later allocation that throws leaves them larger than needed, never smaller.

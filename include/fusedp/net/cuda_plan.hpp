@@ -43,9 +43,12 @@
 // with the Host model, less what the groups above never write: the conv's output region of a conv +
 // max-pool holds only the argmax bytes, and a 16-bit output takes half its fp32 region. In the CIFAR-10
 // CNN that is 92,160 of 254,992 floats a sample in TF32 (36%), 104,960 in BF16; in LeNet 4,720 of
-// 13,440 (35%) and 5,440. The gradient buffers keep their fp32 size.
+// 13,440 (35%) and 5,440. Each gradient buffer holds the widest tensor backward writes into it, in
+// the element it is written in: under Bf16, where the widest is a dense dz in 16 bits, half Net's
+// buffer (the CIFAR-10 CNN's conv1 dz: 32,768 floats a sample of 65,536, twice; LeNet 1,728 of 3,456).
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
+#include "fusedp/kernels/activation.hpp"
 #include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/pool_op.hpp"
 #include "fusedp/layers/conv2d.hpp"
@@ -444,13 +447,47 @@ struct CudaPlan {
 ///     the conv's: a quarter of the pooled values' floats, where Sequential keeps the conv's whole output
 ///     (K^2 x 4 times as many bytes);
 ///   - a group's output stored in 16 bits (CudaPlan::narrow_output): half its floats.
-/// Everything else (the gradient buffers, saved values, backward's work memory) keeps Net's sizes.
+/// Each gradient buffer holds the widest tensor backward writes into one, in its element: the loss
+/// gradient (fp32), and each group's input gradient as the group below reads it (fp32 values, or the
+/// dz a sink writes: a conv + max-pool's dense one, in 16 bits where received_dz_element says). Net's
+/// buffers hold its widest activation, though the network's input never gets a gradient and a fused
+/// conv + max-pool's dense gradient is either never written or, under Bf16 past a ReLU, written in 16
+/// bits. Everything else (saved values, backward's work memory) keeps Net's sizes.
 /// @tparam Net a Sequential<...>
 /// @tparam P precision::Tf32, Fp32 or Bf16
 template <class Net, class P>
 struct CudaWorkspace {
  private:
   using plan = CudaPlan<Net, P>;
+  // Floats a sample of the input gradient group G writes into a gradient buffer (0 where it writes none:
+  // the first stage's, or a Flatten's, which runs no backward). Through the sink of the group below that
+  // receives its dz (CudaPlan::dz_receiver): that group's dz, dense before a fused max-pool, in its
+  // element; else the first stage's input gradient in fp32 elements. A fused MLP the device cannot run
+  // runs layer by layer, each layer's input gradient plainly.
+  template <std::size_t G>
+  static constexpr std::size_t written_floats() {
+    using Gr = typename plan::template group<G>;
+    using First = typename Net::template stage<Gr::first>;
+    std::size_t most = 0;
+    if constexpr (Gr::first > 0 && First::kind != LayerKind::reshape) {
+      constexpr std::size_t r = plan::template dz_receiver<G>;
+      if constexpr (r == plan::group_count) {
+        most = First::in::size;
+      } else {
+        using Below = typename Net::template stage<plan::template group<r>::first>;
+        constexpr bool half = sizeof(kernels::received_dz_element<P, typename Below::epilogue>) == 2;
+        most = half ? (Below::out::size + 1) / 2 : Below::out::size;
+      }
+    }
+    if constexpr (Gr::kind == CudaGroupKind::mlp)
+      [&]<std::size_t... L>(std::index_sequence<L...>) {
+        ((most = std::max(most, Net::template stage<Gr::first + 1 + L>::in::size)), ...);
+      }(std::make_index_sequence<Gr::last - Gr::first>{});
+    return most;
+  }
+  static constexpr std::size_t gradient_floats_ = []<std::size_t... G>(std::index_sequence<G...>) {
+    return align_elements(std::max({Net::output_shape::size, written_floats<G>()...}));
+  }(std::make_index_sequence<plan::group_count>{});
   static constexpr auto layout_ = [] {
     using facts = detail::plan_facts<Net, typename plan::groups>;
     constexpr std::size_t n = Net::stage_count;
@@ -494,7 +531,9 @@ struct CudaWorkspace {
   /// Where each stage's output and saved values lie, per sample (Sequential::stage_plan's fields).
   static constexpr std::array<StagePlan, Net::stage_count> stage_plan = layout_.first;
   static constexpr std::size_t activation_elements = layout_.second;
-  static constexpr std::size_t gradient_elements = Net::gradient_elements;
+  /// Floats a sample of each gradient buffer (at most Net's: see above).
+  static constexpr std::size_t gradient_elements = gradient_floats_;
+  static_assert(gradient_elements <= Net::gradient_elements, "CudaWorkspace: a gradient buffer wider than Net's");
   static constexpr std::size_t backward_elements = Net::backward_elements;
   static constexpr std::size_t workspace_elements_per_sample =
       activation_elements + 2 * gradient_elements + backward_elements;

@@ -38,14 +38,8 @@
 
 namespace fusedp::kernels::cuda {
 
-/// The element a sink stores dz in for a stage below with epilogue Epi, on a space of precision P:
-/// BFloat16 where the model stores its activation gradients in bf16 (P is Bf16: the sink rounds the
-/// gradient it receives) and Epi's derivative is a mask, so dz is a bf16 value already; float otherwise.
-/// The GEMMs that read it round their operands to bf16 (P is Bf16) and sum the bias gradient from the
-/// values themselves, so 16 bits change no bit of their results.
-template <class P, class Epi>
-using received_dz_element =
-    std::conditional_t<std::is_same_v<P, precision::Bf16> && derivative_is_mask<Epi>, BFloat16, float>;
+/// The element a sink stores dz in (kernels/activation.hpp, which g++ alone reads too).
+using kernels::received_dz_element;
 
 /// The value itself, stored at i: the input gradient as the layer below receives it unfused.
 struct StoreSink {
