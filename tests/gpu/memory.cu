@@ -45,6 +45,7 @@ void check_same(const fp::MemoryUse& got, const fp::MemoryUse& want) {
   CHECK(got.workspace == want.workspace);
   CHECK(got.loader == want.loader);
   CHECK(got.staging == want.staging);
+  CHECK(got.reduction == want.reduction);
   CHECK(got.pinned_host == want.pinned_host);
 }
 

@@ -363,6 +363,38 @@ TEST_CASE("Parallel on Cuda, world size 1: Compress<bf16> equals the update with
   CHECK(train(plain, batch).params != train_with_bf16_gradients(rounded).params);
 }
 
+namespace {
+// After `steps` steps of shards of `batch` samples, Parallel::memory_use() equals ReplicaMemory's
+// prediction for replica 0 of a world of 1, part by part.
+template <class... Policies>
+void holds_what_replica_memory_predicts(const fp::ParallelOptions& options, const char* what) {
+  INFO(what);
+  fp::Parallel<LeNet, fp::CudaFp32, Policies...> dp{fp::replicas(1), fp::seed(13), options};
+  (void)train(dp, batch);
+  const fp::MemoryUse got = dp.memory_use(0);
+  const fp::MemoryUse want = fp::ReplicaMemory<LeNet, fp::precision::Fp32, Policies...>::use(
+      batch, dp.model().space().sm_count(), 1, {.state_slots = fp::Sgd::state_slots}, options);
+  CHECK(got.parameters == want.parameters);
+  CHECK(got.gradients == want.gradients);
+  CHECK(got.optimizer_state == want.optimizer_state);
+  CHECK(got.state == want.state);
+  CHECK(got.workspace == want.workspace);
+  CHECK(got.staging == want.staging);
+  CHECK(got.reduction == want.reduction);
+  CHECK(got.pinned_host == want.pinned_host);
+}
+}  // namespace
+
+TEST_CASE("Parallel on Cuda holds what ReplicaMemory predicts, for each reduction") {
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  holds_what_replica_memory_predicts<Small, fp::Overlap>({}, "AllReduce, buckets, Overlap");
+  holds_what_replica_memory_predicts<Small, fp::Overlap>({.accumulate = 3}, "accumulate 3");
+  holds_what_replica_memory_predicts<Small, fp::Deterministic>({}, "Deterministic");
+  holds_what_replica_memory_predicts<fp::Compress<fp::bf16>>({.bucket_bytes = 8192}, "Compress<bf16>, 8 KiB buckets");
+  holds_what_replica_memory_predicts<fp::reduce::ReduceScatter<>>({}, "ReduceScatter (ZeRO-1)");
+  holds_what_replica_memory_predicts<fp::reduce::ReduceBroadcast<>>({.backward_branches = false}, "ReduceBroadcast");
+}
+
 TEST_CASE("Parallel on Cuda: more replicas than devices is an error that says so") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   const int devices = fp::cuda_device_count();

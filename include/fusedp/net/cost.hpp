@@ -81,9 +81,11 @@ struct MemoryUse {
   std::size_t loader = 0;     // the data loader's batch slots
   std::size_t staging = 0;    // Cuda: a batch's inputs and targets copied from the host, the loss and step
                               // buffers (net/cuda_memory.hpp); 0 on Host
+  std::size_t reduction = 0;  // a Parallel<Net, Cuda> replica: the micro-batches' gradient sum and the
+                              // channel's scratch (parallel/replica_memory.hpp); 0 for a model alone
   /// The memory of the space, in bytes. Page-locked host memory is not in it.
   [[nodiscard]] constexpr std::size_t total() const {
-    return parameters + gradients + optimizer_state + state + workspace + loader + staging;
+    return parameters + gradients + optimizer_state + state + workspace + loader + staging + reduction;
   }
   /// Cuda: page-locked host memory beside it (the host end of the staging), not in total().
   std::size_t pinned_host = 0;

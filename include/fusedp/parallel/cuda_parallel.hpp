@@ -37,6 +37,7 @@
 #include "fusedp/parallel/policy.hpp"
 #include "fusedp/parallel/process_group.hpp"
 #include "fusedp/parallel/reducer.hpp"
+#include "fusedp/parallel/replica_memory.hpp"
 #include "fusedp/parallel/shards.hpp"
 
 #include <algorithm>
@@ -65,7 +66,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   using model_type = Model<Net, space_type, float>;
   /// The bucket capacity in bytes: ParallelOptions::bucket_bytes, or the Bucket<bytes> policy's.
   static constexpr std::size_t bucket_bytes(const ParallelOptions& o) noexcept {
-    return o.bucket_bytes > 0 ? o.bucket_bytes : policy::bucket_bytes;
+    return parallel::bucket_capacity<policy>(o);
   }
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;
@@ -135,6 +136,17 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
   /// reduction may leave the buckets reduced before it updated, with the step not counted.
   void use_fused_update(bool on) noexcept { fused_update_ = on; }
   [[nodiscard]] bool uses_fused_update() const noexcept { return fused_update_; }
+  /// What local replica `i` holds on its device, in bytes by part: its model's memory_use(), the ZeRO
+  /// block's optimizer state, and the reduction's memory (the micro-batches' gradient sum, the channel's
+  /// scratch). ReplicaMemory<Net, P, Policies...> (parallel/replica_memory.hpp) predicts it.
+  [[nodiscard]] MemoryUse memory_use(std::size_t i = 0) const {
+    const Replica& rep = replicas_.at(i);
+    MemoryUse m = rep.model.memory_use();
+    m.optimizer_state += rep.zero_state.size_bytes();
+    m.reduction = rep.acc.size_bytes() + rep.channel.device_bytes();
+    return m;
+  }
+
   /// Replica `i` of this process (its parameters and gradients are device memory; see cuda_model.hpp).
   [[nodiscard]] model_type& model(std::size_t i = 0) { return replicas_.at(i).model; }
   [[nodiscard]] const model_type& model(std::size_t i = 0) const { return replicas_.at(i).model; }

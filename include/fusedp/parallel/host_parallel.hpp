@@ -56,7 +56,7 @@ class Parallel<Net, Host, Policies...> {
   using model_type = Model<Net, Host, float>;
   /// The bucket capacity in bytes: ParallelOptions::bucket_bytes, or the Bucket<bytes> policy's.
   static constexpr std::size_t bucket_bytes(const ParallelOptions& o) noexcept {
-    return o.bucket_bytes > 0 ? o.bucket_bytes : policy::bucket_bytes;
+    return parallel::bucket_capacity<policy>(o);
   }
   static constexpr bool sharded = std::is_same_v<typename policy::scatter_policy, scatter::Sharded>;
   static constexpr bool weighted = std::is_same_v<typename policy::scatter_policy, scatter::Weighted>;

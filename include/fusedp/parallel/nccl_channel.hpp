@@ -81,6 +81,8 @@ class NcclChannel {
   /// Scratch on the device, grown when asked for more (after the queued work that may use it).
   float* gathered(std::size_t n) { return grow(gathered_, n); }
   std::uint16_t* packed(std::size_t n) { return grow(packed_, n); }
+  /// Bytes of that scratch (parallel/replica_memory.hpp predicts them).
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return gathered_.size_bytes() + packed_.size_bytes(); }
   template <bool Bf16>
   void sum_in_rank_order(const float* all, float* out, std::size_t n) {
     kernels::cuda::sum_in_rank_order<Bf16>(stream_.get(), all, out, n, size());

@@ -66,6 +66,15 @@ struct ParallelOptions {
   bool backward_branches = true;
 };
 
+namespace parallel {
+/// The bucket capacity in bytes of a Parallel with resolved policy set Policy: ParallelOptions::bucket_bytes,
+/// or the Bucket<bytes> policy's (0: one bucket).
+template <class Policy>
+constexpr std::size_t bucket_capacity(const ParallelOptions& o) noexcept {
+  return o.bucket_bytes > 0 ? o.bucket_bytes : Policy::bucket_bytes;
+}
+}  // namespace parallel
+
 /// Loss and accuracy summed over every rank's evaluation samples.
 struct GlobalEvaluation {
   double loss_sum = 0;
