@@ -836,6 +836,25 @@ void print_device_memory(const fp::Model<Net, fp::CudaSpace<P>>& m, const fd::De
               double(need) / (1 << 20), batch, double(device.free) / (1 << 20), double(device.total) / (1 << 20),
               largest);
 }
+
+/// The same for a Parallel on GPUs: what replica 0 holds at this process's batch (its shard of it, in
+/// micro-batches: ReplicaMemory), and the largest batch whose shards would fit its device.
+template <class Net, class P, class... Ps>
+void print_device_memory(const fp::Parallel<Net, fp::CudaSpace<P>, Ps...>& dp, std::size_t batch,
+                         const fp::CudaMemoryOptions& o, const fp::ParallelOptions& po) {
+  using Memory = fp::ReplicaMemory<Net, P, Ps...>;
+  const std::size_t local = dp.local_replicas();
+  const std::size_t shard = (batch + local - 1) / local;
+  const int sm = dp.model(0).space().sm_count();
+  const std::size_t world = dp.world_size();
+  const std::size_t need = Memory::use(shard, sm, world, o, po).total();
+  const fp::DeviceMemory device = dp.model(0).space().memory();
+  const std::size_t largest = Memory::largest_shard((dp.memory_use(0).total() + device.free) / 10 * 9, sm, world, o, po);
+  std::printf("GPU memory of replica 0: %.0f MiB for shards of %zu (model, optimizer state, reduction); %.0f of %.0f "
+              "MiB free; batches up to %zu would fit\n",
+              double(need) / (1 << 20), shard, double(device.free) / (1 << 20), double(device.total) / (1 << 20),
+              largest * local);
+}
 #endif
 
 /// fit's loop over a host DataLoader or a DeviceLoader.
@@ -910,10 +929,15 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   ft::ProgressLine progress{stdout, train.dataset().regression() ? "samples" : "images"};
   if constexpr (requires { trainer.reserve(std::size_t(1)); }) trainer.reserve(std::size_t(f.batch));
 #if FUSEDP_HAS_CUDA
-  if constexpr (std::is_same_v<TrainLoader, fd::DeviceLoader>)
-    if (root)
-      print_device_memory(model_of(trainer), train, std::min<std::size_t>(f.batch, dataset_size),
-                          {.state_slots = Opt::state_slots, .guarded = requires { typename Opt::on_nonfinite; }});
+  {
+    const fp::CudaMemoryOptions memory{.state_slots = Opt::state_slots, .guarded = requires { typename Opt::on_nonfinite; }};
+    const std::size_t batch = std::min<std::size_t>(f.batch, dataset_size);
+    if constexpr (std::is_same_v<TrainLoader, fd::DeviceLoader>) {
+      if (root) print_device_memory(model_of(trainer), train, batch, memory);
+    } else if constexpr (on_gpu<Trainer> && requires { trainer.memory_use(std::size_t(0)); }) {
+      if (root) print_device_memory(trainer, batch, memory, {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)});
+    }
+  }
 #endif
   if constexpr (requires { trainer.agree_steps(std::size_t(1)); }) {
     // The samplers pad every rank to the same count; a mismatch would leave a rank waiting forever.
