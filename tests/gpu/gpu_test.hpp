@@ -13,6 +13,7 @@
 #include "../support/fusedp_core.hpp"
 
 #include <fusedp/kernels/bf16.hpp>
+#include <fusedp/net/cost.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -400,5 +401,18 @@ struct HeldBranches {
     fp::kernels::cuda::set_dependent_launch(was);
   }
 };
+
+/// The parts of two MemoryUse, compared one by one (a failure names the part).
+inline void check_same(const fusedp::MemoryUse& got, const fusedp::MemoryUse& want) {
+  CHECK(got.parameters == want.parameters);
+  CHECK(got.gradients == want.gradients);
+  CHECK(got.optimizer_state == want.optimizer_state);
+  CHECK(got.state == want.state);
+  CHECK(got.workspace == want.workspace);
+  CHECK(got.loader == want.loader);
+  CHECK(got.staging == want.staging);
+  CHECK(got.reduction == want.reduction);
+  CHECK(got.pinned_host == want.pinned_host);
+}
 
 }  // namespace gpu_test

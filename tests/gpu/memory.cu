@@ -36,19 +36,6 @@ static_assert(Blocks::state_storage > 0);
 
 constexpr std::size_t mib = std::size_t(1) << 20;
 
-// The parts of two MemoryUse, compared one by one (a failure names the part).
-void check_same(const fp::MemoryUse& got, const fp::MemoryUse& want) {
-  CHECK(got.parameters == want.parameters);
-  CHECK(got.gradients == want.gradients);
-  CHECK(got.optimizer_state == want.optimizer_state);
-  CHECK(got.state == want.state);
-  CHECK(got.workspace == want.workspace);
-  CHECK(got.loader == want.loader);
-  CHECK(got.staging == want.staging);
-  CHECK(got.reduction == want.reduction);
-  CHECK(got.pinned_host == want.pinned_host);
-}
-
 template <class M>
 void check_largest_batch(std::size_t budget, int sm_count, const fp::CudaMemoryOptions& o = {}) {
   const std::size_t b = M::largest_batch(budget, sm_count, o);

@@ -76,7 +76,12 @@ struct PairSum {
     p.meet.arrive_and_wait();
 #if FUSEDP_HAS_CUDA
     if (side.device) {
-      FUSEDP_CUDA_CHECK(cudaMemcpy(v, total.data(), n * sizeof(double), cudaMemcpyHostToDevice));
+      // On the model's stream, and waited for: a plain cudaMemcpy from pageable memory runs on the legacy
+      // stream, which the model's non-blocking streams do not wait for, and may return before the values
+      // reach the device (review, 2026-12-06).
+      FUSEDP_CUDA_CHECK(cudaMemcpyAsync(v, total.data(), n * sizeof(double), cudaMemcpyHostToDevice,
+                                        static_cast<cudaStream_t>(stream)));
+      FUSEDP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
       return;
     }
 #endif
