@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace fp = fusedp;
@@ -122,6 +123,29 @@ TEST_CASE("accumulate K: one update on the summed gradient of K micro-batches eq
   check_matches_larger_batch<fp::Parallel<Net, fp::Host>>("one replica", sgd, 1, 4, 24);
   // Shards smaller than K: one micro-batch per sample.
   check_matches_larger_batch<fp::Parallel<Net, fp::Host>>("shards of 2", sgd, 3, 4, 6);
+}
+
+TEST_CASE("accumulate K: a shard of one sample after larger ones adds no stale micro-batch sum") {
+  // An epoch's last batch may leave a replica one sample: one micro-batch, whose gradient is the step's.
+  // Steps of 24 samples (micro-batches summed in the replica's sum buffer), then of 3 (shards of 2 and 1).
+  const auto check = [&]<class P>(const std::string& name, int replicas, int micro) {
+    CAPTURE(name);
+    fp::Model<Net, fp::Host> one{fp::seed(5), fp::Host{1}};
+    P dp{fp::replicas(replicas, 1), fp::seed(5), {.accumulate = micro}};
+    fp::Sgd o1 = sgd, o2 = sgd;
+    for (std::size_t size : {24, 3, 24, 3}) {
+      CAPTURE(size);
+      const Batch b = batch_of(size, size);
+      const float want = one.train_step(b.inputs(), b.labels(), fp::SoftmaxCrossEntropy{}, o1);
+      const float got = dp.train_step(b.inputs(), b.labels(), fp::SoftmaxCrossEntropy{}, o2);
+      CHECK(std::abs(got - want) <= 1e-5 * std::abs(want));
+      for (std::size_t r = 0; r < dp.local_replicas(); ++r)
+        CHECK(relative_error(dp.model(r).params(), one.params()) <= 1e-5);
+    }
+  };
+  check.template operator()<fp::Parallel<Net, fp::Host>>("AllReduce", 2, 4);
+  check.template operator()<fp::Parallel<Net, fp::Host, fp::Overlap, fp::Bucket<512>>>("Overlap", 2, 2);
+  check.template operator()<fp::Parallel<Net, fp::Host>>("one replica", 1, 3);
 }
 
 TEST_CASE("accumulate K under Deterministic: bit for bit the micro-batch gradients added in order, then in rank order") {

@@ -62,8 +62,10 @@ float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float
                            ReplicaSum sync, std::size_t first_sample, Add&& add, Copy&& copy, StageDone&& stage_done) {
   const std::size_t in = Model::input_size;
   const std::size_t count = inputs.size() / in;
-  if (micro <= 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync, first_sample);
-  const std::size_t pieces = micro_batch_count(count, micro, bool(sync));
+  const std::size_t pieces = micro <= 1 ? 1 : micro_batch_count(count, micro, bool(sync));
+  // One piece (a shard of one sample) is the step's gradient itself: the sum buffer holds an earlier
+  // step's micro-batches, which must not be added to it.
+  if (pieces == 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync, first_sample);
   const std::size_t per_sample = targets.size() / count;
   double loss_sum = 0;
   for (std::size_t k = 0; k < pieces; ++k) {
