@@ -15,6 +15,7 @@
 #include <fusedp/fusedp.hpp>
 #include <fusedp/net/cost.hpp>
 #include <fusedp/parallel/parallel.hpp>
+#include <fusedp/parallel/replica_memory.hpp>
 #include <fusedp/train/checkpoint.hpp>
 #include <fusedp/train/parallel_checkpoint.hpp>
 #include <fusedp/train/metrics.hpp>
@@ -817,43 +818,59 @@ void fit(Trainer& trainer, Opt& opt, const Loss& loss, fd::DataLoader& train, fd
 }
 
 #if FUSEDP_HAS_CUDA
+/// " (N MiB once it evaluates batches of E)" where evaluation runs at a larger batch than training: a
+/// model that evaluates a batch grows its workspace and staging to it (backward's branch memory too,
+/// once it has trained), so it then holds what training at that batch would.
+inline std::string evaluation_memory(std::size_t train_batch, std::size_t eval_batch, std::size_t need) {
+  if (eval_batch <= train_batch) return "";
+  return " (" + std::to_string((need + (1u << 19)) >> 20) + " MiB once it evaluates batches of " +
+         std::to_string(eval_batch) + ")";
+}
+
 /// One line on a GPU run's memory: what the model (with its optimizer's state) and the DeviceLoader hold
 /// at this batch, from their types (CudaMemory), and the largest batch that would fit in what they hold
 /// and what is free, less a tenth for the CUDA context and cudaMalloc's rounding.
 template <class Net, class P>
 void print_device_memory(const fp::Model<Net, fp::CudaSpace<P>>& m, const fd::DeviceLoader& loader, std::size_t batch,
-                         fp::CudaMemoryOptions o) {
+                         std::size_t eval_batch, fp::CudaMemoryOptions o) {
   using Memory = fp::CudaMemory<Net, P>;
   o.device_loader = true;
   o.targets = loader.dataset().target_size;
   const int sm = m.space().sm_count();
   const std::size_t need = Memory::use(batch, sm, o).total();
+  fp::CudaMemoryOptions eval = o;
+  eval.device_loader = false;  // the loader's slots stay at the training batch
+  const std::size_t eval_need = Memory::use(eval_batch, sm, eval).total() + Memory::use(batch, sm, o).loader;
   const fp::DeviceMemory device = m.space().memory();
   const std::size_t held = m.memory_use().total() + loader.device_bytes();
   const std::size_t largest = Memory::largest_batch((held + device.free) / 10 * 9, sm, o);
-  std::printf("GPU memory: %.0f MiB for batches of %zu (model, optimizer state, loader); %.0f of %.0f MiB free; "
+  std::printf("GPU memory: %.0f MiB for batches of %zu (model, optimizer state, loader)%s; %.0f of %.0f MiB free; "
               "batches up to %zu would fit\n",
-              double(need) / (1 << 20), batch, double(device.free) / (1 << 20), double(device.total) / (1 << 20),
-              largest);
+              double(need) / (1 << 20), batch, evaluation_memory(batch, eval_batch, eval_need).c_str(),
+              double(device.free) / (1 << 20), double(device.total) / (1 << 20), largest);
 }
 
-/// The same for a Parallel on GPUs: what replica 0 holds at this process's batch (its shard of it, in
-/// micro-batches: ReplicaMemory), and the largest batch whose shards would fit its device.
+/// The same for a Parallel on GPUs: what replica 0 holds at this process's step batch (its shard of it,
+/// in micro-batches of at most `--batch`: ReplicaMemory), and the largest step batch whose shards would
+/// fit its device. Replica 0 also evaluates this process's test batches.
 template <class Net, class P, class... Ps>
 void print_device_memory(const fp::Parallel<Net, fp::CudaSpace<P>, Ps...>& dp, std::size_t batch,
-                         const fp::CudaMemoryOptions& o, const fp::ParallelOptions& po) {
+                         std::size_t eval_batch, const fp::CudaMemoryOptions& o, const fp::ParallelOptions& po) {
   using Memory = fp::ReplicaMemory<Net, P, Ps...>;
   const std::size_t local = dp.local_replicas();
   const std::size_t shard = (batch + local - 1) / local;
   const int sm = dp.model(0).space().sm_count();
   const std::size_t world = dp.world_size();
   const std::size_t need = Memory::use(shard, sm, world, o, po).total();
+  // Evaluating a batch of E grows replica 0's model as a shard of E x accumulate (micro-batches of E) would.
+  const std::size_t micro = Memory::micro_batch(shard, std::size_t(po.accumulate));
+  const std::size_t eval_need = Memory::use(eval_batch * std::size_t(po.accumulate), sm, world, o, po).total();
   const fp::DeviceMemory device = dp.model(0).space().memory();
   const std::size_t largest = Memory::largest_shard((dp.memory_use(0).total() + device.free) / 10 * 9, sm, world, o, po);
-  std::printf("GPU memory of replica 0: %.0f MiB for shards of %zu (model, optimizer state, reduction); %.0f of %.0f "
-              "MiB free; batches up to %zu would fit\n",
-              double(need) / (1 << 20), shard, double(device.free) / (1 << 20), double(device.total) / (1 << 20),
-              largest * local);
+  std::printf("GPU memory of replica 0: %.0f MiB for shards of %zu (model, optimizer state, reduction)%s; %.0f of "
+              "%.0f MiB free; step batches up to %zu would fit\n",
+              double(need) / (1 << 20), shard, evaluation_memory(micro, eval_batch, eval_need).c_str(),
+              double(device.free) / (1 << 20), double(device.total) / (1 << 20), largest * local);
 }
 #endif
 
@@ -930,12 +947,16 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   if constexpr (requires { trainer.reserve(std::size_t(1)); }) trainer.reserve(std::size_t(f.batch));
 #if FUSEDP_HAS_CUDA
   {
-    const fp::CudaMemoryOptions memory{.state_slots = Opt::state_slots, .guarded = requires { typename Opt::on_nonfinite; }};
-    const std::size_t batch = std::min<std::size_t>(f.batch, dataset_size);
+    // Training runs through Guarded (below): its gradient statistics are on the device.
+    const fp::CudaMemoryOptions memory{.state_slots = Opt::state_slots, .guarded = true};
+    const std::size_t batch = std::min<std::size_t>(step_batch(f), dataset_size);
+    const std::size_t eval_batch = std::min(test.options().batch, test.sampler().size());
     if constexpr (std::is_same_v<TrainLoader, fd::DeviceLoader>) {
-      if (root) print_device_memory(model_of(trainer), train, batch, memory);
+      if (root) print_device_memory(model_of(trainer), train, batch, eval_batch, memory);
     } else if constexpr (on_gpu<Trainer> && requires { trainer.memory_use(std::size_t(0)); }) {
-      if (root) print_device_memory(trainer, batch, memory, {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)});
+      if (root)
+        print_device_memory(trainer, batch, eval_batch, memory,
+                            {.accumulate = f.accumulate, .bucket_bytes = bucket_bytes(f)});
     }
   }
 #endif

@@ -34,6 +34,8 @@
 // and what cudaMalloc rounds each allocation up to (a large allocation takes whole 2 MiB pages). Leave a
 // margin for them: largest_batch(space.memory().free / 10 * 9, ...) for a model not built yet, or
 // (model.memory_use().total() + free) / 10 * 9 for one that holds memory already, is a reasonable start.
+// A model that evaluates or predicts a batch larger than it trains on grows to it, and then holds use() at
+// that batch (with the training options: once it has trained, its branch memory grows with it).
 // A reserve that ran out of memory may leave the scratch, the branch memory and the staging at the size
 // it asked for (never smaller than what the model runs), until the model next grows or shrinks them.
 // largest_batch scans the batches up to its answer: a few integer operations per stage and batch

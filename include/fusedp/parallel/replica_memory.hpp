@@ -17,6 +17,9 @@
 //                    alone its bf16 values
 // Not counted, beside what CudaMemory leaves out: NCCL's own buffers (its channels' FIFOs, a few MiB a
 // peer; NCCL_BUFFSIZE), a checkpoint's temporary copy of the whole optimizer state under ZeRO.
+// Parallel::evaluate runs on local replica 0: evaluating batches of E larger than its micro-batch grows
+// its model to E, after which it holds use(E x accumulate) (micro-batches of E). Under ZeRO-1 the last
+// replica's block also holds the remainder of the flat buffer: `rank` world - 1 is the largest.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
