@@ -374,6 +374,18 @@ void holds_what_replica_memory_predicts(const fp::ParallelOptions& options, cons
   check_same(dp.memory_use(0), fp::ReplicaMemory<LeNet, fp::precision::Fp32, Policies...>::use(
                                    batch, dp.model().space().sm_count(), 1, {.state_slots = fp::Sgd::state_slots}, options));
 }
+
+// Each of dp's local replicas holds what ReplicaMemory predicts for its rank, after training on shards of
+// `shard` samples (Sgd).
+template <class... Policies>
+void replicas_hold_predicted(const fp::Parallel<LeNet, fp::CudaFp32, Policies...>& dp, std::size_t shard) {
+  for (std::size_t r = 0; r < dp.local_replicas(); ++r) {
+    CAPTURE(r);
+    check_same(dp.memory_use(r), fp::ReplicaMemory<LeNet, fp::precision::Fp32, Policies...>::use(
+                                     shard, dp.model(r).space().sm_count(), dp.world_size(),
+                                     {.state_slots = fp::Sgd::state_slots}, {}, r));
+  }
+}
 }  // namespace
 
 TEST_CASE("Parallel on Cuda holds what ReplicaMemory predicts, for each reduction") {
@@ -436,6 +448,8 @@ TEST_CASE("Parallel on Cuda: 2 replicas with B/2 samples each reproduce 1 replic
     fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceBroadcast<>> dp{fp::replicas(2), fp::seed(11)};
     compare(train(dp, batch), "ReduceBroadcast");
     CHECK(params_on_host(dp.model(0)) == params_on_host(dp.model(1)));
+    replicas_hold_predicted(dp, batch / 2);  // the root's optimizer state only
+    CHECK(dp.memory_use(1).optimizer_state == 0);
   }
   {
     fp::Parallel<LeNet, fp::CudaFp32, fp::reduce::ReduceScatter<>> dp{fp::replicas(2), fp::seed(11)};
@@ -447,6 +461,7 @@ TEST_CASE("Parallel on Cuda: 2 replicas with B/2 samples each reproduce 1 replic
     CHECK(a.count + b.count == LeNet::param_storage);
     CHECK(dp.zero_optimizer_state(0).size() == a.count);  // Sgd: one slot, for its block only
     CHECK(dp.zero_optimizer_state(1).size() == b.count);
+    replicas_hold_predicted(dp, batch / 2);  // each its block's state
   }
   {
     fp::Parallel<LeNet, fp::CudaFp32, fp::Compress<fp::bf16>, Small, fp::Overlap> dp{fp::replicas(2), fp::seed(11)};
@@ -463,5 +478,6 @@ TEST_CASE("Parallel on Cuda: 2 replicas with B/2 samples each reproduce 1 replic
     compare(ra, "Deterministic");
     CHECK(ra.params == rb.params);  // bit for bit, run to run
     CHECK(ra.losses == rb.losses);
+    replicas_hold_predicted(a, batch / 2);  // both replicas' copies of the largest bucket
   }
 }
