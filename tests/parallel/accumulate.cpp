@@ -199,6 +199,28 @@ TEST_CASE("accumulate: bad counts are refused with a message that names them") {
                        doctest::Contains("accumulate 4 with batch_norm::Sync needs at least 4 samples"),
                        fp::InvalidArgument);
   CHECK(std::equal(before.begin(), before.end(), dp.model(0).params().begin()));
+  // 7 samples: shards of 4 and 3, the second one too small. Refused before either replica starts, so
+  // neither's parameters nor BatchNorm statistics change (replica 0 used to run its first micro-batch).
+  const std::vector<float> state_before(dp.model(0).buffers().begin(), dp.model(0).buffers().end());
+  x.assign(7 * BnNet::input_shape::size, 0.25f);
+  y.assign(7, 2);
+  CHECK_THROWS_WITH_AS(dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y),
+                                     fp::SoftmaxCrossEntropy{}, sgd),
+                       doctest::Contains("accumulate 4 with batch_norm::Sync needs at least 4 samples"),
+                       fp::InvalidArgument);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(std::equal(before.begin(), before.end(), dp.model(r).params().begin()));
+    CHECK(std::equal(state_before.begin(), state_before.end(), dp.model(r).buffers().begin()));
+  }
+  // Sharded: each replica learns the others' counts from their sum, then all refuse together.
+  fp::Parallel<BnNet, fp::Host, fp::scatter::Sharded, fp::batch_norm::Sync> sharded{fp::replicas(2, 1), fp::seed(5),
+                                                                                    {.accumulate = 4}};
+  const std::vector<float> sharded_state(sharded.model(1).buffers().begin(), sharded.model(1).buffers().end());
+  CHECK_THROWS_WITH_AS(sharded.train_step(std::span<const float>(x), std::span<const std::int32_t>(y),
+                                          fp::SoftmaxCrossEntropy{}, sgd),
+                       doctest::Contains("the smallest has 3"), fp::InvalidArgument);
+  for (std::size_t r = 0; r < 2; ++r)
+    CHECK(std::equal(sharded_state.begin(), sharded_state.end(), sharded.model(r).buffers().begin()));
   // With enough samples per shard it trains, and both replicas stay equal.
   x.resize(8 * BnNet::input_shape::size);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(23, 0, i) - 1;

@@ -257,6 +257,12 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
     const std::vector<parallel::Shard> shards = parallel::detail::process_shards(
         sharded, weighted, batch, replicas_.size(), world_, weights_, processes_.under_mpi() ? rank() : -1);
+    // Even and Weighted: every replica's shard is known here (Sharded: once the counts are summed, below),
+    // so that all refuse before any starts.
+    if constexpr (!sharded)
+      parallel::detail::require_micro_batches(
+          parallel::detail::smallest_shard(weighted, batch, world_, weights_),
+          std::size_t(options_.accumulate), synchronized());
     std::uint64_t local = 0;
     for (const auto& sh : shards) local += sh.count;
     std::uint64_t global = batch;
@@ -272,6 +278,10 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
         global += counts[i];
         if (i < std::size_t(processes_.rank())) process_first += std::size_t(counts[i]);
       }
+      // Each process's replicas split its count evenly: every process refuses together, before any changes.
+      parallel::detail::require_micro_batches(
+          std::size_t(*std::min_element(counts.begin(), counts.end())) / replicas_.size(),
+          std::size_t(options_.accumulate), synchronized());
     }
 
     std::vector<float> losses(replicas_.size());
@@ -287,7 +297,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       const std::size_t normalizer = policy::sum ? s.count : std::size_t(global);
       float* grads = rep.model.grads().data();
       rep.reducer.begin();
-      const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? rep.channel.replica_sum() : ReplicaSum{};
+      const ReplicaSum sync = synchronized() ? rep.channel.replica_sum() : ReplicaSum{};
       const std::size_t micro = std::size_t(options_.accumulate);
       if (micro > 1 && rep.acc.size() == 0) rep.acc = DeviceBuffer<float>(Net::param_storage);
       cudaStream_t stream = rep.model.space().stream();
@@ -355,6 +365,9 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     f.text(P::name);
     return f.h;
   }();
+  // Whether BatchNorm layers take their statistics over every replica's shard (SyncBatchNorm).
+  [[nodiscard]] bool synchronized() const noexcept { return policy::sync_batch_norm && world_ > 1; }
+
   // Whether a step with Opt can apply the update bucket by bucket (parallel/detail/bucket_update.hpp).
   template <class Opt>
   static constexpr bool updates_buckets() {

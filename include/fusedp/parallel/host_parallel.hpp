@@ -210,6 +210,12 @@ class Parallel<Net, Host, Policies...> {
     const std::size_t batch = parallel::detail::checked_batch<model_type, Loss>(inputs, targets);
     const std::vector<parallel::Shard> shards = parallel::detail::process_shards(
         sharded, weighted, batch, models_.size(), world_, weights_, processes_.under_mpi() ? rank() : -1);
+    // Even and Weighted: every replica's shard is known here (Sharded: once the counts are summed, below),
+    // so that all refuse before any starts.
+    if constexpr (!sharded)
+      parallel::detail::require_micro_batches(
+          parallel::detail::smallest_shard(weighted, batch, world_, weights_),
+          std::size_t(options_.accumulate), synchronized());
     auto one = [&](std::size_t r, auto& channel) {
       return replica_step(r, channel, inputs.subspan(shards[r].offset * model_type::input_size,
                                                      shards[r].count * model_type::input_size),
@@ -283,6 +289,9 @@ class Parallel<Net, Host, Policies...> {
     if (weighted) weights_.assign(world_, 1.0);
   }
 
+  // Whether BatchNorm layers take their statistics over every replica's shard (SyncBatchNorm).
+  [[nodiscard]] bool synchronized() const noexcept { return policy::sync_batch_norm && world_ > 1; }
+
   // Replica `local`'s rank in the world.
   std::size_t global_index(std::size_t local) const { return processes_.under_mpi() ? std::size_t(rank()) : local; }
 
@@ -341,6 +350,9 @@ class Parallel<Net, Host, Policies...> {
       for (std::size_t i = 0; i < counts.size(); ++i) global += counts[i];
       first_sample = 0;
       for (std::size_t i = 0; i < global_index(r); ++i) first_sample += std::size_t(counts[i]);
+      // Every replica's shard is known to every replica now: all refuse together, before any changes.
+      parallel::detail::require_micro_batches(std::size_t(*std::min_element(counts.begin(), counts.end())),
+                                              std::size_t(options_.accumulate), synchronized());
     }
     // Average: each replica's gradient is its share of the mean over the global batch (its loss sum
     // divided by the global count), so the reduction is a plain sum. Sum: each replica's own mean.
@@ -348,7 +360,7 @@ class Parallel<Net, Host, Policies...> {
     Reducer& reducer = reducers_[r];
     reducer.begin();
     // SyncBatchNorm: the layers' statistics over every replica's shard.
-    const ReplicaSum sync = policy::sync_batch_norm && world_ > 1 ? channel.replica_sum() : ReplicaSum{};
+    const ReplicaSum sync = synchronized() ? channel.replica_sum() : ReplicaSum{};
     const std::size_t micro = std::size_t(options_.accumulate);
     if (micro > 1 && acc_[r].size() == 0) acc_[r] = HostBuffer<float>(Net::param_storage);
     // The fused update: each bucket's update as soon as its sum is final (the same bits as one pass).

@@ -43,6 +43,17 @@ namespace fusedp::parallel::detail {
   return count < micro ? count : micro;
 }
 
+/// Refuses a step whose smallest shard, `smallest` samples, cannot run `micro` micro-batches in step with
+/// the other replicas' (`synchronized`: batch_norm::Sync, see micro_batch_count). Parallel calls it with
+/// every replica's shard known to every replica, before any of them starts, so that all refuse and
+/// nothing changes (no replica runs a micro-batch, or updates its statistics, before another throws).
+inline void require_micro_batches(std::size_t smallest, std::size_t micro, bool synchronized) {
+  if (synchronized && micro > 1)
+    require(smallest >= micro, "Parallel: accumulate ", micro, " with batch_norm::Sync needs at least ", micro,
+            " samples in every replica's shard, the smallest has ", smallest,
+            " (every replica must run as many micro-batches)");
+}
+
 /// Micro-batch k of `pieces` over `count` samples, as even_shards(count, pieces)[k] (the first
 /// count % pieces take one more), without building the list inside a step.
 [[nodiscard]] constexpr Shard micro_batch(std::size_t count, std::size_t pieces, std::size_t k) noexcept {

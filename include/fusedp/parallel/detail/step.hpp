@@ -7,6 +7,7 @@
 #include "fusedp/parallel/process_group.hpp"
 #include "fusedp/parallel/shards.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -69,6 +70,21 @@ inline std::vector<Shard> process_shards(bool sharded, bool weighted, std::size_
   std::vector<Shard> all = weighted ? weighted_shards(batch, weights) : even_shards(batch, world);
   if (rank >= 0) return {all[std::size_t(rank)]};
   return all;
+}
+
+/// The fewest samples a replica gets from `shards` (process_shards' list, or every replica's when a
+/// process knows them all).
+[[nodiscard]] inline std::size_t smallest_count(std::span<const Shard> shards) {
+  std::size_t least = shards.empty() ? 0 : shards[0].count;
+  for (const Shard& s : shards) least = std::min(least, s.count);
+  return least;
+}
+
+/// The fewest samples any replica of the world gets in a step of `batch` under Even or Weighted (under
+/// Sharded each process knows the others' counts only once they are summed).
+[[nodiscard]] inline std::size_t smallest_shard(bool weighted, std::size_t batch, std::size_t world,
+                                                std::span<const double> weights) {
+  return smallest_count(weighted ? weighted_shards(batch, weights) : even_shards(batch, world));
 }
 
 /// The slice of a step's targets that goes with shard `s` of a batch of `batch` samples.
