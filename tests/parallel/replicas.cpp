@@ -110,6 +110,25 @@ TEST_CASE("uneven shards and Weighted are weighted by their sample counts") {
   CHECK(relative_error(dp.model(1).params(), ref.model.params()) <= 1e-5);
 }
 
+TEST_CASE("Weighted shards for any finite weights: huge, tiny, equal") {
+  const auto counts = [](std::size_t batch, std::vector<double> w) {
+    std::vector<std::size_t> c;
+    std::size_t at = 0;
+    for (const fp::parallel::Shard& s : fp::parallel::weighted_shards(batch, w)) {
+      CHECK(s.offset == at);
+      at += s.count;
+      c.push_back(s.count);
+    }
+    CHECK(at == batch);
+    return c;
+  };
+  // The sum of the weights overflowed to infinity: the shards came out of NaN.
+  CHECK(counts(4, {1e308, 1e308}) == std::vector<std::size_t>{2, 2});
+  CHECK(counts(10, {1e308, 1e308, 1e308}) == std::vector<std::size_t>{4, 3, 3});
+  CHECK(counts(10, {1.7e308, 1e-300}) == std::vector<std::size_t>{9, 1});
+  CHECK(counts(24, {1, 2, 3}) == std::vector<std::size_t>{5, 8, 11});  // one each, then 3.5, 7, 10.5 of 21
+}
+
 TEST_CASE("Deterministic: bitwise equal to one model accumulating the shard gradients in replica order") {
   constexpr std::size_t size = 25, n = 3;
   fp::Parallel<Net, fp::Host, fp::Deterministic, fp::Overlap, fp::Bucket<1024>> dp{fp::replicas(n, 1), fp::seed(3)};

@@ -2,6 +2,7 @@
 // How a global batch is divided among replicas: even slices or slices proportional to run-time weights.
 #include "fusedp/core/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -35,14 +36,17 @@ struct Shard {
   require(world > 0, "weighted_shards: no weights");
   require(batch >= world, "Parallel: a batch of ", batch, " samples is smaller than the ", world,
           " replicas; every replica needs at least one sample");
+  // In units of the largest weight, so that the sum stays finite for any finite weights.
+  double largest = 0;
+  for (double w : weights) largest = std::max(largest, w);
   double total = 0;
-  for (double w : weights) total += w;
+  for (double w : weights) total += w / largest;
   std::vector<std::size_t> count(world, 1);  // one each first, the rest by weight
   std::vector<double> remainder(world);
   const std::size_t rest = batch - world;
   std::size_t given = 0;
   for (std::size_t r = 0; r < world; ++r) {
-    const double exact = double(rest) * weights[r] / total;
+    const double exact = double(rest) * (weights[r] / largest) / total;
     const auto whole = std::size_t(std::floor(exact));
     count[r] += whole;
     given += whole;
