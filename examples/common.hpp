@@ -863,7 +863,7 @@ void print_device_memory(const fp::Parallel<Net, fp::CudaSpace<P>, Ps...>& dp, s
   const std::size_t world = dp.world_size();
   const std::size_t need = Memory::use(shard, sm, world, o, po).total();
   // Evaluating a batch of E grows replica 0's model as a shard of E x accumulate (micro-batches of E) would.
-  const std::size_t micro = Memory::micro_batch(shard, std::size_t(po.accumulate));
+  const std::size_t micro = Memory::micro_batch(shard, std::size_t(po.accumulate), world);
   const std::size_t eval_need = Memory::use(eval_batch * std::size_t(po.accumulate), sm, world, o, po).total();
   const fp::DeviceMemory device = dp.model(0).space().memory();
   const std::size_t largest = Memory::largest_shard((dp.memory_use(0).total() + device.free) / 10 * 9, sm, world, o, po);

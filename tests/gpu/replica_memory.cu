@@ -122,3 +122,15 @@ TEST_CASE("ReplicaMemory: a replica outside the world, or accumulate 0, is an er
   CHECK_THROWS_WITH_AS((void)RM<>::use(8, sm, 2, {}, {.accumulate = 0}), doctest::Contains("accumulate must be >= 1"),
                        fp::InvalidArgument);
 }
+
+TEST_CASE("ReplicaMemory: micro-batches as Parallel cuts them, of two samples where a BatchNorm1d needs them") {
+  using Bn1d = fp::Sequential<fp::Input<8, 1, 1>, fp::Linear<8>, fp::BatchNorm1d<>, fp::ReLU, fp::Linear<3>>;
+  using Broadcast = fp::ReplicaMemory<Bn1d, P, fp::batch_norm::Broadcast>;
+  CHECK(Broadcast::micro_batch(5, 4) == 3);  // two pieces, 3 and 2
+  CHECK(Broadcast::micro_batch(3, 4) == 3);  // one piece
+  CHECK(Broadcast::micro_batch(16, 4) == 4);
+  using Sync = fp::ReplicaMemory<Bn1d, P, fp::batch_norm::Sync>;
+  CHECK(Sync::micro_batch(5, 4, 2) == 2);  // SyncBatchNorm across 2 replicas: 4 pieces, sums over both
+  CHECK(Sync::micro_batch(5, 4, 1) == 3);  // one replica has no one to sum with
+  CHECK(RM<>::micro_batch(5, 4) == 2);     // LeNet: 4 pieces, 2, 1, 1, 1
+}

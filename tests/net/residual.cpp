@@ -189,6 +189,26 @@ TEST_CASE("BatchNorm in training needs more than one value per channel") {
       (void)model.compute_gradients(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}),
       doctest::Contains("BatchNorm1d (layer 2): training needs more than one value per channel"), fp::InvalidArgument);
   CHECK(model.predict(x).size() == 2);  // evaluation mode takes a batch of one
+  static_assert(Net::min_training_batch == 2 && Net::min_training_batch_stage == 1);
+  // Refused before any layer runs: a BatchNorm2d before the BatchNorm1d keeps its statistics, and so
+  // does a block's BatchNorm1d (a Residual asks for what its inner layers ask for).
+  using Deep = fp::Sequential<fp::Input<2, 3, 3>, fp::Conv2d<3, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU, fp::Flatten,
+                              fp::Residual<fp::Linear<27>, fp::BatchNorm1d<>, fp::IdentityShortcut>, fp::Linear<2>>;
+  static_assert(Deep::min_training_batch == 2 && Deep::min_training_batch_stage == 3);
+  fp::Model<Deep, fp::Host> deep{fp::seed(2)};
+  const std::vector<float> one(Deep::input_shape::size, 0.75f);
+  const std::vector<float> stats(deep.buffers().begin(), deep.buffers().end());
+  CHECK_THROWS_WITH_AS(
+      (void)deep.compute_gradients(std::span<const float>(one), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}),
+      doctest::Contains("Residual (layer 5): training needs more than one value per channel, got a batch of 1"),
+      fp::InvalidArgument);
+  CHECK(std::equal(stats.begin(), stats.end(), deep.buffers().begin()));
+  // Two samples train.
+  std::vector<float> two(2 * Deep::input_shape::size);
+  for (std::size_t i = 0; i < two.size(); ++i) two[i] = 2 * fp::rng::uniform(4, 0, i) - 1;
+  const std::vector<std::int32_t> y2{0, 1};
+  (void)deep.compute_gradients(std::span<const float>(two), std::span<const std::int32_t>(y2), fp::SoftmaxCrossEntropy{});
+  CHECK(!std::equal(stats.begin(), stats.end(), deep.buffers().begin()));
 }
 
 TEST_CASE("the cost model counts ResNet-18's convolutions and Linear, not its BatchNorms") {

@@ -185,6 +185,41 @@ TEST_CASE("accumulate K under Deterministic: bit for bit the micro-batch gradien
   }
 }
 
+TEST_CASE("accumulate with a BatchNorm over single values: micro-batches of two samples, shards of one refused") {
+  // BatchNorm1d needs two samples a micro-batch: a shard of 5 with accumulate 4 runs 2 micro-batches
+  // (3 and 2 samples), not 4 of which three hold one sample (which threw mid-step, after the first
+  // micro-batch had moved the statistics).
+  using Bn1d = fp::Sequential<fp::Input<2, 4, 4>, fp::Conv2d<3, 3, 1, 1>, fp::ReLU, fp::Flatten, fp::Linear<8>,
+                              fp::BatchNorm1d<>, fp::ReLU, fp::Linear<5>>;
+  static_assert(Bn1d::min_training_batch == 2);
+  CHECK(fp::parallel::detail::micro_batch_count(5, 4, false, 2) == 2);
+  CHECK(fp::parallel::detail::micro_batch_count(9, 4, false, 2) == 4);
+  CHECK(fp::parallel::detail::micro_batch_count(3, 4, false, 2) == 1);
+  CHECK(fp::parallel::detail::micro_batch_count(5, 4, false) == 4);
+  using P = fp::Parallel<Bn1d, fp::Host, fp::batch_norm::Broadcast>;
+  P dp{fp::replicas(2, 1), fp::seed(8), {.accumulate = 4}};
+  fp::Sgd o = sgd;
+  const auto step = [&](std::size_t size) {
+    std::vector<float> x(size * Bn1d::input_shape::size);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * fp::rng::uniform(31, size, i) - 1;
+    const std::vector<std::int32_t> y(size, 3);
+    return dp.train_step(std::span<const float>(x), std::span<const std::int32_t>(y), fp::SoftmaxCrossEntropy{}, o);
+  };
+  CHECK(std::isfinite(step(16)));
+  CHECK(std::isfinite(step(10)));  // shards of 5: micro-batches of 3 and 2
+  CHECK(dp.model(0).steps() == 2);
+  CHECK(std::memcmp(dp.model(0).params().data(), dp.model(1).params().data(), Bn1d::param_storage * sizeof(float)) == 0);
+  // A shard of one sample (3 over 2 replicas) cannot train: refused before either replica starts.
+  const std::vector<float> params(dp.model(0).params().begin(), dp.model(0).params().end());
+  const std::vector<float> state(dp.model(1).buffers().begin(), dp.model(1).buffers().end());
+  CHECK_THROWS_WITH_AS(step(3), doctest::Contains("a replica's shard of 1 sample(s)"), fp::InvalidArgument);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(std::equal(params.begin(), params.end(), dp.model(r).params().begin()));
+    CHECK(std::equal(state.begin(), state.end(), dp.model(r).buffers().begin()));
+  }
+  CHECK(dp.model(0).steps() == 2);
+}
+
 TEST_CASE("accumulate: bad counts are refused with a message that names them") {
   CHECK_THROWS_WITH_AS((fp::Parallel<Net, fp::Host>{fp::replicas(2, 1), fp::seed(5), {.accumulate = 0}}),
                        doctest::Contains("accumulate must be >= 1, got 0"), fp::InvalidArgument);

@@ -70,6 +70,10 @@ struct BatchNorm {
   }};
   template <class In>
   static constexpr double forward_macs = 0;  // memory-bound: no GEMM
+  /// The fewest samples a training batch may hold (without SyncBatchNorm): two where a channel gets
+  /// one value a sample (BatchNorm1d, or 1 x 1 planes), as PyTorch asks for.
+  template <class In>
+  static constexpr std::size_t min_training_batch = In::height * In::width == 1 ? 2 : 1;
   template <class In>
   static constexpr kernels::BatchNormState state_offsets{std::size_t(In::channels),
                                                          align_elements(std::size_t(In::channels)),

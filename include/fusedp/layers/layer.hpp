@@ -239,4 +239,11 @@ constexpr std::size_t host_scratch_of() {
   else return 0;
 }
 
+/// The fewest samples a training batch of layer L at input In may hold (L::min_training_batch<In>, else 1).
+template <class L, class In>
+constexpr std::size_t min_training_batch_of() {
+  if constexpr (requires { L::template min_training_batch<In>; }) return L::template min_training_batch<In>;
+  else return 1;
+}
+
 }  // namespace fusedp

@@ -193,6 +193,7 @@ class Model<Net, CudaSpace<P>, T> {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
+    binding_type::check_training_batch(batch, false);
     stage(inputs, targets, batch);
     run_step(staging_.inputs(), staged_targets<Loss>(), batch, loss, opt);
   }
@@ -205,6 +206,7 @@ class Model<Net, CudaSpace<P>, T> {
     const std::size_t batch = binding_type::samples_in(inputs.size);
     require(targets.size == batch * target_count<Loss>(), "Model: ", targets.size, " targets on the device for a batch of ",
             batch);
+    binding_type::check_training_batch(batch, false);
     reserve(batch);
     run_step(inputs.data, targets.data, batch, loss, opt);
   }
@@ -297,6 +299,7 @@ class Model<Net, CudaSpace<P>, T> {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
+    binding_type::check_training_batch(batch, bool(sync));
     const auto scope = binding_.synchronized(sync, first_sample);
     stage(inputs, targets, batch);
     queue_gradients(staging_.inputs(), staged_targets<Loss>(), batch, loss, on_stage_done, normalizer);

@@ -150,6 +150,7 @@ class Model {
     const std::size_t batch = binding_type::samples_in(inputs.size());
     Loss::validate(targets, batch, output_size);
     if constexpr (requires { loss.check_options(); }) loss.check_options();  // before anything changes
+    binding_type::check_training_batch(batch, bool(sync));
     const auto scope = binding_.synchronized(sync, first_sample);
     forward_pass(inputs.data(), batch, true);
     T* dlogits = binding_.gradient_buffer(0, batch);

@@ -358,6 +358,12 @@ struct Residual {
     if constexpr (identity) return body<In>::host_scratch_elements;
     else return std::max(body<In>::host_scratch_elements, projection<In>::host_scratch_elements);
   }();
+  /// The fewest samples a training batch may hold: the most any inner layer asks for.
+  template <class In>
+  static constexpr std::size_t min_training_batch = [] {
+    if constexpr (identity) return body<In>::min_training_batch;
+    else return std::max(body<In>::min_training_batch, projection<In>::min_training_batch);
+  }();
   /// The inner layers' GEMM multiply-adds per sample (the cost model's count).
   template <class In>
   static constexpr double forward_macs = [] {

@@ -543,6 +543,16 @@ struct Sequential {
     ((m = std::max(m, host_scratch_of<typename stage<I>::layer, typename stage<I>::in>())), ...);
     return m;
   }
+  // The fewest samples a training batch may hold, and the first stage that asks for that many.
+  template <std::size_t... I>
+  static constexpr std::pair<std::size_t, std::size_t> max_min_batch(std::index_sequence<I...>) {
+    std::pair<std::size_t, std::size_t> m{1, 0};
+    ((min_training_batch_of<typename stage<I>::layer, typename stage<I>::in>() > m.first
+          ? (m = {min_training_batch_of<typename stage<I>::layer, typename stage<I>::in>(), I}, 0)
+          : 0),
+     ...);
+    return m;
+  }
 
  public:
   /// Where each stage's output (and saved pre-epilogue values) live, per sample.
@@ -555,6 +565,11 @@ struct Sequential {
   static constexpr std::size_t backward_elements = max_backward(std::make_index_sequence<stage_count>{});
   /// Elements of Host scratch per thread (im2col matrices and private weight gradients).
   static constexpr std::size_t host_scratch_elements = max_scratch(std::make_index_sequence<stage_count>{});
+  /// The fewest samples a training batch may hold without SyncBatchNorm: 2 where a BatchNorm, at any
+  /// depth, gets one value a channel and sample (BatchNorm1d); else 1.
+  static constexpr std::size_t min_training_batch = max_min_batch(std::make_index_sequence<stage_count>{}).first;
+  /// The first stage that asks for min_training_batch samples (0 where none asks for more than one).
+  static constexpr std::size_t min_training_batch_stage = max_min_batch(std::make_index_sequence<stage_count>{}).second;
   /// A hash of everything that defines the network: each layer's name, numeric attributes (kernel,
   /// stride, padding, slopes, probabilities), input and output shapes, and the parameter layout. The
   /// same on every compiler and machine; checkpoints and data-parallel ranks compare it.

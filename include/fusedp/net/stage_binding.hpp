@@ -184,6 +184,16 @@ class StageBinding {
     return values / input_size;
   }
 
+  /// Refuses, before anything runs, a training batch that a BatchNorm cannot normalize: fewer than
+  /// Net::min_training_batch samples (one value a channel, BatchNorm1d) without SyncBatchNorm's sums
+  /// (`synchronized`). Checked up front, so that no earlier layer's statistics change first.
+  static void check_training_batch(std::size_t batch, bool synchronized) {
+    using S = typename Net::template stage<Net::min_training_batch_stage>;
+    require(synchronized || batch >= Net::min_training_batch, S::layer::name, " (layer ", S::first,
+            "): training needs more than one value per channel, got a batch of ", batch, " (at least ",
+            Net::min_training_batch, " samples)");
+  }
+
   /// Makes room for batches up to `batch`, plus `tail_elements` after the per-sample regions (Host:
   /// the threads' scratch; Cuda: the fused MLP's gradients). Returns false when it already had room.
   bool reserve(std::size_t batch, std::size_t tail_elements) {

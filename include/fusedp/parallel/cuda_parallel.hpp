@@ -262,7 +262,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
     if constexpr (!sharded)
       parallel::detail::require_micro_batches(
           parallel::detail::smallest_shard(weighted, batch, world_, weights_),
-          std::size_t(options_.accumulate), synchronized());
+          std::size_t(options_.accumulate), synchronized(), Net::min_training_batch);
     std::uint64_t local = 0;
     for (const auto& sh : shards) local += sh.count;
     std::uint64_t global = batch;
@@ -281,7 +281,7 @@ class Parallel<Net, CudaSpace<P>, Policies...> {
       // Each process's replicas split its count evenly: every process refuses together, before any changes.
       parallel::detail::require_micro_batches(
           std::size_t(*std::min_element(counts.begin(), counts.end())) / replicas_.size(),
-          std::size_t(options_.accumulate), synchronized());
+          std::size_t(options_.accumulate), synchronized(), Net::min_training_batch);
     }
 
     std::vector<float> losses(replicas_.size());

@@ -215,7 +215,7 @@ class Parallel<Net, Host, Policies...> {
     if constexpr (!sharded)
       parallel::detail::require_micro_batches(
           parallel::detail::smallest_shard(weighted, batch, world_, weights_),
-          std::size_t(options_.accumulate), synchronized());
+          std::size_t(options_.accumulate), synchronized(), Net::min_training_batch);
     auto one = [&](std::size_t r, auto& channel) {
       return replica_step(r, channel, inputs.subspan(shards[r].offset * model_type::input_size,
                                                      shards[r].count * model_type::input_size),
@@ -352,7 +352,7 @@ class Parallel<Net, Host, Policies...> {
       for (std::size_t i = 0; i < global_index(r); ++i) first_sample += std::size_t(counts[i]);
       // Every replica's shard is known to every replica now: all refuse together, before any changes.
       parallel::detail::require_micro_batches(std::size_t(*std::min_element(counts.begin(), counts.end())),
-                                              std::size_t(options_.accumulate), synchronized());
+                                              std::size_t(options_.accumulate), synchronized(), Net::min_training_batch);
     }
     // Average: each replica's gradient is its share of the mean over the global batch (its loss sum
     // divided by the global count), so the reduction is a plain sum. Sum: each replica's own mean.

@@ -45,10 +45,13 @@ struct ReplicaMemory {
   using policy = parallel::Policy<CudaSpace<P>, Policies...>;
   using model_memory = CudaMemory<Net, P>;
 
-  /// Samples of the largest micro-batch a replica runs from a shard of `shard` samples cut into
-  /// `accumulate` pieces (parallel/detail/accumulate.hpp).
-  static constexpr std::size_t micro_batch(std::size_t shard, std::size_t accumulate) noexcept {
-    const std::size_t pieces = std::max<std::size_t>(1, std::min(shard, accumulate));
+  /// Samples of the largest micro-batch a replica of a world of `world` runs from a shard of `shard`
+  /// samples cut into `accumulate` pieces, or fewer where the shard is smaller (parallel/detail/
+  /// accumulate.hpp: micro_batch_count).
+  static constexpr std::size_t micro_batch(std::size_t shard, std::size_t accumulate, std::size_t world = 1) noexcept {
+    const bool synchronized = policy::sync_batch_norm && world > 1;
+    const std::size_t pieces =
+        synchronized ? accumulate : std::max<std::size_t>(1, std::min(accumulate, shard / Net::min_training_batch));
     return (shard + pieces - 1) / pieces;
   }
 
@@ -74,7 +77,7 @@ struct ReplicaMemory {
                        const ParallelOptions& p = {}, std::size_t rank = 0) {
     require(world >= 1 && rank < world, "ReplicaMemory: replica ", rank, " of a world of ", world, " does not exist");
     require(p.accumulate >= 1, "ReplicaMemory: accumulate must be >= 1, got ", p.accumulate);
-    MemoryUse m = model_memory::use(micro_batch(shard, std::size_t(p.accumulate)), sm_count, model_options(o, p));
+    MemoryUse m = model_memory::use(micro_batch(shard, std::size_t(p.accumulate), world), sm_count, model_options(o, p));
     if (shard > 0) {
       std::size_t state_floats = o.state_slots * Net::param_storage;
       if constexpr (policy::reduce_kind == parallel::detail::ReduceKind::reduce_scatter)
@@ -96,7 +99,12 @@ struct ReplicaMemory {
     const MemoryUse one = use(1, sm_count, world, o, p, rank);
     const std::size_t beside = one.optimizer_state + one.reduction;
     if (budget_bytes < beside) return 0;
-    return model_memory::largest_batch(budget_bytes - beside, sm_count, model_options(o, p)) * std::size_t(p.accumulate);
+    std::size_t shard =
+        model_memory::largest_batch(budget_bytes - beside, sm_count, model_options(o, p)) * std::size_t(p.accumulate);
+    // Where a micro-batch must hold two samples (BatchNorm1d), a shard of one-sample micro-batches runs
+    // fewer, larger ones: back off to the last shard that fits.
+    while (shard > 0 && use(shard, sm_count, world, o, p, rank).total() > budget_bytes) --shard;
+    return shard;
   }
 
  private:

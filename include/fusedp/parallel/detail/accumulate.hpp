@@ -18,6 +18,7 @@
 #include "fusedp/parallel/options.hpp"
 #include "fusedp/parallel/shards.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 
@@ -29,29 +30,40 @@ namespace fusedp::parallel::detail {
   return o;
 }
 
-/// How many micro-batches a shard of `count` samples runs: `micro`, or one per sample when the shard
-/// has fewer samples than that. SyncBatchNorm sums statistics over the replicas inside every
-/// micro-batch, so there every shard must have at least `micro` samples (every replica then runs the
-/// same number of micro-batches).
-[[nodiscard]] inline std::size_t micro_batch_count(std::size_t count, std::size_t micro, bool synchronized) {
+/// How many micro-batches a shard of `count` samples runs: `micro`, or fewer when the shard has fewer
+/// samples than that: one per sample, or per `least` samples where a micro-batch must hold that many
+/// (Sequential::min_training_batch: a BatchNorm over one value a channel, without SyncBatchNorm's
+/// sums), at least one. SyncBatchNorm sums statistics over the replicas inside every micro-batch, so
+/// there every shard must have at least `micro` samples (every replica then runs the same number of
+/// micro-batches).
+[[nodiscard]] inline std::size_t micro_batch_count(std::size_t count, std::size_t micro, bool synchronized,
+                                                   std::size_t least = 1) {
   require(micro >= 1, "Parallel: accumulate must be >= 1, got ", micro);
   require(count >= 1, "Parallel: a replica's shard holds no sample");
-  if (synchronized)
+  if (synchronized) {
     require(count >= micro, "Parallel: accumulate ", micro, " with batch_norm::Sync needs at least ", micro,
             " samples in every replica's shard, this one has ", count,
             " (every replica must run as many micro-batches)");
-  return count < micro ? count : micro;
+    return micro;
+  }
+  return std::max<std::size_t>(1, std::min(micro, count / least));
 }
 
-/// Refuses a step whose smallest shard, `smallest` samples, cannot run `micro` micro-batches in step with
-/// the other replicas' (`synchronized`: batch_norm::Sync, see micro_batch_count). Parallel calls it with
-/// every replica's shard known to every replica, before any of them starts, so that all refuse and
-/// nothing changes (no replica runs a micro-batch, or updates its statistics, before another throws).
-inline void require_micro_batches(std::size_t smallest, std::size_t micro, bool synchronized) {
+/// Refuses a step whose smallest shard, `smallest` samples, cannot run: fewer than `micro` under
+/// batch_norm::Sync (`synchronized`: every replica runs as many micro-batches, see micro_batch_count),
+/// or fewer than `least` without it (a BatchNorm over one value a channel: Sequential::min_training_batch).
+/// Parallel calls it with every replica's shard known to every replica, before any of them starts, so
+/// that all refuse and nothing changes (no replica runs a micro-batch, or updates its statistics,
+/// before another throws).
+inline void require_micro_batches(std::size_t smallest, std::size_t micro, bool synchronized, std::size_t least) {
   if (synchronized && micro > 1)
     require(smallest >= micro, "Parallel: accumulate ", micro, " with batch_norm::Sync needs at least ", micro,
             " samples in every replica's shard, the smallest has ", smallest,
             " (every replica must run as many micro-batches)");
+  if (!synchronized)
+    require(smallest >= least, "Parallel: a replica's shard of ", smallest,
+            " sample(s), but a BatchNorm of this network gets one value a channel and sample, and training needs "
+            "at least ", least, " in every shard (more than one value per channel; or batch_norm::Sync)");
 }
 
 /// Micro-batch k of `pieces` over `count` samples, as even_shards(count, pieces)[k] (the first
@@ -73,7 +85,8 @@ float accumulate_gradients(Model& m, std::span<const GradientBucket> plan, float
                            ReplicaSum sync, std::size_t first_sample, Add&& add, Copy&& copy, StageDone&& stage_done) {
   const std::size_t in = Model::input_size;
   const std::size_t count = inputs.size() / in;
-  const std::size_t pieces = micro <= 1 ? 1 : micro_batch_count(count, micro, bool(sync));
+  const std::size_t pieces =
+      micro <= 1 ? 1 : micro_batch_count(count, micro, bool(sync), Model::network::min_training_batch);
   // One piece (a shard of one sample) is the step's gradient itself: the sum buffer holds an earlier
   // step's micro-batches, which must not be added to it.
   if (pieces == 1) return m.compute_gradients(inputs, targets, loss, stage_done, normalizer, sync, first_sample);
