@@ -103,3 +103,20 @@ TEST_CASE_TEMPLATE("every replica takes the same decision, whatever the reduce p
                   fp::NumericError);
   for (std::size_t r = 0; r < 3; ++r) CHECK(copy(dp.model(r).params()) == params);
 }
+
+TEST_CASE_TEMPLATE("nonfinite::Stop under Parallel names the summed gradient's first tensor, whatever the policy", P,
+                   fp::Parallel<Net, fp::Host>, fp::Parallel<Net, fp::Host, fp::reduce::ReduceBroadcast<>>,
+                   fp::Parallel<Net, fp::Host, fp::reduce::ReduceScatter<>>) {
+  // Only the last replica sees the NaN. Under ZeRO-1 each replica holds the sum of its own block only,
+  // and under ReduceBroadcast only the root holds the sum: the message came from whichever replica
+  // threw first, which named a tensor of its block, or no tensor. Many steps, for the race.
+  const fp::Guarded<fp::Sgd> stop{{{.lr = 0.1f}}};
+  const Batch bad = batch_of(9, 1, true);
+  for (int attempt = 0; attempt < 12; ++attempt) {
+    CAPTURE(attempt);
+    P dp{fp::replicas(3, 1), fp::seed(4)};
+    CHECK_THROWS_WITH_AS(dp.train_step(std::span<const float>(bad.x), std::span<const std::int32_t>(bad.y),
+                                       fp::SoftmaxCrossEntropy{}, stop),
+                         doctest::Contains("first in '0.weight'"), fp::NumericError);
+  }
+}

@@ -32,12 +32,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <variant>
@@ -292,6 +294,19 @@ class Parallel<Net, Host, Policies...> {
   // Whether BatchNorm layers take their statistics over every replica's shard (SyncBatchNorm).
   [[nodiscard]] bool synchronized() const noexcept { return policy::sync_batch_norm && world_ > 1; }
 
+  // Where the first non-finite value of g[0, n) lies in the flat buffer (`offset` + its index), plus
+  // one; 0 where all are finite. A double, exact below 2^53, so that replicas can add and share it.
+  static double nonfinite_mark(const float* g, std::size_t n, std::size_t offset) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isfinite(g[i])) return double(offset + i + 1);
+    return 0.0;
+  }
+  // The tensor a nonfinite_mark points into, in the words of Model::first_nonfinite_tensor.
+  static std::string tensor_marked(double mark) {
+    if (mark == 0.0) return "no tensor";
+    return ParameterStore<Net, Host, float>::tensor_holding(static_cast<unsigned long long>(mark) - 1);
+  }
+
   // Replica `local`'s rank in the world.
   std::size_t global_index(std::size_t local) const { return processes_.under_mpi() ? std::size_t(rank()) : local; }
 
@@ -409,14 +424,14 @@ class Parallel<Net, Host, Policies...> {
       // guarded optimizer's decision is the root's, shared with every replica so they act together.
       double factor = 1.0;
       if constexpr (guarded<Opt>) {
-        std::array<double, 2> stats{};
+        std::array<double, 3> stats{};  // the sum of squares, not finite, where (nonfinite_mark)
         if (channel.rank() == 0) {
           const auto s = kernels::host::gradient_stats(m.space(), m.grads().data(), Net::param_storage);
-          stats = {s.sum_squares, s.finite ? 0.0 : 1.0};
+          stats = {s.sum_squares, s.finite ? 0.0 : 1.0,
+                   s.finite ? 0.0 : nonfinite_mark(m.grads().data(), Net::param_storage, 0)};
         }
         channel.comm().broadcast(stats.data(), stats.size(), 0);
-        factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1,
-                            channel.rank() == 0 ? m.first_nonfinite_tensor() : "the gradient summed on rank 0");
+        factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1, tensor_marked(stats[2]));
       }
       if (channel.rank() == 0) m.apply_step(opt, factor);
       else m.count_step(factor != 0.0);
@@ -440,10 +455,18 @@ class Parallel<Net, Host, Policies...> {
     // added over all replicas, and every replica takes the same decision.
     double factor = 1.0;
     if constexpr (guarded<Opt>) {
+      // The sum of squares, not finite, then each replica's first non-finite element of its block in
+      // rank order (nonfinite_mark): the first of those is the summed gradient's, which no replica holds
+      // whole (outside its block each holds its own shard's gradient).
       const auto s = kernels::host::gradient_stats(m.space(), g, block.count);
-      std::array<double, 2> stats{s.sum_squares, s.finite ? 0.0 : 1.0};
+      std::vector<double> stats(2 + world_, 0.0);
+      stats[0] = s.sum_squares;
+      stats[1] = s.finite ? 0.0 : 1.0;
+      if (!s.finite) stats[2 + std::size_t(channel.rank())] = nonfinite_mark(g, block.count, block.offset);
       channel.comm().all_reduce_sum(stats.data(), stats.size());
-      factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1, m.first_nonfinite_tensor());
+      double first = 0.0;
+      for (std::size_t i = 2; i < stats.size() && first == 0.0; ++i) first = stats[i];
+      factor = opt.decide({stats[0], stats[1] == 0.0}, m.steps() + 1, tensor_marked(first));
       if (factor == 0.0) {
         m.count_step(false);
         return;
