@@ -31,6 +31,12 @@ TEST_CASE("make_dataset holds arrays already in memory and checks them") {
                        doctest::Contains("classes is 0"), DataError);
   CHECK_THROWS_WITH_AS((void)fusedp::data::make_dataset(std::vector<float>(6), {0}, 0, 2, 3, 2),
                        doctest::Contains("has a zero dimension"), DataError);
+  // Shapes whose product wraps around: to 0 (a division by zero), or to 4, which 4 values matched.
+  CHECK_THROWS_WITH_AS((void)fusedp::data::make_dataset(std::vector<float>(4), {0}, std::size_t(1) << 62, 4, 1, 2),
+                       doctest::Contains("has more values than a size_t counts"), DataError);
+  CHECK_THROWS_WITH_AS(
+      (void)fusedp::data::make_dataset(std::vector<float>(4), {0}, (std::size_t(1) << 63) + 1, 2, 2, 2),
+      doctest::Contains("has more values than a size_t counts"), DataError);
 }
 
 TEST_CASE("make_regression_dataset: float targets, checked finite") {

@@ -13,6 +13,7 @@
 
 #include "mpi_check.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -87,6 +88,20 @@ int main(int argc, char** argv) {
     } else if (mode == "resume" && !dir.empty()) {
       train(one, adam, 0, 8);
       Zero zero{world, fp::seed(9), {.threads = 1}};
+      {
+        // The last rank cannot see the folder: every rank refuses, and none changes.
+        const std::vector<float> before(zero.model().params().begin(), zero.model().params().end());
+        const std::string where = rank + 1 == world.size() ? dir + "/not-here" : dir;
+        bool refused = false;
+        try {
+          (void)ft::load_checkpoint(where, zero, adam);
+        } catch (const fp::DataError&) {
+          refused = true;
+        }
+        check(refused, rank, "a checkpoint one rank cannot read is refused on every rank");
+        check(std::equal(before.begin(), before.end(), zero.model().params().begin()), rank,
+              "and no rank's parameters changed");
+      }
       const ft::TrainingState s = ft::load_checkpoint(dir, zero, adam);
       check(s.steps == 4 && zero.model().steps() == 4, rank, "resumed after 4 steps");
       const fp::parallel::Shard block = zero.zero_block(std::size_t(rank));

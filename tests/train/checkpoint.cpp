@@ -266,6 +266,25 @@ TEST_CASE("a checkpoint restores parameters, optimizer state, counters and the t
 // A state file whose samples_done is 0 (or absent) beside batches_done > 0 means the batches' samples,
 // on reading as on saving, so the state survives a save and reload unchanged (found by fuzz_checkpoint:
 // such a file read as 0 and came back as 3 x batch).
+TEST_CASE("a checkpoint saved before the first step starts another optimizer from zeros, in its own size") {
+  // The model trained with Adam (two slots); the checkpoint holds no optimizer state, and loads with Sgd
+  // (one slot). The zeros were sized by the Adam state the model held: twice Sgd's, written past it.
+  TempDir dir("fusedp_ckpt");
+  const std::string ck = dir.file("ck");
+  Model fresh{fp::seed(9), fp::Host{1}};
+  ft::save_checkpoint(ck, fresh, state_at(0));
+  Model m{fp::seed(9), fp::Host{1}};
+  fp::Adam adam{{.lr = 0.01f}};
+  train(m, adam, 1);
+  REQUIRE(m.optimizer_state().size() == 2 * Small::param_storage);
+  const fp::Sgd sgd{{.lr = 0.05f, .momentum = 0.9f}};
+  (void)ft::load_checkpoint(ck, m, sgd);
+  CHECK(std::string(m.optimizer_name()) == "Sgd");
+  CHECK(m.optimizer_state().size() == Small::param_storage);
+  CHECK(std::all_of(m.optimizer_state().begin(), m.optimizer_state().end(), [](float v) { return v == 0.0f; }));
+  CHECK(copy(m.params()) == copy(fresh.params()));
+}
+
 TEST_CASE("samples_done left 0 or absent in a file reads as the batches' position and round-trips") {
   TempDir dir("fusedp_ckpt");
   const std::string ck = dir.file("ck");

@@ -58,3 +58,24 @@ TEST_CASE("resume keeps the epochs a checkpoint holds and drops later ones") {
   fresh.write({{"epoch", 4LL}});
   CHECK(text(dir.file("new.jsonl")) == "{\"epoch\": 4}\n");
 }
+
+TEST_CASE("resume drops a last line the interrupted run did not finish") {
+  TempDir dir("fusedp_metrics");
+  const std::string path = dir.file("m.jsonl");
+  const auto resumed = [&](const std::string& before) {
+    std::ofstream(path, std::ios::binary) << before;
+    ft::MetricsWriter w = ft::MetricsWriter::resume(path, 11);
+    w.write({{"epoch", 12LL}});
+    return text(path);
+  };
+  // Torn in the middle of its epoch number, or of the key, or after the epoch it names: no newline.
+  CHECK(resumed("{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 1") == "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 12}\n");
+  CHECK(resumed("{\"epoch\": 1, \"loss\": 1}\n{\"epo") == "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 12}\n");
+  CHECK(resumed("{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"lo") == "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 12}\n");
+  // The zeros a lost write leaves.
+  CHECK(resumed(std::string("{\"epoch\": 1, \"loss\": 1}\n") + std::string(6, '\0') + "\n") ==
+        "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 12}\n");
+  // A finished last line stays.
+  CHECK(resumed("{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"loss\": 0.5}\n") ==
+        "{\"epoch\": 1, \"loss\": 1}\n{\"epoch\": 2, \"loss\": 0.5}\n{\"epoch\": 12}\n");
+}

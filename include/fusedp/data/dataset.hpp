@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,11 @@ inline void validate(const Dataset& ds, const std::string& name) {
   if (ds.channels == 0 || ds.height == 0 || ds.width == 0)
     fail("sample shape " + std::to_string(ds.channels) + "x" + std::to_string(ds.height) + "x" +
          std::to_string(ds.width) + " has a zero dimension");
+  // A shape whose product wraps around would pass the size check below with the wrong sample size.
+  if (ds.channels > std::numeric_limits<std::size_t>::max() / ds.height ||
+      ds.channels * ds.height > std::numeric_limits<std::size_t>::max() / ds.width)
+    fail("sample shape " + std::to_string(ds.channels) + "x" + std::to_string(ds.height) + "x" +
+         std::to_string(ds.width) + " has more values than a size_t counts");
   const std::size_t sample = ds.sample_size();
   if (ds.images.size() / sample != ds.count || ds.images.size() % sample != 0)
     fail(std::to_string(ds.images.size()) + " input values are not " + std::to_string(ds.count) + " samples of " +

@@ -206,6 +206,8 @@ template <class Opt, class Model>
 void store_optimizer_state(Model& model, std::span<const float> values) {
   if constexpr (on_host<Model>) {
     const std::span<float> dst = model.template optimizer_state<Opt>();
+    require(dst.size() == values.size(), "load_checkpoint: ", values.size(), " optimizer state values for ",
+            dst.size());
     std::memcpy(dst.data(), values.data(), values.size() * sizeof(float));
   } else {
     model.template load_optimizer_state<Opt>(values);
@@ -470,8 +472,13 @@ void save_image(const std::string& dir, const ModelImage& image, TrainingState s
     ::unlink((weights_path + ".tmp").c_str());
     throw;
   }
+  // The folder is synced before each rename: the temporaries' names must be durable before the state
+  // that names the weights by checksum is, and the commit before the weights replace the old ones
+  // (after a power loss either order could otherwise leave a folder mixing two saves).
+  fsync_directory(dir);
   if (stop == SaveStop::after_temporaries) return;
   rename_over(state_path + ".tmp", state_path);  // the commit
+  fsync_directory(dir);
   if (stop == SaveStop::after_commit) return;
   rename_over(weights_path + ".tmp", weights_path);
   fsync_directory(dir);
@@ -633,7 +640,9 @@ TrainingState load_checkpoint(const std::string& dir, Model& model, const Opt& o
   if (!c.optimizer_state.empty()) {
     detail::store_optimizer_state<Opt>(model, c.optimizer_state);
   } else if (model.optimizer_name() != nullptr) {
-    c.optimizer_state.assign(model.optimizer_state().size(), 0.0f);
+    // Saved before the first step: Opt starts from zeros, in Opt's size (the state the model holds may
+    // be another optimizer's, of another size).
+    c.optimizer_state.assign(Opt::state_slots * Model::network::param_storage, 0.0f);
     detail::store_optimizer_state<Opt>(model, c.optimizer_state);
   }
   model.set_step_counters(c.state.steps, c.state.optimizer_steps);

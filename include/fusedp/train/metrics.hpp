@@ -29,12 +29,16 @@ class MetricsWriter {
 
   /// Continues the metrics file of a resumed run: keeps the lines whose "epoch" is at most
   /// `epochs_done` (what the checkpoint holds) and lines without an epoch, drops the later epochs that
-  /// the interrupted run wrote after its last checkpoint, and appends from there. The file is
+  /// the interrupted run wrote after its last checkpoint and a last line it did not finish, and appends
+  /// from there. The file is
   /// rewritten atomically; a missing file starts empty.
   [[nodiscard]] static MetricsWriter resume(const std::string& path, std::uint64_t epochs_done) {
     std::string kept;
     if (std::ifstream in{path}; in) {
       for (std::string line; std::getline(in, line);) {
+        // A line the interrupted run did not finish (no newline after it, or the zeros a lost write
+        // leaves) is dropped: kept, it would break every later read of the file.
+        if (in.eof() || line.find('\0') != std::string::npos) continue;
         if (line.empty()) continue;
         const std::size_t at = line.find("\"epoch\": ");
         if (at != std::string::npos) {

@@ -31,16 +31,17 @@ class ProgressLine {
   void update(std::size_t done, double loss, std::size_t samples) {
     const auto now = clock::now();
     const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const bool finished = done == steps_;
+    // Past the epoch's steps (an epoch of 0 steps, or no start_epoch) every report is the last one.
+    const bool finished = done >= steps_;
     if (terminal_) {
       if (!finished && now - last_ < std::chrono::milliseconds(100)) return;
     } else {
       if (done * 10 < next_tenth_ * steps_ && !finished) return;
-      while (next_tenth_ * steps_ <= done * 10) ++next_tenth_;
+      while (steps_ > 0 && next_tenth_ * steps_ <= done * 10) ++next_tenth_;
     }
     last_ = now;
     const double rate = elapsed > 0 ? double(samples) / elapsed : 0.0;
-    const double eta = done > 0 ? elapsed * double(steps_ - done) / double(done) : 0.0;
+    const double eta = done > 0 && !finished ? elapsed * double(steps_ - done) / double(done) : 0.0;
     std::fprintf(out_, "%sepoch %zu/%zu  step %zu/%zu  loss %.4f  %.0f %s/s  ETA %.0fs%s", terminal_ ? "\r\033[K" : "",
                  epoch_, epochs_, done, steps_, loss, rate, unit_, eta, terminal_ ? "" : "\n");
     std::fflush(out_);
