@@ -288,6 +288,7 @@ class Parallel<Net, Host, Policies...> {
     if (sharded) counts_.assign(models_.size(), std::vector<std::uint64_t>(world_));
     zero_ = parallel::ZeroLayout(Net::param_storage, world_, align_elements_count);
     zero_state_.resize(models_.size());
+    guard_stats_.assign(models_.size(), std::vector<double>(2 + world_));
     if (weighted) weights_.assign(world_, 1.0);
   }
 
@@ -459,7 +460,8 @@ class Parallel<Net, Host, Policies...> {
       // rank order (nonfinite_mark): the first of those is the summed gradient's, which no replica holds
       // whole (outside its block each holds its own shard's gradient).
       const auto s = kernels::host::gradient_stats(m.space(), g, block.count);
-      std::vector<double> stats(2 + world_, 0.0);
+      std::vector<double>& stats = guard_stats_[r];  // sized by init: no step allocates
+      std::fill(stats.begin(), stats.end(), 0.0);
       stats[0] = s.sum_squares;
       stats[1] = s.finite ? 0.0 : 1.0;
       if (!s.finite) stats[2 + std::size_t(channel.rank())] = nonfinite_mark(g, block.count, block.offset);
@@ -494,6 +496,7 @@ class Parallel<Net, Host, Policies...> {
   parallel::ZeroLayout zero_;
   std::vector<HostBuffer<float>> zero_state_;
   std::size_t zero_slots_ = 0;  // ZeRO-1: state slots of the optimizer whose blocks zero_state_ holds
+  std::vector<std::vector<double>> guard_stats_;  // ZeRO-1's guard: each replica's sums and marks (zero_update)
   std::vector<HostBuffer<float>> acc_;  // accumulate > 1: each replica's sum of its micro-batches' gradients
   std::vector<std::vector<std::uint64_t>> counts_;  // Sharded: each replica's room for every replica's count
   bool fused_update_ = true;

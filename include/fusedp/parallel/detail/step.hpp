@@ -84,7 +84,8 @@ inline std::vector<Shard> process_shards(bool sharded, bool weighted, std::size_
 /// Sharded each process knows the others' counts only once they are summed).
 [[nodiscard]] inline std::size_t smallest_shard(bool weighted, std::size_t batch, std::size_t world,
                                                 std::span<const double> weights) {
-  return smallest_count(weighted ? weighted_shards(batch, weights) : even_shards(batch, world));
+  if (!weighted) return batch / world;  // even_shards gives the first batch % world one more
+  return smallest_count(weighted_shards(batch, weights));
 }
 
 /// The slice of a step's targets that goes with shard `s` of a batch of `batch` samples.
