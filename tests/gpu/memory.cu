@@ -43,7 +43,9 @@ void check_largest_batch(std::size_t budget, int sm_count, const fp::CudaMemoryO
   CAPTURE(sm_count);
   CHECK(b > 0);
   CHECK(M::use(b, sm_count, o).total() <= budget);
-  CHECK(M::use(b + 1, sm_count, o).total() > budget);
+  // The next batch does not fit, unless the model indexes no larger one (a small network in a large
+  // budget: then b is batch_limit).
+  if (b < M::batch_limit) CHECK(M::use(b + 1, sm_count, o).total() > budget);
 }
 
 std::vector<std::int32_t> labels(std::size_t n, int classes) {
@@ -97,6 +99,34 @@ TEST_CASE("CudaMemory: each part follows the batch and the options as the header
   const fp::MemoryUse none = LeNetMemory::use(0, sm, {.state_slots = 0});
   CHECK(none.workspace == 0);
   CHECK(none.staging < 1024);
+}
+
+// The scratch holds a conv's dense dz only where its backward forms one (Conv2d::forms_dense_dz): not for
+// ResNet's convs before a BatchNorm (dy is their dz), nor for the CIFAR-10 CNN's, whose dz the stage
+// above writes (fused gradient boundaries); but for a conv + ReLU below a BatchNorm, which writes no dz.
+TEST_CASE("CudaGroups: the scratch holds a conv's dense dz only where its backward forms one") {
+  const int sm = 132;
+  const std::size_t batch = 128;
+  const auto dense_dz = [&](std::size_t out_channels, std::size_t pixels) { return batch * out_channels * pixels; };
+  using ResNet = fp::models::ResNet18Cifar<10>;
+  const std::size_t resnet = fp::CudaGroups<ResNet, fp::precision::Tf32>::scratch_elements_at(sm, batch);
+  MESSAGE("ResNet-18 scratch at batch 128: ", resnet, " floats");
+  CHECK(resnet < dense_dz(64, 32 * 32));  // the stem's and layer1's convs: 64 x 32 x 32 a sample
+  if constexpr (fp::cuda_fused_gradients) {
+    for (const std::size_t cifar : {fp::CudaGroups<seed_networks::CifarCnn, fp::precision::Tf32>::scratch_elements_at(sm, batch),
+                                    fp::CudaGroups<seed_networks::CifarCnn, fp::precision::Bf16>::scratch_elements_at(sm, batch)})
+      CHECK(cifar < dense_dz(64, 32 * 32));  // conv1's dz, which conv2's input gradient writes
+  }
+  using Below = fp::Sequential<fp::Input<3, 16, 16>, fp::Conv2d<8, 3, 1, 1>, fp::ReLU, fp::BatchNorm2d<>, fp::Flatten,
+                               fp::Linear<10>>;
+  CHECK(fp::CudaGroups<Below, fp::precision::Tf32>::scratch_elements_at(sm, batch) >= dense_dz(8, 16 * 16));
+  using Relu = Below::stage<0>::epilogue;
+  using None = ResNet::stage<0>::epilogue;
+  static_assert(!Relu::empty && None::empty);
+  static_assert(fp::Conv2d<8, 3>::forms_dense_dz<Relu, false>);
+  static_assert(!fp::Conv2d<8, 3>::forms_dense_dz<Relu, true>);
+  static_assert(!fp::Conv2d<8, 3>::forms_dense_dz<None, false>);
+  static_assert(fp::Conv2d<8, 3>::forms_dense_dz<None, false, 2>);  // a fused max-pool's unpooling
 }
 
 TEST_CASE("CudaMemory: the need grows with the batch, so largest_batch is the last batch that fits") {

@@ -73,6 +73,14 @@ struct Conv2d {
                                         Bias ? a.db : nullptr, a.scratch);
   }
 
+  /// Whether the Cuda backward of this conv with epilogue Epi forms its dz densely in the scratch before
+  /// its GEMMs (kernels::cuda::forms_dense_dz of the source it reads; backward_to and backward_maxpool_to
+  /// assert that they agree): not where the stage above wrote the dz (DzIn), nor where dy is the dz (an
+  /// empty epilogue and no MaxPool2d<Kp> fused after it: ResNet's convs before a BatchNorm). CudaGroups
+  /// and Residual size the Cuda scratch by it (cuda_scratch's dense_dz).
+  template <class Epi, bool DzIn, int Kp = 1>
+  static constexpr bool forms_dense_dz = !DzIn && (Kp > 1 || !Epi::empty);
+
 #if FUSEDP_HAS_CUDA
   // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed. X and Y: the
   // elements the input and the output are stored in (float; BFloat16 where CudaPlan::output_element
@@ -106,6 +114,9 @@ struct Conv2d {
     using O = output<In>;
     constexpr int ohw = O::height * O::width;
     using E = kernels::cuda::received_dz_element<P, Epi>;
+    using Dz = std::conditional_t<DzIn, kernels::cuda::StoredGradientOf<E>, kernels::cuda::ConvGradient<Epi>>;
+    static_assert(kernels::cuda::forms_dense_dz<Dz>() == forms_dense_dz<Epi, DzIn>,
+                  "Conv2d on Cuda: the scratch is sized by forms_dense_dz, which must say what backward does");
     if constexpr (DzIn)
       backward_from<In, X>(a, kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(a.dy), Out, ohw, O::width},
                            sink);
@@ -138,6 +149,9 @@ struct Conv2d {
                   "Conv2d on Cuda: pooled values stored in 16 bits must receive their dz from the stage above");
     using O = output<In>;
     using E = kernels::cuda::received_dz_element<P, Epi>;
+    using Dz = std::conditional_t<DzIn, kernels::cuda::StoredGradientOf<E>, kernels::cuda::PooledConvGradient<Epi, Kp>>;
+    static_assert(kernels::cuda::forms_dense_dz<Dz>() == forms_dense_dz<Epi, DzIn, Kp>,
+                  "Conv2d on Cuda: the scratch is sized by forms_dense_dz, which must say what backward does");
     if constexpr (DzIn)
       backward_from<In, X>(a,
                         kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(dpool), Out, O::height * O::width,
@@ -156,11 +170,12 @@ struct Conv2d {
         kernels::cuda::layer_target(a.space, a.weight_branch, name, std::int64_t(a.index)), geometry<In>, int(a.batch),
         dz, a.w, reinterpret_cast<const X*>(a.x), sink, a.dw, Bias ? a.db : nullptr, a.scratch, a.update);
   }
-  /// Floats of Cuda workspace backward needs at exactly this batch size on a device of `sm_count` SMs
-  /// (the dense dz and split-K partial sums; see CudaGroups::scratch_elements).
+  /// Floats of Cuda workspace backward needs at exactly this batch size on a device of `sm_count` SMs:
+  /// the dense dz where `dense_dz` (forms_dense_dz of the stage's backward; true when the caller does not
+  /// know), and the split-K partial sums (see CudaGroups::scratch_elements).
   template <class In>
-  static std::size_t cuda_scratch(std::size_t batch, int sm_count) {
-    return kernels::cuda::conv2d_backward_scratch<cuda_tile_w<In>>(geometry<In>, int(batch), sm_count);
+  static std::size_t cuda_scratch(std::size_t batch, int sm_count, bool dense_dz = true) {
+    return kernels::cuda::conv2d_backward_scratch<cuda_tile_w<In>>(geometry<In>, int(batch), sm_count, dense_dz);
   }
 #endif
 };

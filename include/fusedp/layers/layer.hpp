@@ -161,7 +161,9 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///                                    or saved_elements<In, Epi>, given the epilogue after it
 ///   forward_macs<In> (optional)      GEMM multiply-adds per sample (forward_macs_of has the default)
 ///   cuda_scratch<In>(batch, sm_count) (optional)  floats of Cuda workspace its kernels need at exactly
-///                                    this batch on a device of sm_count SMs (cuda_scratch_of)
+///                                    this batch on a device of sm_count SMs (cuda_scratch_of); with a
+///                                    third argument, dense_dz (forms_dense_dz<Epi, DzIn, Kp>, optional:
+///                                    whether its backward forms a dense dz first, per stage)
 ///   forward/backward (anchors)       per space, with StageArgs; on Cuda its kernels store y (forward)
 ///                                    and dx (backward) as bf16 values where bf16_y / bf16_dx say so
 ///                                    (kernels::stored_value; the Host binding rounds after the stage)
@@ -203,12 +205,24 @@ constexpr std::size_t backward_elements_of() {
   else return 0;
 }
 
+/// Whether layer L's Cuda backward, as a stage with epilogue Epi, forms a dense dz in its scratch first:
+/// where L says (Conv2d::forms_dense_dz: DzIn, its dz written by the stage above; Kp, a MaxPool2d fused
+/// after it, 1 for none), else true (its cuda_scratch takes no such argument).
+template <class L, class Epi, bool DzIn, int Kp = 1>
+constexpr bool cuda_forms_dense_dz() {
+  if constexpr (requires { L::template forms_dense_dz<Epi, DzIn, Kp>; }) return L::template forms_dense_dz<Epi, DzIn, Kp>;
+  else return true;
+}
+
 /// Floats of Cuda workspace layer L at input In needs at exactly `batch` samples on a device of
-/// `sm_count` SMs (0 for a layer without cuda_scratch<>). Not monotonic in the batch where a split-K
-/// plan depends on it: net/cuda_groups.hpp reserves the most over every batch up to its largest.
+/// `sm_count` SMs (0 for a layer without cuda_scratch<>); `dense_dz`: cuda_forms_dense_dz of the stage
+/// (a layer whose cuda_scratch takes it). Not monotonic in the batch where a split-K plan depends on it:
+/// net/cuda_groups.hpp reserves the most over every batch up to its largest.
 template <class L, class In>
-std::size_t cuda_scratch_of(std::size_t batch, int sm_count) {
-  if constexpr (requires { L::template cuda_scratch<In>(batch, sm_count); })
+std::size_t cuda_scratch_of(std::size_t batch, int sm_count, bool dense_dz = true) {
+  if constexpr (requires { L::template cuda_scratch<In>(batch, sm_count, dense_dz); })
+    return L::template cuda_scratch<In>(batch, sm_count, dense_dz);
+  else if constexpr (requires { L::template cuda_scratch<In>(batch, sm_count); })
     return L::template cuda_scratch<In>(batch, sm_count);
   else
     return 0;

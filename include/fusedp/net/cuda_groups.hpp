@@ -92,25 +92,40 @@ struct CudaGroups {
   /// Scratch floats the stages and fused groups need at exactly `batch` samples on a device of
   /// `sm_count` SMs (the largest of them).
   static std::size_t scratch_elements_at(int sm_count, std::size_t batch) {
-    std::size_t most = 0;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            using S = typename Net::template stage<I>;
-            most = std::max(most, cuda_scratch_of<typename S::layer, typename S::in>(batch, sm_count));
-          }(),
-          ...);
-    }(std::make_index_sequence<Net::stage_count>{});
-    [&]<std::size_t... G>(std::index_sequence<G...>) {
-      (
-          [&] {
-            using Gr = typename plan::template group<G>;
-            if constexpr (Gr::kind == CudaGroupKind::mlp)
-              most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), sm_count));
-          }(),
-          ...);
+    return [&]<std::size_t... G>(std::index_sequence<G...>) {
+      return std::max({std::size_t(0), group_scratch<G>(sm_count, batch)...});
     }(std::make_index_sequence<plan::group_count>{});
+  }
+  /// Scratch floats group G needs at exactly `batch` samples: the most its stages ask for (each told
+  /// whether it forms a dense dz), or its fused MLP kernel.
+  template <std::size_t G>
+  static std::size_t group_scratch(int sm_count, std::size_t batch) {
+    using Gr = typename plan::template group<G>;
+    std::size_t most = [&]<std::size_t... L>(std::index_sequence<L...>) {
+      return std::max({std::size_t(0),
+                       cuda_scratch_of<typename Net::template stage<Gr::first + L>::layer,
+                                       typename Net::template stage<Gr::first + L>::in>(
+                           batch, sm_count, forms_dense_dz<G, Gr::first + L>())...});
+    }(std::make_index_sequence<Gr::last - Gr::first + 1>{});
+    if constexpr (Gr::kind == CudaGroupKind::mlp)
+      most = std::max(most, kernels::cuda::mlp_backward_scratch<mlp_spec<Gr>>(int(batch), sm_count));
     return most;
+  }
+  /// Whether stage I of group G forms a dense dz in its backward (cuda_forms_dense_dz) as backward_group
+  /// runs it: a stage group's conv with the group's dz received where receives_dz says (through
+  /// backward_stage_to, or StageBinding where it is not received), a conv + max-pool group's conv with
+  /// the pooling (backward_maxpool_to); every other stage as StageBinding runs it, its dz not received.
+  template <std::size_t G, std::size_t I>
+  static constexpr bool forms_dense_dz() {
+    using Gr = typename plan::template group<G>;
+    using S = typename Net::template stage<I>;
+    if constexpr (Gr::kind == CudaGroupKind::conv_maxpool && I == Gr::first)
+      return cuda_forms_dense_dz<typename S::layer, typename S::epilogue, plan::template receives_dz<G>,
+                                 detail::max_pool_window_of<typename Net::template stage<I + 1>::layer>>();
+    else if constexpr (Gr::kind == CudaGroupKind::stage)
+      return cuda_forms_dense_dz<typename S::layer, typename S::epilogue, plan::template receives_dz<G>>();
+    else
+      return cuda_forms_dense_dz<typename S::layer, typename S::epilogue, false>();
   }
   /// Scratch floats that serve every batch from 1 to `batch`: the most scratch_elements_at asks for
   /// over them. The need is not monotonic in the batch: a split-K plan gives fewer rows more splits

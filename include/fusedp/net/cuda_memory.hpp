@@ -11,9 +11,11 @@
 //   workspace               B x CudaWorkspace<Net, P>::workspace_elements_per_sample floats (every stage's
 //                           output, saved values and the gradient buffers backward alternates between;
 //                           net/cuda_plan.hpp says where they lie), the fused MLP
-//                           groups' dz (B x CudaPlan::mlp_gradient_elements), the split GEMMs' scratch
-//                           (the most any stage asks for at any batch up to B on this SM count, rounded
-//                           to 256 bytes; twice that with backward branches) and, with branches, a third
+//                           groups' dz (B x CudaPlan::mlp_gradient_elements), the backward scratch (split
+//                           GEMMs' partial sums, and a conv's dense dz where its backward forms one:
+//                           Conv2d::forms_dense_dz; the most any stage asks for at any batch up to B on
+//                           this SM count, rounded to 256 bytes; twice that with backward branches) and,
+//                           with branches, a third
 //                           gradient buffer (B x CudaWorkspace::gradient_elements) and the side stream's 64 KiB of
 //                           split-K arrival counters (which stay once made, when branches are turned off)
 //   staging                 a batch of inputs and targets copied from the host (B x input floats, B x

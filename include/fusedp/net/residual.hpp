@@ -496,8 +496,11 @@ struct Residual {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
+            // Inner stages run as StageBinding runs a stage: their dz formed from dy, never received.
             using S = typename Net::template stage<I>;
-            most = std::max(most, cuda_scratch_of<typename S::layer, typename S::in>(batch, sm_count));
+            most = std::max(most, cuda_scratch_of<typename S::layer, typename S::in>(
+                                      batch, sm_count,
+                                      cuda_forms_dense_dz<typename S::layer, typename S::epilogue, false>()));
           }(),
           ...);
     }(std::make_index_sequence<Net::stage_count>{});

@@ -145,6 +145,16 @@ inline constexpr bool is_stored_gradient = false;
 template <class E>
 inline constexpr bool is_stored_gradient<StoredGradientOf<E>> = true;
 
+/// Whether conv2d_backward_to writes Dz densely into the front of its scratch before the GEMMs (a dz with
+/// an activation's derivative or an unpooling in it), rather than reading it in place (a stored dz, or dy
+/// itself where the epilogue is empty).
+template <class Dz>
+constexpr bool forms_dense_dz() {
+  if constexpr (is_stored_gradient<Dz>) return false;
+  else if constexpr (requires { Dz::epilogue_is_identity; }) return !Dz::epilogue_is_identity;
+  else return true;
+}
+
 namespace detail {
 // The element a dz operand copies: its stored element where it has one (float where it is computed
 // on the fly, which the tensor-core mainloop does not copy).
@@ -562,11 +572,12 @@ inline std::size_t conv2d_dz_floats(const ConvGeometry& g, int batch) {
   return (n + 63) / 64 * 64;
 }
 
-/// Scratch (floats) of the conv backward passes. TilesW: GemmTiles<C*K*K>.
+/// Scratch (floats) of the conv backward passes: the dense dz where `dense_dz` (forms_dense_dz of the
+/// source backward reads), then the weight gradient's split-K partial sums. TilesW: GemmTiles<C*K*K>.
 template <class TilesW>
-std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_count) {
-  return conv2d_dz_floats(g, batch) + layer_weight_gradient_scratch<TilesW>(g.out_channels, int(g.patch()),
-                                                                            batch * int(g.out_pixels()), sm_count);
+std::size_t conv2d_backward_scratch(const ConvGeometry& g, int batch, int sm_count, bool dense_dz) {
+  return (dense_dz ? conv2d_dz_floats(g, batch) : 0) +
+         layer_weight_gradient_scratch<TilesW>(g.out_channels, int(g.patch()), batch * int(g.out_pixels()), sm_count);
 }
 
 /// The two GEMMs of a conv backward pass reading dz from `dz`, the input gradient to `sink` (none when
@@ -588,7 +599,8 @@ void conv2d_backward_gemms(const GemmTarget& t, const ConvShape& s, int batch, c
 ///   ConvGradient and PooledConvGradient are first written densely into `scratch` by one coalesced
 ///   pass (unpooling, ReLU mask and activation derivative evaluated once per element, not once per
 ///   GEMM tile that reads it).
-/// `scratch`: conv2d_backward_scratch floats. TilesX: GemmTiles<C>, TilesW: GemmTiles<C*K*K>. An active
+/// `scratch`: conv2d_backward_scratch floats (with dense_dz = forms_dense_dz<Dz>()). TilesX: GemmTiles<C>,
+/// TilesW: GemmTiles<C*K*K>. An active
 /// `update` applies the optimizer to w and b as dW and db are finished (they are still written). X: x's
 /// stored element (float, or BFloat16 in a 16-bit workspace).
 template <class TilesX, class TilesW, class P, class Dz, class X, class Sink>
@@ -597,19 +609,16 @@ void conv2d_backward_to(const GemmTarget& t, const ConvGeometry& g, int batch, c
                         const LayerUpdate<float>& update = {}) {
   check_conv_extent(g, std::size_t(batch));
   const ConvShape s(g);
-  float* gemm_scratch = scratch ? scratch + conv2d_dz_floats(g, batch) : nullptr;
-  if constexpr (is_stored_gradient<Dz>) {
-    conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, gemm_scratch, update);
-    return;
+  if constexpr (!forms_dense_dz<Dz>()) {
+    // The scratch holds the partial sums alone.
+    if constexpr (is_stored_gradient<Dz>)
+      conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, dz, w, x, sink, dw, db, scratch, update);
+    else
+      conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, sink, dw,
+                                               db, scratch, update);
   } else {
-    if constexpr (requires { Dz::epilogue_is_identity; }) {
-      if constexpr (Dz::epilogue_is_identity) {
-        conv2d_backward_gemms<TilesX, TilesW, P>(t, s, batch, StoredGradient{dz.dy, s.o, s.ohw, s.ow}, w, x, sink, dw,
-                                                 db, gemm_scratch, update);
-        return;
-      }
-    }
     require(scratch != nullptr, "conv2d_backward: needs conv2d_backward_scratch floats of scratch");
+    float* gemm_scratch = scratch + conv2d_dz_floats(g, batch);
     const int n = batch * s.o * s.ohw;
     const int blocks = std::min((n + 255) / 256, 65535);
     launch<materialize_dz_kernel<Dz>>("materialize_dz_kernel", blocks, 256, 0, t.stream, dz, n, s.div_ohw, s.div_ow,
