@@ -201,6 +201,9 @@ void run(const char* name, std::size_t batch, const Options& o, const Loss& loss
               impl.c_str(), name, batch, Space::precision::name, med, double(batch) / (med * 1e-3),
               model.last_step_replayed() ? 1 : 0, double(l), host_ms, queued_ms, floor);
   if (!model.graph_failure().empty()) std::printf("NOTE %s: graph recording failed: %s\n", name, model.graph_failure().c_str());
+  if (!model.graph_plain_reason().empty())
+    std::printf("NOTE %s: graphs recorded without programmatic dependent launch, after: %s\n", name,
+                model.graph_plain_reason().c_str());
   std::fflush(stdout);
 }
 

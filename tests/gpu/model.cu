@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -213,6 +214,9 @@ void check_dependent_launch(std::size_t batch, bool graphs, std::uint64_t stream
   }
   CHECK(pdl.last_loss() == plain.last_loss());
   CHECK(pdl.last_step_replayed() == graphs);
+  // A driver that refuses to record a programmatic edge makes the graphs plain (exec/cuda_graph.hpp):
+  // then the graphed comparison above was plain against plain, and this says so.
+  if (!pdl.graph_plain_reason().empty()) MESSAGE("graphs recorded plain, after: ", pdl.graph_plain_reason());
   check_same_state(pdl, plain);
 }
 
@@ -241,6 +245,32 @@ TEST_CASE_TEMPLATE("programmatic dependent launch gives the bits of plain launch
     check_dependent_launch<LeNet, Space>(64, graphs, 70);
     check_dependent_launch<seed_networks::CifarCnn, Space>(32, graphs, 72);
   }
+}
+
+// Runs without a device: a PlainLaunchScope decides before the kernel's image is asked for (which needs one).
+TEST_CASE("a PlainLaunchScope makes its own thread's launches plain while it lives") {
+  namespace kc = fp::kernels::cuda;
+  struct Restore {
+    bool was = kc::dependent_launch();
+    ~Restore() { kc::set_dependent_launch(was); }
+  } restore;
+  kc::set_dependent_launch(true);
+  CHECK_FALSE(fp::plain_launches_here());
+  {
+    const fp::PlainLaunchScope plain;
+    CHECK(fp::plain_launches_here());
+    CHECK_FALSE(kc::launches_dependently<kc::detail::scale_gradient_kernel<float>>());
+    {
+      const fp::PlainLaunchScope nested;
+      CHECK(fp::plain_launches_here());
+    }
+    CHECK(fp::plain_launches_here());
+    bool elsewhere = true;
+    std::thread([&] { elsewhere = fp::plain_launches_here(); }).join();
+    CHECK_FALSE(elsewhere);  // another thread (a Parallel replica's) keeps its dependent launches
+  }
+  CHECK_FALSE(fp::plain_launches_here());
+  CHECK(kc::dependent_launch());
 }
 
 // Issue 17: backward's weight-gradient GEMMs on a second stream beside the next layer's input gradient
@@ -301,6 +331,13 @@ void check_backward_branches(std::size_t batch, bool graphs, std::uint64_t strea
   CHECK(branched.last_step_replayed() == graphs);
   check_same_state(branched, serial);
   check_same_state(delayed, serial);
+  // Every split-K GEMM's last block sets the counters it used back to zero (exec/cuda.hpp): a later GEMM
+  // on the stream that found one left over would add up its parts too early.
+  for (auto* m : {&branched, &serial, &delayed}) {
+    const fp::ArrivalCounters counters = m->space().arrival_counters();
+    const auto left = gpu_test::download(m->space(), std::span<const unsigned>(counters.data, counters.count));
+    CHECK(std::count(left.begin(), left.end(), 0u) == std::ptrdiff_t(left.size()));
+  }
 
   // Each stage's gradients as the model's stream holds them when the hook hears of the stage.
   const std::size_t n = Net::param_storage;

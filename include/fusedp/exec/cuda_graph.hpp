@@ -3,8 +3,10 @@
 // the recorded work depends on (nvcc only). Work with a new key runs directly once; the second time
 // the same key is seen it is recorded as a graph, and replayed from then on. N keys are kept (least
 // recently used goes first), so work alternating between N sets of buffers (a DeviceLoader's two
-// slots) replays too. A key whose recording fails runs directly from then on, and the cache turns
-// itself off with the reason kept.
+// slots) replays too. A recording that fails is tried once more with every launch plain (PlainLaunchScope:
+// no programmatic dependent launch, whose edges beside a second dependency, as where backward's branches
+// join, a driver may refuse to record), and the cache records so from then on; where that fails too, the
+// key runs directly from then on, and the cache turns itself off with the reason kept.
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -18,8 +20,29 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace fusedp {
+
+namespace detail {
+inline thread_local bool plain_launches = false;
+}  // namespace detail
+
+/// While it lives, the calling thread's kernels::cuda::launch calls are plain launches, without
+/// programmatic dependent launch (kernels::cuda::dependent_launch() says false on this thread alone).
+/// GraphCache records under one where a recording with dependent launches failed. Nests.
+class PlainLaunchScope {
+ public:
+  PlainLaunchScope() noexcept : previous_(std::exchange(detail::plain_launches, true)) {}
+  ~PlainLaunchScope() { detail::plain_launches = previous_; }
+  PlainLaunchScope(const PlainLaunchScope&) = delete;
+  PlainLaunchScope& operator=(const PlainLaunchScope&) = delete;
+
+ private:
+  bool previous_;
+};
+/// Whether a PlainLaunchScope lives on the calling thread.
+[[nodiscard]] inline bool plain_launches_here() noexcept { return detail::plain_launches; }
 
 /// Recorded graphs of work queued on one stream, by key.
 /// @tparam Key what the work depends on (equality comparable; a recorded graph is replayed only for
@@ -52,7 +75,7 @@ class GraphCache {
     entry->last_used = ++clock_;
     if (!entry->exec) {
       try {
-        entry->exec = record(stream, body);
+        entry->exec = record_or_plain(stream, body);
       } catch (const DeviceError& e) {
         // Work that cannot be recorded still runs, launched directly; the reason is kept.
         failure_ = e.what();
@@ -76,6 +99,9 @@ class GraphCache {
   [[nodiscard]] bool enabled() const noexcept { return enabled_; }
   /// Why recording a graph failed, when it did ("" otherwise).
   [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
+  /// Why the cache records every launch plain, when it does: the error of the recording that failed with
+  /// programmatic dependent launches ("" otherwise).
+  [[nodiscard]] const std::string& plain_reason() const noexcept { return plain_reason_; }
 
  private:
   struct ExecDeleter {
@@ -88,6 +114,22 @@ class GraphCache {
     std::uint64_t last_used = 0;
     Exec exec;          // recorded on the key's second run
   };
+
+  // Records `body`; where that fails, once more with every launch plain, and plain from then on. Running
+  // `body` twice is no new hazard: a recording that fails has always been followed by a direct run.
+  template <class Body>
+  Exec record_or_plain(cudaStream_t stream, Body& body) {
+    if (!plain_) {
+      try {
+        return record(stream, body);
+      } catch (const DeviceError& e) {
+        plain_ = true;
+        plain_reason_ = e.what();
+      }
+    }
+    const PlainLaunchScope plain;
+    return record(stream, body);
+  }
 
   // Records everything `body` queues on the stream as a graph (nothing runs while recording).
   template <class Body>
@@ -113,6 +155,8 @@ class GraphCache {
   std::uint64_t clock_ = 0;
   bool enabled_;
   std::string failure_;
+  bool plain_ = false;  // a recording failed: record plain launches from now on
+  std::string plain_reason_;
 };
 
 }  // namespace fusedp

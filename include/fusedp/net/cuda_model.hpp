@@ -450,6 +450,9 @@ class Model<Net, CudaSpace<P>, T> {
   [[nodiscard]] bool last_step_replayed() const noexcept { return replayed_; }
   /// Why recording a graph failed, when it did (graphs are then off and steps launch directly).
   [[nodiscard]] const std::string& graph_failure() const noexcept { return graphs_.failure(); }
+  /// Why the step graphs are recorded with every launch plain, when they are: the error of a recording
+  /// with programmatic dependent launches ("" otherwise; the graphs replay either way, exec/cuda_graph.hpp).
+  [[nodiscard]] const std::string& graph_plain_reason() const noexcept { return graphs_.plain_reason(); }
 
  private:
   using binding_type = typename CudaGroups<Net, P>::binding_type;

@@ -39,6 +39,7 @@ namespace fusedp::kernels::cuda {
 
 #if FUSEDP_HAS_CUDA
 #include "fusedp/exec/cuda_check.hpp"
+#include "fusedp/exec/cuda_graph.hpp"
 
 #include <cuda_runtime.h>
 
@@ -127,10 +128,11 @@ inline void set_dependent_launch(bool on) noexcept {
 }
 
 /// Whether `launch` makes Kernel's launches on the current device programmatic dependent launches: on,
-/// and the kernel's image there compiled for sm_90 or later (tests ask, to say what they checked).
+/// no PlainLaunchScope on the calling thread (exec/cuda_graph.hpp: a graph recorded plain), and the
+/// kernel's image there compiled for sm_90 or later (tests ask, to say what they checked).
 template <auto Kernel>
 [[nodiscard]] bool launches_dependently(const char* what = "a kernel") {
-  return dependent_launch() && detail::image_has_prologue<Kernel>(what);
+  return dependent_launch() && !plain_launches_here() && detail::image_has_prologue<Kernel>(what);
 }
 
 /// Launches Kernel(args...) on `stream` over `grid` x `block` threads with `smem` bytes of dynamic shared
