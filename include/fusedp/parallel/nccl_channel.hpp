@@ -112,7 +112,9 @@ class NcclChannel {
   template <class T>
   T* grow(DeviceBuffer<T>& b, std::size_t n) {
     if (b.size() < n) {
-      stream_.synchronize();
+      // The old buffer may still be read by queued collectives: wait for them, polling NCCL, so that a
+      // peer that died makes this rank throw after the timeout rather than block in a synchronize.
+      comm_.wait(stream_.get(), "the channel's queued collectives, before its scratch grows");
       b = DeviceBuffer<T>(n);
     }
     return b.data();
