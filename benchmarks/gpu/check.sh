@@ -50,7 +50,9 @@
 # eager|graph|compile|autotune, with :bf16 for bf16 autocast (benchmarks/gpu/torch_bench.py).
 #
 # Exit status: 0 when everything built and every gpu test passed on the GPU; 1 when a build or a test
-# failed; 3 when the tests found no usable device and skipped (benchmark numbers never fail it).
+# failed, or a test was not run for want of time (its log line says NOT RUN); 3 when the tests found no
+# usable device and skipped (benchmark numbers never fail it). Only with prebuilt binaries does
+# test_gpu_memory run alone before PyTorch's processes start; built here, it runs beside them.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)

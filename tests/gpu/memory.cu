@@ -127,6 +127,7 @@ TEST_CASE("CudaGroups: the scratch holds a conv's dense dz only where its backwa
   static_assert(!fp::Conv2d<8, 3>::forms_dense_dz<Relu, true>);
   static_assert(!fp::Conv2d<8, 3>::forms_dense_dz<None, false>);
   static_assert(fp::Conv2d<8, 3>::forms_dense_dz<None, false, 2>);  // a fused max-pool's unpooling
+  static_assert(fp::Conv2d<8, 3>::forms_dense_dz<None, false, 1>);  // even over 1 x 1 windows
 }
 
 TEST_CASE("CudaMemory: the need grows with the batch, so largest_batch is the last batch that fits") {

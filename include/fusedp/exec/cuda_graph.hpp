@@ -115,20 +115,30 @@ class GraphCache {
     Exec exec;          // recorded on the key's second run
   };
 
-  // Records `body`; where that fails, once more with every launch plain, and plain from then on. Running
-  // `body` twice is no new hazard: a recording that fails has always been followed by a direct run.
+  // Records `body`; where that fails, once more with every launch plain, and plain from then on where
+  // that succeeds (a failure either way says nothing against dependent launches: the caller turns the
+  // cache off). Running `body` twice is no new hazard: a recording that fails has always been followed by
+  // a direct run.
   template <class Body>
   Exec record_or_plain(cudaStream_t stream, Body& body) {
+    std::string reason;
     if (!plain_) {
       try {
         return record(stream, body);
       } catch (const DeviceError& e) {
-        plain_ = true;
-        plain_reason_ = e.what();
+        reason = e.what();
       }
     }
-    const PlainLaunchScope plain;
-    return record(stream, body);
+    Exec exec;
+    {
+      const PlainLaunchScope plain;
+      exec = record(stream, body);
+    }
+    if (!plain_) {
+      plain_ = true;
+      plain_reason_ = std::move(reason);
+    }
+    return exec;
   }
 
   // Records everything `body` queues on the stream as a graph (nothing runs while recording).

@@ -76,10 +76,11 @@ struct Conv2d {
   /// Whether the Cuda backward of this conv with epilogue Epi forms its dz densely in the scratch before
   /// its GEMMs (kernels::cuda::forms_dense_dz of the source it reads; backward_to and backward_maxpool_to
   /// assert that they agree): not where the stage above wrote the dz (DzIn), nor where dy is the dz (an
-  /// empty epilogue and no MaxPool2d<Kp> fused after it: ResNet's convs before a BatchNorm). CudaGroups
-  /// and Residual size the Cuda scratch by it (cuda_scratch's dense_dz).
-  template <class Epi, bool DzIn, int Kp = 1>
-  static constexpr bool forms_dense_dz = !DzIn && (Kp > 1 || !Epi::empty);
+  /// empty epilogue and no MaxPool2d<Kp> fused after it, Kp 0: ResNet's convs before a BatchNorm); a
+  /// fused pooling, even of 1 x 1 windows, unpools through the argmax. CudaGroups and Residual size the
+  /// Cuda scratch by it (cuda_scratch's dense_dz).
+  template <class Epi, bool DzIn, int Kp = 0>
+  static constexpr bool forms_dense_dz = !DzIn && (Kp > 0 || !Epi::empty);
 
 #if FUSEDP_HAS_CUDA
   // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed. X and Y: the

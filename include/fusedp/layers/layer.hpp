@@ -206,9 +206,9 @@ constexpr std::size_t backward_elements_of() {
 }
 
 /// Whether layer L's Cuda backward, as a stage with epilogue Epi, forms a dense dz in its scratch first:
-/// where L says (Conv2d::forms_dense_dz: DzIn, its dz written by the stage above; Kp, a MaxPool2d fused
-/// after it, 1 for none), else true (its cuda_scratch takes no such argument).
-template <class L, class Epi, bool DzIn, int Kp = 1>
+/// where L says (Conv2d::forms_dense_dz: DzIn, its dz written by the stage above; Kp, the window of a
+/// MaxPool2d fused after it, 0 for none), else true (its cuda_scratch takes no such argument).
+template <class L, class Epi, bool DzIn, int Kp = 0>
 constexpr bool cuda_forms_dense_dz() {
   if constexpr (requires { L::template forms_dense_dz<Epi, DzIn, Kp>; }) return L::template forms_dense_dz<Epi, DzIn, Kp>;
   else return true;
