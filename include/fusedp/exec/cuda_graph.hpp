@@ -29,8 +29,9 @@ inline thread_local bool plain_launches = false;
 }  // namespace detail
 
 /// While it lives, the calling thread's kernels::cuda::launch calls are plain launches, without
-/// programmatic dependent launch (kernels::cuda::dependent_launch() says false on this thread alone).
-/// GraphCache records under one where a recording with dependent launches failed. Nests.
+/// programmatic dependent launch (kernels::cuda::launches_dependently says false on this thread alone;
+/// the process-wide dependent_launch() setting is left as it is). GraphCache records under one where a
+/// recording with dependent launches failed. Nests.
 class PlainLaunchScope {
  public:
   PlainLaunchScope() noexcept : previous_(std::exchange(detail::plain_launches, true)) {}
@@ -165,7 +166,7 @@ class GraphCache {
   std::uint64_t clock_ = 0;
   bool enabled_;
   std::string failure_;
-  bool plain_ = false;  // a recording failed: record plain launches from now on
+  bool plain_ = false;  // a recording failed and the plain one after it worked: record plain from now on
   std::string plain_reason_;
 };
 
