@@ -149,6 +149,66 @@ TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded int
   CHECK(std::vector<float>(pf.begin(), pf.end()) == std::vector<float>(ps.begin(), ps.end()));
 }
 
+namespace {
+// A layer a block's inner layout keeps in fp32 elements on a Bf16 model (it declares no 16-bit kernels):
+// the same kernels, on the same bf16 values, in fp32 elements.
+template <class L>
+struct Wide : L {
+  static constexpr bool cuda_reads_16bit = false;
+  template <class Epi>
+  static constexpr bool cuda_writes_16bit = false;
+};
+using WideBlocks = fp::Sequential<
+    fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+    fp::Residual<Wide<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::ReLU,
+                 Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>,
+                 fp::Projection<Wide<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>, Wide<fp::BatchNorm2d<>>>>,
+    fp::ReLU,
+    fp::Residual<Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::ReLU,
+                 Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::IdentityShortcut>,
+    fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<10>>;
+template <class Net, std::size_t I>
+using block_at = typename Net::template stage<I>::layer;
+template <class Net, std::size_t I>
+using block_in = typename Net::template stage<I>::in;
+// FusedBlocks' blocks store their convs' and first BatchNorms' outputs (and the projection's conv's) in
+// 16 bits; WideBlocks' the same values in fp32 elements.
+static_assert(!fp::cuda_narrow_outputs ||
+              block_at<FusedBlocks, 2>::body_layout<block_in<FusedBlocks, 2>, fp::precision::Bf16>::narrow ==
+                  std::array<bool, 4>{true, true, true, false});
+static_assert(block_at<WideBlocks, 2>::body_layout<block_in<WideBlocks, 2>, fp::precision::Bf16>::narrow ==
+              std::array<bool, 4>{});
+static_assert(block_at<WideBlocks, 3>::body_layout<block_in<WideBlocks, 3>, fp::precision::Bf16>::narrow ==
+              std::array<bool, 4>{});
+static_assert(!fp::reads_16bit_input<Wide<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>>() &&
+              !fp::reads_16bit_input<Wide<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>>() &&
+              fp::reads_16bit_input<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>());
+}  // namespace
+
+TEST_CASE("a Bf16 model's 16-bit tensors inside blocks give the bits of the same values in fp32 elements") {
+  // Training (the typed BatchNorm passes, the convs' 16-bit operands in both GEMMs of backward) and
+  // evaluation (the conv epilogue that folds a BatchNorm writing 16 bits).
+  FUSEDP_GPU_REQUIRE_DEVICE();
+  const std::size_t batch = 12;
+  const auto x = random_values(batch * FusedBlocks::input_shape::size, 110);
+  const auto y = labels_for(batch, 10, 111);
+  fp::Model<FusedBlocks, fp::CudaBf16> narrow{fp::seed(9), make_space<fp::CudaBf16>()};
+  fp::Model<WideBlocks, fp::CudaBf16> wide{fp::seed(9), make_space<fp::CudaBf16>()};
+  fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
+  for (int s = 0; s < 3; ++s) {
+    const float a = narrow.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    const float b = wide.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+    CHECK(a == b);
+  }
+  CHECK(params_on_host(narrow) == params_on_host(wide));
+  CHECK(buffers_on_host(narrow) == buffers_on_host(wide));
+  const auto pn = narrow.predict(std::span<const float>(x));
+  const auto pw = wide.predict(std::span<const float>(x));
+  CHECK(std::vector<float>(pn.begin(), pn.end()) == std::vector<float>(pw.begin(), pw.end()));
+  // And the 16-bit layout is the smaller one.
+  CHECK((narrow.memory_use().workspace < wide.memory_use().workspace) == fp::cuda_narrow_outputs);
+}
+
 TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stays finite") {
   FUSEDP_GPU_REQUIRE_DEVICE();
   using R = fp::models::ResNet18Cifar<10>;

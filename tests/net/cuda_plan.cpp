@@ -267,9 +267,10 @@ TEST_CASE("which group outputs a Bf16 Cuda plan stores in 16 bits") {
 namespace {
 
 // Whether Layout places every stage's output (and saved values) of Net in disjoint regions, in Net's
-// order, each at least `need(i)` floats per sample (saved values: Net's size), within activation_elements.
-template <class Net, class Layout, class Need>
-constexpr bool places_disjoint(Need need) {
+// order, each at least `need(i)` floats per sample (saved values: `saved(i)`, where that is not 0, else
+// Net's size), within activation_elements.
+template <class Net, class Layout, class Need, class Saved>
+constexpr bool places_disjoint(Need need, Saved saved) {
   std::size_t at = 0;
   for (std::size_t i = 0; i < Net::stage_count; ++i) {
     const fp::StagePlan& p = Layout::stage_plan[i];
@@ -288,12 +289,16 @@ constexpr bool places_disjoint(Need need) {
         if (!r.aliases_input && r.out_offset > q.z_offset) end = std::min(end, r.out_offset);
         if (r.saves_z && r.z_offset > q.z_offset) end = std::min(end, r.z_offset);
       }
-      at = p.z_offset + (end - q.z_offset);
+      at = p.z_offset + (saved(i) != 0 ? saved(i) : end - q.z_offset);
     }
   }
   return at <= Layout::activation_elements &&
          Layout::workspace_elements_per_sample ==
              Layout::activation_elements + 2 * Layout::gradient_elements + Net::backward_elements;
+}
+template <class Net, class Layout, class Need>
+constexpr bool places_disjoint(Need need) {
+  return places_disjoint<Net, Layout>(need, [](std::size_t) { return std::size_t(0); });
 }
 
 template <class Net, class P>
@@ -356,10 +361,24 @@ TEST_CASE("the Cuda workspace keeps only the argmax bytes of a fused conv + max-
   static_assert(places_disjoint<CifarCnn, Workspace<CifarCnn, Tf32>>(cuda_needs<CifarCnn, Tf32>()));
   static_assert(places_disjoint<CifarCnn, Workspace<CifarCnn, Bf16>>(cuda_needs<CifarCnn, Bf16>()));
   static_assert(places_disjoint<OddPool, Workspace<OddPool, Bf16>>(cuda_needs<OddPool, Bf16>()));
-  static_assert(places_disjoint<ResNet, Workspace<ResNet, Bf16>>(cuda_needs<ResNet, Bf16>()));
-  // ResNet-18 has no conv + max-pool group and (for now) no 16-bit output: Net's own layout.
+  // ResNet-18 has no conv + max-pool group and no 16-bit group output: in TF32 Net's own layout.
+  static_assert(places_disjoint<ResNet, Workspace<ResNet, Tf32>>(cuda_needs<ResNet, Tf32>()));
   CHECK(Workspace<ResNet, Tf32>::activation_elements == ResNet::activation_elements);
-  CHECK(Workspace<ResNet, Bf16>::workspace_elements_per_sample == ResNet::workspace_elements_per_sample);
+  CHECK(Workspace<ResNet, Tf32>::workspace_elements_per_sample == ResNet::workspace_elements_per_sample);
+  // Under Bf16 each block keeps its convs' outputs and its first BatchNorm's in 16 bits (net/residual.hpp:
+  // InnerLayout), and a projection its conv's: a block of O x H x W outputs saves 3 x OHW / 2 floats a
+  // sample, a projection adds OHW / 2 + OHW (its BatchNorm's output, which the add reads, in fp32). By
+  // hand: layer1's blocks 3 x 32,768, layer2.0 3 x 16,384 + 16,384 + 32,768, layer2.1 3 x 16,384, ...
+  static_assert(ResNet::stage_count == 13);
+  constexpr auto saved = [](std::size_t i) {
+    constexpr std::array<std::size_t, 13> block{0, 0, 98304, 98304, 98304, 49152, 49152, 24576, 24576, 12288, 0, 0, 0};
+    return fp::cuda_narrow_outputs ? block[i] : 0;
+  };
+  static_assert(places_disjoint<ResNet, Workspace<ResNet, Bf16>>(cuda_needs<ResNet, Bf16>(), saved));
+  // On the Host the same blocks save twice as much, and the projections a third more (2 x 65,536 a
+  // block in layer1 saved, ...): 397,312 floats a sample in all.
+  CHECK(ResNet::activation_elements - Workspace<ResNet, Bf16>::activation_elements ==
+        (fp::cuda_narrow_outputs ? 397312u : 0u));
 }
 
 namespace {

@@ -221,3 +221,43 @@ TEST_CASE("the cost model counts ResNet-18's convolutions and Linear, not its Ba
   constexpr double stem = 2.0 * 64 * 3 * 9 * 32 * 32;
   CHECK(fp::CostModel<R>::train_flops == doctest::Approx(3 * fp::CostModel<R>::forward_flops - stem));
 }
+
+TEST_CASE("a block's inner networks on a Bf16 Cuda model store their convs' and inner BatchNorms' outputs in "
+          "16 bits") {
+  using fp::precision::Bf16;
+  using fp::precision::Tf32;
+  using In = fp::Shape<64, 32, 32>;
+  using Block = fp::models::BasicBlock<128, 2, true>;
+  using Body = Block::body_layout<In, Bf16>;
+  using Side = Block::projection_layout<In, Bf16>;
+  constexpr bool on = fp::cuda_narrow_outputs;
+  // conv1, bn1 + ReLU, conv2 in 16 bits; bn2, which writes the block's output (with the add), in fp32.
+  static_assert(Body::narrow == std::array<bool, 4>{on, on, on, false});
+  static_assert(std::is_same_v<Body::output_element<0>, std::conditional_t<on, k::BFloat16, float>>);
+  static_assert(std::is_same_v<Body::input_element<0>, float>);  // the block's input, written outside
+  static_assert(std::is_same_v<Body::input_element<1>, Body::output_element<0>>);
+  static_assert(std::is_same_v<Body::input_element<3>, Body::output_element<2>>);
+  static_assert(std::is_same_v<Body::output_element<3>, float>);
+  // Each 16-bit region half of the 128 x 16 x 16 floats: conv1 at 0, bn1 at 16,384, conv2 at 32,768.
+  static_assert(Body::stage_plan[1].out_offset == (on ? 16384 : 32768));
+  static_assert(Body::stage_plan[3].out_offset == (on ? 49152 : 98304));
+  static_assert(Block::body_saved<In, Bf16> == (on ? 49152 : 98304));
+  static_assert(Block::body_saved<In> == 98304);
+  // The projection's conv in 16 bits; its BatchNorm's output, which the add reads, in fp32.
+  static_assert(Side::narrow == std::array<bool, 2>{on, false});
+  static_assert(Side::activation_elements == (on ? 16384 + 32768 : 65536));
+  static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Bf16> == (on ? 98304 : 163840));
+  static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>> == 163840);
+  // Under TF32 and on the Host: Net's own layouts, nothing narrowed.
+  static_assert(Block::body_layout<In, Tf32>::narrow == std::array<bool, 4>{});
+  static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Tf32> == Block::saved_elements<In, k::Epilogue<k::Relu>>);
+  static_assert(Block::body_layout<In>::activation_elements == Block::body<In>::activation_elements);
+
+  // A conv with an activation of its own keeps its output in fp32 (its backward reads it for the
+  // derivative); the identity has no layout.
+  using Plain = fp::Residual<fp::Conv2d<8, 3, 1, 1>, fp::ReLU, fp::Conv2d<8, 3, 1, 1>, fp::BatchNorm2d<>,
+                             fp::IdentityShortcut>;
+  using S = fp::Shape<8, 6, 6>;
+  static_assert(Plain::body_layout<S, Bf16>::narrow == std::array<bool, 3>{false, on, false});
+  static_assert(Plain::projection_layout<S, Bf16>::activation_elements == 0);
+}

@@ -114,8 +114,17 @@ struct BatchNorm {
   template <class In>
   using host_sums = std::array<double, kernels::batch_norm_sync_doubles(std::size_t(In::channels))>;
 
+  // A block's inner networks (net/residual.hpp) store a BatchNorm's input and output in 16 bits under
+  // Bf16 where the neighbours take them (backward reads y, for the epilogue's derivative, as stored; z,
+  // where the epilogue keeps its input, is fp32).
+  static constexpr bool cuda_reads_16bit = true;
+  template <class Epi>
+  static constexpr bool cuda_writes_16bit = true;
+
 #if FUSEDP_HAS_CUDA
-  template <class In, class Epi, class T, class P>
+  // X and Y: the elements a.x and a.y point to (float, or kernels::BFloat16: cuda_reads_16bit,
+  // cuda_writes_16bit); a.add, a.z, a.dy and a.dx are fp32.
+  template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "BatchNorm on Cuda: the scalar type must be float");
     require(!a.training || a.sync || a.batch * std::size_t(In::height * In::width) > 1, name, " (layer ", a.index,
@@ -123,13 +132,15 @@ struct BatchNorm {
             In::height * In::width);
     kernels::cuda::batch_norm_forward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training,
                                            double(Momentum), double(Eps), Affine ? a.w : nullptr,
-                                           Affine ? a.b : nullptr, a.state, a.x, a.y, a.z, a.sync,
-                                           device_sums(a.scratch), a.add, a.bf16_y);
+                                           Affine ? a.b : nullptr, a.state, reinterpret_cast<const X*>(a.x),
+                                           reinterpret_cast<Y*>(a.y), a.z, a.sync, device_sums(a.scratch), a.add,
+                                           a.bf16_y);
   }
-  template <class In, class Epi, class T, class P>
+  template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
     kernels::cuda::batch_norm_backward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>,
-                                            Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
+                                            Affine ? a.w : nullptr, a.state, reinterpret_cast<const X*>(a.x),
+                                            reinterpret_cast<const Y*>(a.y), a.z, a.dy, a.dx,
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync,
                                             device_sums(a.scratch), a.bf16_dx);
   }

@@ -82,6 +82,12 @@ struct Conv2d {
   template <class Epi, bool DzIn, int Kp = 0>
   static constexpr bool forms_dense_dz = !DzIn && (Kp > 0 || !Epi::empty);
 
+  // A block's inner networks (net/residual.hpp) store a conv's input and, without an epilogue (whose
+  // derivative backward would read it in fp32), its output in 16 bits under Bf16.
+  static constexpr bool cuda_reads_16bit = true;
+  template <class Epi>
+  static constexpr bool cuda_writes_16bit = Epi::empty;
+
 #if FUSEDP_HAS_CUDA
   // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed. X and Y: the
   // elements the input and the output are stored in (float; BFloat16 where CudaPlan::output_element
@@ -98,19 +104,20 @@ struct Conv2d {
         kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr,
         reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.fold, a.add, a.bf16_y);
   }
-  template <class In, class Epi, class T, class P>
+  template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
-    backward_to<In, Epi, false>(a, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
+    backward_to<In, Epi, false, X, Y>(a, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
   /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
   /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
-  /// Without DzIn the output is read for the activation's derivative: it must be stored in fp32 (Y).
+  /// Without DzIn the output is read for the activation's derivative, where Epi has one: it must then be
+  /// stored in fp32 (Y).
   template <class In, class Epi, bool DzIn, class X = float, class Y = float, class T, class P, class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    static_assert(DzIn || std::is_same_v<Y, float>,
+    static_assert(DzIn || std::is_same_v<Y, float> || Epi::empty,
                   "Conv2d on Cuda: an output stored in 16 bits must receive its dz from the stage above");
     using O = output<In>;
     constexpr int ohw = O::height * O::width;

@@ -31,7 +31,16 @@
 #include <cstddef>
 #include <type_traits>
 
+#ifndef FUSEDP_CUDA_NARROW_OUTPUTS
+#define FUSEDP_CUDA_NARROW_OUTPUTS 1
+#endif
+
 namespace fusedp {
+
+/// Whether a Bf16 Cuda model stores tensors in 16-bit elements where every reader takes them
+/// (FUSEDP_CUDA_NARROW_OUTPUTS, default 1; 0 keeps bf16 values in fp32 elements, for measuring what the
+/// 16-bit elements give). Like every option that changes a layout, the same in every translation unit.
+inline constexpr bool cuda_narrow_outputs = FUSEDP_CUDA_NARROW_OUTPUTS != 0;
 
 /// Whether a model of scalar T on `space` stores its activations and their gradients as bf16 values.
 template <class T, class Space>

@@ -55,6 +55,7 @@
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/layers/linear.hpp"
 #include "fusedp/layers/pooling.hpp"
+#include "fusedp/net/region_layout.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
 
@@ -68,16 +69,11 @@
 #define FUSEDP_CUDA_FUSED_GRADIENTS 1
 #endif
 
-#ifndef FUSEDP_CUDA_NARROW_OUTPUTS
-#define FUSEDP_CUDA_NARROW_OUTPUTS 1
-#endif
 
 namespace fusedp {
 
 /// Whether the Cuda plan fuses gradient boundaries (FUSEDP_CUDA_FUSED_GRADIENTS, default 1).
 inline constexpr bool cuda_fused_gradients = FUSEDP_CUDA_FUSED_GRADIENTS != 0;
-/// Whether a Bf16 Cuda plan stores outputs in 16 bits where it can (FUSEDP_CUDA_NARROW_OUTPUTS, default 1).
-inline constexpr bool cuda_narrow_outputs = FUSEDP_CUDA_NARROW_OUTPUTS != 0;
 
 enum class CudaGroupKind { stage, conv_maxpool, mlp };
 
@@ -213,6 +209,16 @@ constexpr bool updates_in_gemm() {
     using L = typename Net::template stage<Gr::first>::layer;
     return is_conv2d<L>::value || is_linear<L>::value;
   }
+}
+// Floats a sample stage S saves for backward on Cuda under P where its layer says how many
+// (saved_elements<In, Epi, P>: a residual block whose inner networks store 16-bit tensors), else 0 (as
+// many as on the Host, Sequential's).
+template <class S, class P>
+constexpr std::size_t cuda_saved_elements() {
+  if constexpr (requires { S::layer::template saved_elements<typename S::in, typename S::epilogue, P>; })
+    return S::layer::template saved_elements<typename S::in, typename S::epilogue, P>;
+  else
+    return 0;
 }
 inline constexpr std::size_t no_tensor = ~std::size_t(0);
 // The offset of layer `layer`'s GEMM weight (weight) or of its other tensor, its bias; no_tensor if none.
@@ -501,30 +507,11 @@ struct CudaWorkspace {
       if (info.kind == CudaGroupKind::conv_maxpool) smaller[info.first] = (out_size[info.first + 1] + 3) / 4;
       if (std::is_same_v<P, precision::Bf16> && facts::narrow[g]) smaller[info.last] = (out_size[info.last] + 1) / 2;
     }
-    // Net places each stage's output, then its saved values, one after the other: a region runs to the
-    // start of the next one.
-    const auto region_end = [](std::size_t start) {
-      std::size_t end = Net::activation_elements;
-      for (const StagePlan& p : Net::stage_plan) {
-        if (!p.aliases_input && p.out_offset > start) end = std::min(end, p.out_offset);
-        if (p.saves_z && p.z_offset > start) end = std::min(end, p.z_offset);
-      }
-      return end;
-    };
-    std::array<StagePlan, n> r = Net::stage_plan;
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const StagePlan& p = Net::stage_plan[i];
-      if (!p.aliases_input) {
-        r[i].out_offset = offset;
-        offset += smaller[i] != 0 ? align_elements(smaller[i]) : region_end(p.out_offset) - p.out_offset;
-      }
-      if (p.saves_z) {
-        r[i].z_offset = offset;
-        offset += region_end(p.z_offset) - p.z_offset;
-      }
-    }
-    return std::pair{r, offset};
+    // A layer that saves less on Cuda says so (a residual block whose inner networks store 16-bit tensors).
+    const std::array<std::size_t, n> saved = []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<std::size_t, n>{detail::cuda_saved_elements<typename Net::template stage<I>, P>()...};
+    }(std::make_index_sequence<n>{});
+    return detail::resized_layout<Net>(smaller, saved);
   }();
 
  public:

@@ -22,9 +22,13 @@
 // one after the other). A block inside a block is not supported: both would work in the same memory.
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/exec/precision.hpp"
+#include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/layers/input.hpp"
 #include "fusedp/layers/layer.hpp"
+#include "fusedp/net/activation_storage.hpp"
+#include "fusedp/net/region_layout.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
 
@@ -130,6 +134,68 @@ constexpr bool has_reshape() {
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
+/// Where a block's inner network Net lies per sample on a Cuda model of precision P (void: on the Host,
+/// Net's own layout), a Layout for stage_args. Under precision::Bf16 a stage's output is stored in 16
+/// bits (kernels::BFloat16, half its region) where its layer writes it so (writes_16bit_output) and the
+/// next stage, its only other reader, reads it so (reads_16bit_input): in a ResNet block every conv's
+/// output and the first BatchNorm's. The last stage's output is the block's own or feeds the block's add,
+/// which kernels of the network outside read: fp32. cuda_narrow_outputs = false keeps every output fp32.
+template <class Net, class P>
+struct InnerLayout {
+ private:
+  static constexpr std::size_t n = Net::stage_count;
+  template <std::size_t I>
+  static constexpr bool narrow_at() {
+    if constexpr (!std::is_same_v<P, precision::Bf16> || !cuda_narrow_outputs || I + 1 >= n) {
+      return false;
+    } else {
+      using S = typename Net::template stage<I>;
+      using R = typename Net::template stage<I + 1>;
+      return S::kind == LayerKind::anchor && R::kind == LayerKind::anchor &&
+             writes_16bit_output<typename S::layer, typename S::epilogue>() && reads_16bit_input<typename R::layer>();
+    }
+  }
+
+ public:
+  /// Whether stage I's output is stored in 16 bits.
+  static constexpr std::array<bool, n> narrow = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<bool, n>{narrow_at<I>()...};
+  }(std::make_index_sequence<n>{});
+
+ private:
+  static constexpr auto layout_ = []<std::size_t... I>(std::index_sequence<I...>) {
+    const std::array<std::size_t, n> out{(narrow[I] ? (Net::template stage<I>::out::size + 1) / 2 : 0)...};
+    return resized_layout<Net>(out, std::array<std::size_t, n>{});
+  }(std::make_index_sequence<n>{});
+
+ public:
+  static constexpr std::array<StagePlan, n> stage_plan = layout_.first;
+  static constexpr std::size_t activation_elements = layout_.second;
+  /// The elements stage I's output and input are stored in (stage_elements reads them): the block's
+  /// input, which the network outside wrote, is fp32.
+  template <std::size_t I>
+  using output_element = std::conditional_t<narrow[I], kernels::BFloat16, float>;
+  template <std::size_t I>
+  using input_element = std::conditional_t<I == 0, float, output_element<(I > 0 ? I - 1 : 0)>>;
+};
+/// The identity shortcut's: nothing.
+template <class P>
+struct InnerLayout<void, P> {
+  static constexpr std::size_t activation_elements = 0;
+};
+
+/// The precision a space's inner layouts are made for: P on CudaSpace<P>, void on the Host.
+template <class Space>
+struct layout_precision {
+  using type = void;
+};
+#if FUSEDP_HAS_CUDA
+template <class P>
+struct layout_precision<CudaSpace<P>> {
+  using type = P;
+};
+#endif
+
 // The block's own elementwise steps on each space.
 // y and dx are stored as the block's bf16_y and bf16_dx say (the Host binding rounds them after the
 // block, the Cuda kernels as they write).
@@ -172,16 +238,16 @@ constexpr double inner_macs() {
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
-/// Runs the stages of an inner network forward over memory `m`, from input `x` (in evaluation folding
-/// as the model does, see stage_binding.hpp). With LastEpi, the last stage writes `last_y` (`last_z`
-/// its values before LastEpi), adding `last_add` before it: the block's output, stored as the block's
-/// a.bf16_y says (fp32 where it is the network's output).
-template <Network Net, class LastEpi = void, class Space, class T>
+/// Runs the stages of an inner network forward over memory `m` laid out as Layout (InnerLayout), from
+/// input `x` (in evaluation folding as the model does, see stage_binding.hpp). With LastEpi, the last
+/// stage writes `last_y` (`last_z` its values before LastEpi), adding `last_add` before it: the block's
+/// output, stored as the block's a.bf16_y says (fp32 where it is the network's output).
+template <Network Net, class Layout, class LastEpi = void, class Space, class T>
 void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* last_y = nullptr,
                  T* last_z = nullptr, const T* last_add = nullptr) {
   const auto args_of = [&]<std::size_t J>() {
-    StageArgs<Space, T> s = stage_args<Net, J>(a.space, m, x, a.batch, a.training, a.scratch, a.seed, a.step,
-                                               a.index, a.sync, a.first_sample);
+    StageArgs<Space, T> s = stage_args<Net, J, Layout>(a.space, m, x, a.batch, a.training, a.scratch, a.seed,
+                                                       a.step, a.index, a.sync, a.first_sample);
     if constexpr (!std::is_void_v<LastEpi> && J + 1 == Net::stage_count) {
       s.y = last_y;
       s.z = last_z;
@@ -191,15 +257,15 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
     return s;
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (forward_folding<Net, I, Space, T, LastEpi>(args_of, a.training), ...);
+    (forward_folding<Net, I, Space, T, LastEpi, Layout>(args_of, a.training), ...);
   }(std::make_index_sequence<Net::stage_count>{});
 }
 
-/// Runs an inner network backward from `dy` (its output's gradient, may be overwritten) to `dx` (its
-/// input's, skipped when null), alternating between the buffers g0 and g1 in between. With LastEpi, the
-/// last stage ran forward with that epilogue into last_y (last_z its values before it): backward
-/// applies its derivative there.
-template <Network Net, class LastEpi = void, class Space, class T>
+/// Runs an inner network (laid out as Layout) backward from `dy` (its output's gradient, may be
+/// overwritten) to `dx` (its input's, skipped when null), alternating between the buffers g0 and g1 in
+/// between (fp32, whatever Layout stores the activations in). With LastEpi, the last stage ran forward
+/// with that epilogue into last_y (last_z its values before it): backward applies its derivative there.
+template <Network Net, class Layout, class LastEpi = void, class Space, class T>
 void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* dy, T* dx, T* g0, T* g1,
                   T* last_y = nullptr, T* last_z = nullptr) {
   T* current = dy;
@@ -209,16 +275,18 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           constexpr std::size_t I = Net::stage_count - 1 - R;
           using S = typename Net::template stage<I>;
           if (I == 0 && !S::has_params && dx == nullptr) return;
-          StageArgs<Space, T> s = stage_args<Net, I>(a.space, m, x, a.batch, true, a.scratch, a.seed, a.step, a.index,
-                                                     a.sync, a.first_sample);
+          StageArgs<Space, T> s = stage_args<Net, I, Layout>(a.space, m, x, a.batch, true, a.scratch, a.seed, a.step,
+                                                             a.index, a.sync, a.first_sample);
           s.dy = current;
           s.dx = I == 0 ? dx : (current == g0 ? g1 : g0);
+          using X = typename stage_elements<Layout, I>::input;
+          using Y = typename stage_elements<Layout, I>::output;
           if constexpr (!std::is_void_v<LastEpi> && I == Net::stage_count - 1) {
             s.y = last_y;
             s.z = last_z;
-            stage_executor<S>::template backward<typename S::in, LastEpi>(s);
+            stage_backward<S, LastEpi, X, Y>(s);
           } else {
-            stage_executor<S>::template backward<typename S::in, typename S::epilogue>(s);
+            stage_backward<S, typename S::epilogue, X, Y>(s);
           }
           round_stored(a.space, s.dx, a.batch * S::in::size, s.bf16_dx);
           current = s.dx;
@@ -272,6 +340,12 @@ struct Residual {
   using body = typename body_of<In, std::make_index_sequence<body_size>>::type;
   template <class In>
   using projection = typename detail::projection_of<shortcut, In>::type;
+  /// Where the body and the projection lie per sample on a Cuda model of precision P (void: the Host):
+  /// detail::InnerLayout, Net's own layout but for 16-bit tensors under Bf16.
+  template <class In, class P = void>
+  using body_layout = detail::InnerLayout<body<In>, P>;
+  template <class In, class P = void>
+  using projection_layout = detail::InnerLayout<projection<In>, P>;
 
  private:
   template <class In>
@@ -298,11 +372,6 @@ struct Residual {
   static constexpr std::size_t shortcut_states() {
     if constexpr (identity) return 0;
     else return projection<In>::state_tensor_count;
-  }
-  template <class In>
-  static constexpr std::size_t shortcut_activations() {
-    if constexpr (identity) return 0;
-    else return projection<In>::activation_elements;
   }
   template <class In>
   static constexpr TensorName shortcut_key() {
@@ -390,76 +459,84 @@ struct Residual {
       return false;
   }();
 
-  /// Per-sample elements of the body's activations the block keeps. With fused_add the body's last
-  /// stage writes the block's output (StageArgs::y of the block), never its own output region, which
-  /// is the last part of the body's layout: that part is not reserved (its pointer, which nothing
-  /// dereferences, points past the body's memory).
-  template <class In>
+  /// Per-sample elements of the body's activations the block keeps (laid out as body_layout<In, P>). With
+  /// fused_add the body's last stage writes the block's output (StageArgs::y of the block), never its
+  /// own output region, which is the last part of the body's layout: that part is not reserved (its
+  /// pointer, which nothing dereferences, points past the body's memory).
+  template <class In, class P = void>
   static constexpr std::size_t body_saved = [] {
     using B = body<In>;
-    constexpr StagePlan last = B::stage_plan[B::stage_count - 1];
+    using L = body_layout<In, P>;
+    constexpr StagePlan last = L::stage_plan[B::stage_count - 1];
     using Last = typename B::template stage<B::stage_count - 1>;
     if constexpr (fused_add<In>) {
       static_assert(!last.aliases_input && !last.saves_z &&
-                        last.out_offset + align_elements(Last::out::size) == B::activation_elements,
+                        last.out_offset + align_elements(Last::out::size) == L::activation_elements,
                     "Residual: a fused body's last output must be the end of its layout");
       return last.out_offset;
     } else {
-      return B::activation_elements;
+      return L::activation_elements;
     }
   }();
   /// Per-sample elements forward leaves for backward when the block's epilogue (the activation after
-  /// it) is Epi: the body's and the projection's activations, and the sum before Epi where it is kept
-  /// (always when the add has a pass of its own; with fused_add only when Epi needs its input).
-  template <class In, class Epi>
+  /// it) is Epi, on a Cuda model of precision P (void: the Host; the Cuda workspace asks for P, see
+  /// net/cuda_plan.hpp): the body's and the projection's activations, and the sum before Epi where it
+  /// is kept (always when the add has a pass of its own; with fused_add only when Epi needs its input).
+  template <class In, class Epi, class P = void>
   static constexpr std::size_t saved_elements =
-      body_saved<In> + shortcut_activations<In>() +
+      body_saved<In, P> + projection_layout<In, P>::activation_elements +
       (fused_add<In> && !Epi::saves_input ? 0 : align_elements(output<In>::size));
 
   // Forward and backward are written once for both spaces: the inner stages run on their layers'
   // executors for the space, the add and copies on the space's elementwise kernels.
   template <class In, class Epi, class T, class Space>
   static void forward(const StageArgs<Space, T>& a) {
-    const Regions<In, T> r{a};
+    using P = typename detail::layout_precision<Space>::type;
+    using BL = body_layout<In, P>;
+    using PL = projection_layout<In, P>;
+    const Regions<In, T, P> r{a};
     if constexpr (fused_add<In>) {
       // The shortcut first, then the body, whose last stage adds it and applies the block's epilogue
       // into the block's output: one pass fewer over the block's output than a separate add.
       const T* shortcut_out = a.x;
       if constexpr (!identity) {
-        detail::run_forward<projection<In>>(a, r.side, a.x);
-        shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace, a.x,
-                                                                                            a.batch);
+        detail::run_forward<projection<In>, PL>(a, r.side, a.x);
+        shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1, PL>(r.side.workspace,
+                                                                                                a.x, a.batch);
       }
       // (In evaluation the conv before that BatchNorm runs it, the add and the epilogue.)
-      detail::run_forward<body<In>, Epi>(a, r.main, a.x, a.y, Epi::saves_input ? r.sum : nullptr, shortcut_out);
+      detail::run_forward<body<In>, BL, Epi>(a, r.main, a.x, a.y, Epi::saves_input ? r.sum : nullptr, shortcut_out);
       return;
     }
-    detail::run_forward<body<In>>(a, r.main, a.x);
-    const T* body_out = detail::stage_output<body<In>, body<In>::stage_count - 1>(r.main.workspace, a.x, a.batch);
+    detail::run_forward<body<In>, BL>(a, r.main, a.x);
+    const T* body_out = detail::stage_output<body<In>, body<In>::stage_count - 1, BL>(r.main.workspace, a.x, a.batch);
     const T* shortcut_out = a.x;
     if constexpr (!identity) {
-      detail::run_forward<projection<In>>(a, r.side, a.x);
-      shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1>(r.side.workspace,
-                                                                                          a.x, a.batch);
+      detail::run_forward<projection<In>, PL>(a, r.side, a.x);
+      shortcut_out = detail::stage_output<projection<In>, projection<In>::stage_count - 1, PL>(r.side.workspace,
+                                                                                              a.x, a.batch);
     }
     detail::residual_add<Epi>(a, a.batch * output<In>::size, body_out, shortcut_out, r.sum);
   }
 
   template <class In, class Epi, class T, class Space>
   static void backward(const StageArgs<Space, T>& a) {
-    const Regions<In, T> r{a};
+    using P = typename detail::layout_precision<Space>::type;
+    using BL = body_layout<In, P>;
+    using PL = projection_layout<In, P>;
+    const Regions<In, T, P> r{a};
     const std::size_t n_out = a.batch * output<In>::size;
     if constexpr (fused_add<In>) {
       // The body's last stage applies the epilogue's derivative to a.dy in place (the sum's gradient,
       // which the shortcut then takes). An identity's dx is the body's plus the sum's gradient.
       T* z = Epi::saves_input ? r.sum : nullptr;
       if constexpr (identity) {
-        detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
+        detail::run_backward<body<In>, BL, Epi>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
         if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, true, true);
       } else {
         T* body_dx = a.dx ? r.g[0] : nullptr;
-        detail::run_backward<body<In>, Epi>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
-        detail::run_backward<projection<In>>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
+        detail::run_backward<body<In>, BL, Epi>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
+        detail::run_backward<projection<In>, PL>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
         if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true, true);
       }
       return;
@@ -470,9 +547,9 @@ struct Residual {
       if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, false, false);
     } else {
       detail::residual_copy(a, n_out, a.dy, r.g[0], false, false);
-      detail::run_backward<projection<In>>(a, r.side, a.x, r.g[0], a.dx, r.g[1], r.g[2]);
+      detail::run_backward<projection<In>, PL>(a, r.side, a.x, r.g[0], a.dx, r.g[1], r.g[2]);
     }
-    detail::run_backward<body<In>>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2]);
+    detail::run_backward<body<In>, BL>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2]);
     if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true, true);
   }
 
@@ -508,8 +585,9 @@ struct Residual {
   }
 #endif
 
-  // Where the block's inner networks work, from the stage's arguments.
-  template <class In, class T>
+  // Where the block's inner networks work, from the stage's arguments (laid out for precision P: void on
+  // the Host).
+  template <class In, class T, class P>
   struct Regions {
     detail::StageMemory<T> main;  // the body's
     detail::StageMemory<T> side;  // the projection's
@@ -522,12 +600,12 @@ struct Residual {
       T* at = a.z;
       T* params = const_cast<T*>(a.w);
       main = {at, params, a.dw, a.state, nullptr};
-      at += body_saved<In> * a.batch;
+      at += body_saved<In, P> * a.batch;
       if constexpr (!identity) {
         side = {at, params ? params + body<In>::param_storage : nullptr,
                 a.dw ? a.dw + body<In>::param_storage : nullptr, a.state ? a.state + body<In>::state_storage : nullptr,
                 nullptr};
-        at += projection<In>::activation_elements * a.batch;
+        at += projection_layout<In, P>::activation_elements * a.batch;
       } else {
         side = {nullptr, nullptr, nullptr, nullptr, nullptr};
       }

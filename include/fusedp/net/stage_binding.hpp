@@ -127,14 +127,49 @@ constexpr bool is_network_output() {
   return true;
 }
 
+/// The elements stage I's input and output are stored in under Layout: float, unless the layout says
+/// otherwise (input_element<I>, output_element<I>: a residual block's inner networks on a Bf16 Cuda
+/// model, net/residual.hpp).
+template <class Layout, std::size_t I>
+struct stage_elements {
+  using input = float;
+  using output = float;
+};
+template <class Layout, std::size_t I>
+  requires requires { typename Layout::template output_element<I>; }
+struct stage_elements<Layout, I> {
+  using input = typename Layout::template input_element<I>;
+  using output = typename Layout::template output_element<I>;
+};
+
+/// Stage S forward (backward) with epilogue Epi, its input stored as X and its output as Y: through its
+/// executor where both are float, else through its layer's Cuda overload that takes the elements (only
+/// layers that declare they take 16-bit tensors are given them: net/residual.hpp, InnerLayout).
+template <class S, class Epi, class X, class Y, class Space, class T>
+void stage_forward(const StageArgs<Space, T>& a) {
+  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float>)
+    stage_executor<S>::template forward<typename S::in, Epi>(a);
+  else
+    S::layer::template forward<typename S::in, Epi, X, Y>(a);
+}
+template <class S, class Epi, class X, class Y, class Space, class T>
+void stage_backward(const StageArgs<Space, T>& a) {
+  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float>)
+    stage_executor<S>::template backward<typename S::in, Epi>(a);
+  else
+    S::layer::template backward<typename S::in, Epi, X, Y>(a);
+}
+
 /// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
 /// epilogue_at<Net, I, LastEpi>; in evaluation, where folds_next says so, stage I + 1 runs in its
 /// epilogue (into stage I + 1's output, with its `add`, its epilogue and its bf16_y), and a stage that
 /// the one before ran runs nothing. What it wrote is stored in bf16 where its arguments' bf16_y says
-/// so (activation_storage.hpp: the Cuda kernels round as they write, the Host here after them).
-template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class ArgsOf>
+/// so (activation_storage.hpp: the Cuda kernels round as they write, the Host here after them), in the
+/// elements Layout stores it in (stage_elements).
+template <Network Net, std::size_t I, class Space, class T, class LastEpi = void, class Layout = Net, class ArgsOf>
 void forward_folding(const ArgsOf& args_of, bool training) {
   using S = typename Net::template stage<I>;
+  using X = typename stage_elements<Layout, I>::input;
   if constexpr (folded_into_previous<Net, I>()) {
     if (!training) return;
   }
@@ -149,13 +184,13 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.fold = &fold;
       a.add = next.add;
       a.bf16_y = next.bf16_y;
-      stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I + 1, LastEpi>>(a);
+      stage_forward<S, epilogue_at<Net, I + 1, LastEpi>, X, typename stage_elements<Layout, I + 1>::output>(a);
       round_stored(a.space, a.y, a.batch * N::out::size, a.bf16_y);
       return;
     }
   }
   const StageArgs<Space, T> a = args_of.template operator()<I>();
-  stage_executor<S>::template forward<typename S::in, epilogue_at<Net, I, LastEpi>>(a);
+  stage_forward<S, epilogue_at<Net, I, LastEpi>, X, typename stage_elements<Layout, I>::output>(a);
   if constexpr (!Net::stage_plan[I].aliases_input) round_stored(a.space, a.y, a.batch * S::out::size, a.bf16_y);
 }
 }  // namespace detail

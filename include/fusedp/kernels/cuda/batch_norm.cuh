@@ -55,29 +55,32 @@ __device__ FUSEDP_ALWAYS_INLINE std::size_t channel_count(const BatchNormExtents
   return std::size_t(g.batch) * g.plane;
 }
 // Channel c's sum over the block (every thread gets it).
-__device__ FUSEDP_ALWAYS_INLINE double channel_sum(const BatchNormExtents& g, int c, const float* x, double* shared) {
+template <class X>
+__device__ FUSEDP_ALWAYS_INLINE double channel_sum(const BatchNormExtents& g, int c, const X* x, double* shared) {
   double sum = 0;
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) sum += double(x[channel_at(g, c, k)]);
+  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads)
+    sum += double(to_float(x[channel_at(g, c, k)]));
   return block_sum(sum, shared);
 }
 // Channel c's sum of squared deviations from `mean` over the block.
-__device__ FUSEDP_ALWAYS_INLINE double channel_squares(const BatchNormExtents& g, int c, const float* x, double mean,
+template <class X>
+__device__ FUSEDP_ALWAYS_INLINE double channel_squares(const BatchNormExtents& g, int c, const X* x, double mean,
                                                        double* shared) {
   double sq = 0;
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
-    const double d = double(x[channel_at(g, c, k)]) - mean;
+    const double d = double(to_float(x[channel_at(g, c, k)])) - mean;
     sq += d * d;
   }
   return block_sum(sq, shared);
 }
 // Training, once channel c's mean and biased variance over `count` values are known: the state, the
-// running update and the normalized values.
-template <class Epi>
+// running update and the normalized values. X, Y: the elements x and y are stored in (float, or
+// BFloat16 inside a residual block on a Bf16 model: net/residual.hpp).
+template <class Epi, class X, class Y>
 __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     double mean, double var, double count, double momentum,
                                                     double eps, const float* gamma, const float* beta, float* state,
-                                                    const float* x, float* y, float* z, const float* add,
-                                                    bool bf16) {
+                                                    const X* x, Y* y, float* z, const float* add, bool bf16) {
   const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
                                    beta ? beta[c] : 0.0f};
   if (threadIdx.x == 0) {
@@ -88,16 +91,17 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, i
   }
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
+    const float xi = to_float(x[i]);
+    const float v = add ? ch.normalize(xi) + add[i] : ch.normalize(xi);
     if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = stored_value(Epi::apply(v), bf16);
+    store_element(y + i, stored_value(Epi::apply(v), bf16));
   }
 }
 
-template <class Epi>
+template <class Epi, class X, class Y>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                            const float* beta, float* state, const float* x, float* y, float* z, const float* add,
+                            const float* beta, float* state, const X* x, Y* y, float* z, const float* add,
                             bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
@@ -110,8 +114,9 @@ __global__ void __launch_bounds__(batch_norm_threads)
 
 // SyncBatchNorm's phases, one block per channel, the sums added over the replicas in between.
 // sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
+template <class X>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_sum_kernel(BatchNormExtents g, const float* x, double* sums) {
+    batch_norm_sum_kernel(BatchNormExtents g, const X* x, double* sums) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
@@ -121,18 +126,19 @@ __global__ void __launch_bounds__(batch_norm_threads)
     if (c == 0) sums[g.channels] = double(channel_count(g));
   }
 }
+template <class X>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_squares_kernel(BatchNormExtents g, const float* x, const double* sums, double* squares) {
+    batch_norm_squares_kernel(BatchNormExtents g, const X* x, const double* sums, double* squares) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
   const double sq = channel_squares(g, c, x, sums[c] / sums[g.channels], shared);
   if (threadIdx.x == 0) squares[c] = sq;
 }
-template <class Epi>
+template <class Epi, class X, class Y>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                             const float* beta, float* state, const float* x, float* y, float* z, const double* sums,
+                             const float* beta, float* state, const X* x, Y* y, float* z, const double* sums,
                              const double* squares, const float* add, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
@@ -141,9 +147,9 @@ __global__ void __launch_bounds__(batch_norm_threads)
                       z, add, bf16);
 }
 
-template <class Epi>
+template <class Epi, class X, class Y>
 __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, double eps, const float* gamma,
-                                       const float* beta, const float* state, const float* x, float* y, float* z,
+                                       const float* beta, const float* state, const X* x, Y* y, float* z,
                                        const float* add, bool bf16) {
   kernel_prologue();
   const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
@@ -152,17 +158,18 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
     const BatchNormChannel<float> ch{state[s.running_mean() + c],
                                      batch_norm_invstd<float>(double(state[s.running_var() + c]), eps),
                                      gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f};
-    const float v = add ? ch.normalize(x[i]) + add[i] : ch.normalize(x[i]);
+    const float xi = to_float(x[i]);
+    const float v = add ? ch.normalize(xi) + add[i] : ch.normalize(xi);
     if constexpr (Epi::saves_input) z[i] = v;
-    y[i] = stored_value(Epi::apply(v), bf16);
+    store_element(y + i, stored_value(Epi::apply(v), bf16));
   }
 }
 
 // Applies the epilogue's derivative to channel c's dy in place; its sums of dz and dz xhat over the
 // block, and (thread 0) its parameter gradients, this batch's part.
-template <class Epi>
+template <class Epi, class X, class Y>
 __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, int c, const BatchNormState& s,
-                                                   const float* state, const float* x, const float* y,
+                                                   const float* state, const X* x, const Y* y,
                                                    const float* z, float* dy, float* dgamma, float* dbeta,
                                                    double* shared, double& sum_dz, double& sum_dz_xhat) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
@@ -171,10 +178,13 @@ __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, in
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
     float d = dy[i];
-    if constexpr (!Epi::empty) d *= Epi::derivative(z ? z[i] : y[i], y[i]);
+    if constexpr (!Epi::empty) {
+      const float yi = to_float(y[i]);
+      d *= Epi::derivative(z ? z[i] : yi, yi);
+    }
     dy[i] = d;
     sum_dz += double(d);
-    sum_dz_xhat += double(d) * double((x[i] - mean) * invstd);
+    sum_dz_xhat += double(d) * double((to_float(x[i]) - mean) * invstd);
   }
   sum_dz = block_sum(sum_dz, shared);
   sum_dz_xhat = block_sum(sum_dz_xhat, shared);
@@ -183,23 +193,25 @@ __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, in
     if (dbeta) dbeta[c] = float(sum_dz);
   }
 }
+template <class X>
 __device__ FUSEDP_ALWAYS_INLINE void input_gradient(const BatchNormExtents& g, int c, const BatchNormState& s,
-                                                    const float* gamma, const float* state, const float* x,
+                                                    const float* gamma, const float* state, const X* x,
                                                     const float* dy, float* dx, double sum_dz, double sum_dz_xhat,
                                                     double count, bool bf16) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
   const float gm = gamma ? gamma[c] : 1.0f;
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    dx[i] = stored_value(batch_norm_input_gradient(dy[i], (x[i] - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count),
-                         bf16);
+    dx[i] = stored_value(
+        batch_norm_input_gradient(dy[i], (to_float(x[i]) - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count),
+        bf16);
   }
 }
 
-template <class Epi>
+template <class Epi, class X, class Y>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                               const float* x, const float* y, const float* z, float* dy, float* dx, float* dgamma,
+                               const X* x, const Y* y, const float* z, float* dy, float* dx, float* dgamma,
                                float* dbeta, bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
@@ -211,10 +223,10 @@ __global__ void __launch_bounds__(batch_norm_threads)
 
 // SyncBatchNorm's backward: sums[c] and sums[channels + c] channel c's sums of dz and dz xhat,
 // sums[2 channels] the value count, added over the replicas between the two kernels.
-template <class Epi>
+template <class Epi, class X, class Y>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const float* x,
-                                    const float* y, const float* z, float* dy, float* dgamma, float* dbeta,
+    batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const X* x,
+                                    const Y* y, const float* z, float* dy, float* dgamma, float* dbeta,
                                     double* sums) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
@@ -227,9 +239,10 @@ __global__ void __launch_bounds__(batch_norm_threads)
     if (c == 0) sums[2 * g.channels] = double(channel_count(g));
   }
 }
+template <class X>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                                     const float* x, const float* dy, float* dx, const double* sums, bool bf16) {
+                                     const X* x, const float* dy, float* dx, const double* sums, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
   input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels], bf16);
@@ -238,52 +251,53 @@ __global__ void __launch_bounds__(batch_norm_threads)
 
 /// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
 /// `sums` is batch_norm_sync_doubles(channels) doubles of device memory). `bf16`: y stored as bf16 values.
-template <class Epi>
+/// X, Y: the elements x and y are stored in (float, or kernels::BFloat16); z and `add` are fp32.
+template <class Epi, class X = float, class Y = float>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
-                        const float* x, float* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
+                        const X* x, Y* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
                         const float* add = nullptr, bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (training && !sync) {
-    launch<detail::batch_norm_train_kernel<Epi>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_train_kernel<Epi, X, Y>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
                                                  stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
   } else if (training) {
     double* squares = sums + g.channels + 1;
-    launch<detail::batch_norm_sum_kernel>("batch_norm_sum_kernel", blocks, detail::batch_norm_threads, 0, stream, g, x,
+    launch<detail::batch_norm_sum_kernel<X>>("batch_norm_sum_kernel", blocks, detail::batch_norm_threads, 0, stream, g, x,
                                           sums);
     sync(sums, std::size_t(g.channels) + 1, stream);
-    launch<detail::batch_norm_squares_kernel>("batch_norm_squares_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_squares_kernel<X>>("batch_norm_squares_kernel", blocks, detail::batch_norm_threads, 0,
                                               stream, g, x, sums, squares);
     sync(squares, std::size_t(g.channels), stream);
-    launch<detail::batch_norm_finish_kernel<Epi>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_finish_kernel<Epi, X, Y>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
                                                   stream, g, s, momentum, eps, gamma, beta, state, x, y, z, sums,
                                                   squares, add, bf16);
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
-    launch<detail::batch_norm_eval_kernel<Epi>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
+    launch<detail::batch_norm_eval_kernel<Epi, X, Y>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
                                                 stream, g, s, eps, gamma, beta, state, x, y, z, add, bf16);
   }
 }
 
 /// Backward of a training forward: dy is overwritten with the gradient before the epilogue; `sync`
-/// and `sums` as in forward; `bf16`: dx stored as bf16 values.
-template <class Epi>
+/// and `sums` as in forward; `bf16`: dx stored as bf16 values. X, Y: as in forward (dy and dx are fp32).
+template <class Epi, class X = float, class Y = float>
 void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, const float* gamma,
-                         const float* state, const float* x, const float* y, const float* z, float* dy, float* dx,
+                         const float* state, const X* x, const Y* y, const float* z, float* dy, float* dx,
                          float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr,
                          bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (!sync) {
-    launch<detail::batch_norm_backward_kernel<Epi>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_backward_kernel<Epi, X, Y>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
                                                     stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta, bf16);
     return;
   }
-  launch<detail::batch_norm_gradient_sums_kernel<Epi>>("batch_norm_gradient_sums_kernel", blocks,
+  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y>>("batch_norm_gradient_sums_kernel", blocks,
                                                        detail::batch_norm_threads, 0, stream, g, s, state, x, y, z, dy,
                                                        dgamma, dbeta, sums);
   sync(sums, batch_norm_sync_doubles(std::size_t(g.channels)), stream);
   if (!dx) return;
-  launch<detail::batch_norm_input_gradient_kernel>("batch_norm_input_gradient_kernel", blocks,
+  launch<detail::batch_norm_input_gradient_kernel<X>>("batch_norm_input_gradient_kernel", blocks,
                                                    detail::batch_norm_threads, 0, stream, g, s, gamma, state, x, dy, dx,
                                                    sums, bf16);
 }
