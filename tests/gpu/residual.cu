@@ -158,31 +158,67 @@ struct Wide : L {
   template <class Epi>
   static constexpr bool cuda_writes_16bit = false;
 };
-using WideBlocks = fp::Sequential<
+template <class L>
+using Same = L;
+// A stem, a projection block, an identity block and a bottleneck block (1x1, 3x3 with stride 2 and 1x1
+// convs, the last two reading 16-bit inputs), each inner layer wrapped in W.
+template <template <class> class W>
+using BlocksOf = fp::Sequential<
     fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
-    fp::Residual<Wide<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::ReLU,
-                 Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>,
-                 fp::Projection<Wide<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>, Wide<fp::BatchNorm2d<>>>>,
+    fp::Residual<W<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>, W<fp::BatchNorm2d<>>, fp::ReLU,
+                 W<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, W<fp::BatchNorm2d<>>,
+                 fp::Projection<W<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>, W<fp::BatchNorm2d<>>>>,
     fp::ReLU,
-    fp::Residual<Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::ReLU,
-                 Wide<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, Wide<fp::BatchNorm2d<>>, fp::IdentityShortcut>,
+    fp::Residual<W<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, W<fp::BatchNorm2d<>>, fp::ReLU,
+                 W<fp::Conv2d<16, 3, 1, 1, fp::no_bias>>, W<fp::BatchNorm2d<>>, fp::IdentityShortcut>,
+    fp::ReLU,
+    fp::Residual<W<fp::Conv2d<8, 1, 1, 0, fp::no_bias>>, W<fp::BatchNorm2d<>>, fp::ReLU,
+                 W<fp::Conv2d<8, 3, 2, 1, fp::no_bias>>, W<fp::BatchNorm2d<>>, fp::ReLU,
+                 W<fp::Conv2d<24, 1, 1, 0, fp::no_bias>>, W<fp::BatchNorm2d<>>,
+                 fp::Projection<W<fp::Conv2d<24, 1, 2, 0, fp::no_bias>>, W<fp::BatchNorm2d<>>>>,
     fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<10>>;
+using NarrowBlocks = BlocksOf<Same>;
+using WideBlocks = BlocksOf<Wide>;
 template <class Net, std::size_t I>
-using block_at = typename Net::template stage<I>::layer;
-template <class Net, std::size_t I>
-using block_in = typename Net::template stage<I>::in;
-// FusedBlocks' blocks store their convs' and first BatchNorms' outputs (and the projection's conv's) in
+using body_narrow = typename Net::template stage<I>::layer::template body_layout<typename Net::template stage<I>::in,
+                                                                                 fp::precision::Bf16>;
+// NarrowBlocks' blocks store their convs' and inner BatchNorms' outputs (and the projections' convs') in
 // 16 bits; WideBlocks' the same values in fp32 elements.
-static_assert(!fp::cuda_narrow_outputs ||
-              block_at<FusedBlocks, 2>::body_layout<block_in<FusedBlocks, 2>, fp::precision::Bf16>::narrow ==
-                  std::array<bool, 4>{true, true, true, false});
-static_assert(block_at<WideBlocks, 2>::body_layout<block_in<WideBlocks, 2>, fp::precision::Bf16>::narrow ==
-              std::array<bool, 4>{});
-static_assert(block_at<WideBlocks, 3>::body_layout<block_in<WideBlocks, 3>, fp::precision::Bf16>::narrow ==
-              std::array<bool, 4>{});
+constexpr bool on = fp::cuda_narrow_outputs;
+static_assert(body_narrow<NarrowBlocks, 2>::narrow == std::array<bool, 4>{on, on, on, false});
+static_assert(body_narrow<NarrowBlocks, 4>::narrow == std::array<bool, 6>{on, on, on, on, on, false});
+static_assert(body_narrow<WideBlocks, 2>::narrow == std::array<bool, 4>{});
+static_assert(body_narrow<WideBlocks, 3>::narrow == std::array<bool, 4>{});
+static_assert(body_narrow<WideBlocks, 4>::narrow == std::array<bool, 6>{});
 static_assert(!fp::reads_16bit_input<Wide<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>>() &&
               !fp::reads_16bit_input<Wide<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>>() &&
+              !fp::reads_16bit_input<Wide<fp::Conv2d<8, 1, 1, 0, fp::no_bias>>>() &&
+              !fp::reads_16bit_input<Wide<fp::Conv2d<24, 1, 2, 0, fp::no_bias>>>() &&
               fp::reads_16bit_input<fp::Conv2d<16, 1, 2, 0, fp::no_bias>>());
+
+// Gradients (and running statistics) of two replicas that share their BatchNorms' sums (SyncBatchNorm's
+// passes, through PairSum) over shards of 6 and 4 samples.
+template <class Net, class Space>
+std::array<std::vector<float>, 4> synchronized_shards(const std::vector<float>& x, const std::vector<std::int32_t>& y) {
+  constexpr std::size_t batch = 10, first = 6, in = Net::input_shape::size;
+  std::array<fp::Model<Net, Space>, 2> replicas{fp::Model<Net, Space>{fp::seed(6), make_space<Space>()},
+                                                fp::Model<Net, Space>{fp::seed(6), make_space<Space>()}};
+  PairSum pair;
+  std::array<PairSum::Side, 2> sides{PairSum::Side{&pair, 0, fp::is_cuda_space_v<Space>},
+                                     PairSum::Side{&pair, 1, fp::is_cuda_space_v<Space>}};
+  const std::span<const float> xs(x);
+  const std::span<const std::int32_t> ys(y);
+  {
+    std::jthread second([&] {
+      (void)replicas[1].compute_gradients(xs.subspan(first * in), ys.subspan(first), fp::SoftmaxCrossEntropy{}, {},
+                                          batch, fp::ReplicaSum{&sides[1], &PairSum::sum});
+    });
+    (void)replicas[0].compute_gradients(xs.first(first * in), ys.first(first), fp::SoftmaxCrossEntropy{}, {}, batch,
+                                        fp::ReplicaSum{&sides[0], &PairSum::sum});
+  }
+  return {grads_on_host(replicas[0]), grads_on_host(replicas[1]), buffers_on_host(replicas[0]),
+          buffers_on_host(replicas[1])};
+}
 }  // namespace
 
 TEST_CASE("a Bf16 model's 16-bit tensors inside blocks give the bits of the same values in fp32 elements") {
@@ -190,9 +226,9 @@ TEST_CASE("a Bf16 model's 16-bit tensors inside blocks give the bits of the same
   // evaluation (the conv epilogue that folds a BatchNorm writing 16 bits).
   FUSEDP_GPU_REQUIRE_DEVICE();
   const std::size_t batch = 12;
-  const auto x = random_values(batch * FusedBlocks::input_shape::size, 110);
+  const auto x = random_values(batch * NarrowBlocks::input_shape::size, 110);
   const auto y = labels_for(batch, 10, 111);
-  fp::Model<FusedBlocks, fp::CudaBf16> narrow{fp::seed(9), make_space<fp::CudaBf16>()};
+  fp::Model<NarrowBlocks, fp::CudaBf16> narrow{fp::seed(9), make_space<fp::CudaBf16>()};
   fp::Model<WideBlocks, fp::CudaBf16> wide{fp::seed(9), make_space<fp::CudaBf16>()};
   fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
   for (int s = 0; s < 3; ++s) {
@@ -207,6 +243,16 @@ TEST_CASE("a Bf16 model's 16-bit tensors inside blocks give the bits of the same
   CHECK(std::vector<float>(pn.begin(), pn.end()) == std::vector<float>(pw.begin(), pw.end()));
   // And the 16-bit layout is the smaller one.
   CHECK((narrow.memory_use().workspace < wide.memory_use().workspace) == fp::cuda_narrow_outputs);
+
+  // SyncBatchNorm's separate passes over 16-bit inputs: the same bits too.
+  const auto xs = random_values(10 * NarrowBlocks::input_shape::size, 112);
+  const auto ys = labels_for(10, 10, 113);
+  const auto sn = synchronized_shards<NarrowBlocks, fp::CudaBf16>(xs, ys);
+  const auto sw = synchronized_shards<WideBlocks, fp::CudaBf16>(xs, ys);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(sn[i] == sw[i]);
+  }
 }
 
 TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stays finite") {

@@ -17,12 +17,16 @@
 //   - the dz a gradient sink writes into a stage whose activation derivative is a mask (ReLU, none):
 //     kernels::cuda::received_dz_element;
 //   - a group's output that only the GEMMs of the group above and the sink that writes its dz read
-//     (CudaPlan::narrow_output: in the CIFAR-10 CNN both pooled outputs and fc1's).
-// The Cuda workspace gives these half their regions, and sizes each gradient buffer for the widest
-// tensor written into it in its element (CudaWorkspace: under Bf16 the CIFAR-10 CNN's buffers hold
-// conv1's dense dz in 16 bits, half Net's size).
-// The rest (pooling, BatchNorm, elementwise and residual kernels' tensors, a dz formed by backward
-// itself) keeps bf16 values in fp32 elements.
+//     (CudaPlan::narrow_output: in the CIFAR-10 CNN both pooled outputs and fc1's);
+//   - inside a residual block, a stage's output that its layer writes in 16 bits and the next stage
+//     reads so (net/residual.hpp, InnerLayout: in ResNet-18 every conv's output and each block's first
+//     BatchNorm's).
+// The Cuda workspace gives these half their regions (a block's saved region is its inner layouts'),
+// and sizes each gradient buffer for the widest tensor written into it in its element (CudaWorkspace:
+// under Bf16 the CIFAR-10 CNN's buffers hold conv1's dense dz in 16 bits, half Net's size).
+// The rest (pooling and elementwise kernels' tensors, a block's output and what its add reads, a
+// BatchNorm's output outside blocks, a dz formed by backward itself, the gradient buffers) keeps bf16
+// values in fp32 elements.
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"

@@ -20,6 +20,9 @@
 // without the sum unless the epilogue reads its input: saved_elements), and three gradient buffers in
 // the network's backward work memory, which every block of the network shares (blocks run backward
 // one after the other). A block inside a block is not supported: both would work in the same memory.
+// On a Bf16 Cuda model the inner networks lie as InnerLayout says: a conv's or BatchNorm's output that
+// the next inner stage reads in 16 bits is stored so, in half its region (ResNet-18 at batch 128: 931
+// -> 737 MiB); saved_elements<In, Epi, P> is then the Cuda workspace's region for the block.
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"
