@@ -46,6 +46,10 @@ using SeparateAddNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>,
 using TailNet = fp::Sequential<fp::Input<3, 12, 12>, fp::Conv2d<8, 3, 1, 1>, fp::ReLU, fp::MaxPool2d<3>,
                                fp::Dropout<0.25f>, fp::Tanh, fp::GlobalAvgPool2d, fp::Sigmoid, fp::Flatten,
                                fp::Linear<4>>;
+// A conv + ReLU whose output (16-bit: it receives its dz) a conv reads that folds the BatchNorm after it
+// in evaluation; that conv's output is 16-bit too (the BatchNorm reads it so).
+using FoldingReader = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<4, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
+                                     fp::BatchNorm2d<>, fp::ReLU, fp::Flatten, fp::Linear<6>, fp::Tanh, fp::Linear<3>>;
 // A fused conv + max-pooling whose pooled values are the logits (their gradient, dlogits, is fp32).
 using PooledOutputNet = fp::Sequential<fp::Input<2, 8, 8>, fp::Conv2d<6, 3, 1, 1>, fp::ReLU, fp::Conv2d<4, 3, 1, 1>,
                                        fp::ReLU, fp::MaxPool2d<2>, fp::Flatten>;
@@ -292,6 +296,8 @@ struct Expect {
   bool gradients = true;
   bool dz_16bit = false;  // a sink stores a dz in 16 bits (into a ReLU conv, conv + pool or Linear)
   int narrow = 0;         // stage outputs stored in 16 bits under Bf16 (CudaPlan::narrow_output)
+  int narrow_folded = 0;  // of those, a conv's that folds the BatchNorm after it in evaluation (which
+                          // writes the BatchNorm's output instead)
   int argmax = 0;         // fused conv + max-poolings (their conv regions hold argmax bytes)
   bool saves = false;
   bool fp32_logits = true;
@@ -317,7 +323,8 @@ void check_storage(const char* name, Expect expect) {
     CHECK(f.gradients_16bit == 0);  // only a Bf16 model stores dz in 16 bits
     CHECK(bf.dz_16bit_wrong == 0);
     // The regions the NaN and poison checks ran on: the plan's narrowed outputs.
-    CHECK(bf.outputs_16bit == (fp::cuda_narrow_outputs ? expect.narrow : 0));
+    CHECK(bf.outputs_16bit ==
+          (fp::cuda_narrow_outputs ? expect.narrow - (training ? 0 : expect.narrow_folded) : 0));
     CHECK(bf.outputs_16bit_wrong == 0);
     CHECK(bf.argmax_regions == expect.argmax);
     CHECK(bf.argmax_wrong == 0);
@@ -333,10 +340,16 @@ void check_storage(const char* name, Expect expect) {
 
 TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as a bf16 value, the logits in fp32") {
   FUSEDP_GPU_REQUIRE_DEVICE();
-  // Narrowed: in Net the pooled values, the Tanh conv's output and the ReLU Linear's; in BlockNet the GELU
-  // Linear's; in PooledOutputNet the first conv's.
+  // Narrowed: in Net the pooled values, the Tanh conv's output and the ReLU Linear's; in BlockNet the
+  // stem conv's and its BatchNorm's (which the block reads in 16 bits) and the GELU Linear's; in
+  // PooledOutputNet the first conv's.
   check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true, .narrow = 3, .argmax = 1});
-  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", {.narrow = 1, .saves = true});
+  check_storage<BlockNet>("batch norm, residual block, avg pool, GELU",
+                          {.narrow = 3, .narrow_folded = 1, .saves = true});
+  // Both convs (the first receives its dz; the second is read by the BatchNorm, which it folds in
+  // evaluation, where the first is read by a conv that folds) and the Tanh Linear's.
+  check_storage<FoldingReader>("a 16-bit conv output read by a conv that folds a BatchNorm",
+                               {.dz_16bit = true, .narrow = 3, .narrow_folded = 1});
   check_storage<BlockOutputNet>("a residual block's output as the logits", {});
   check_storage<SeparateAddNet>("an identity block with an add of its own", {});
   check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});

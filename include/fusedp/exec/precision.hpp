@@ -22,9 +22,9 @@ struct Fp32 {
 /// logits and the loss stay fp32). The Host keeps them in float elements and rounds after each stage.
 /// The Cuda kernels round as they write, and store in 16-bit elements, half the bytes, the tensors
 /// every reader of which takes them (a group output only GEMMs and sinks read, a dz a sink writes past
-/// a ReLU, a conv's or BatchNorm's output inside a residual block); the Cuda workspace is sized for that
-/// (net/cuda_plan.hpp, net/residual.hpp). Pooling tensors, blocks' outputs and gradient buffers are
-/// still bf16 values in float elements (issue 17).
+/// a ReLU, an output whose writer and reader declare 16-bit kernels: Conv2d, BatchNorm, Residual, also
+/// inside blocks); the Cuda workspace is sized for that (net/cuda_plan.hpp, net/residual.hpp). Pooling
+/// and dropout tensors and the gradient buffers are still bf16 values in float elements (issue 17).
 struct Bf16 {
   static constexpr const char* name = "bf16";
 };

@@ -117,24 +117,24 @@ struct BatchNorm {
   // A block's inner networks (net/residual.hpp) store a BatchNorm's input and output in 16 bits under
   // Bf16 where the neighbours take them (backward reads y, for the epilogue's derivative, as stored; z,
   // where the epilogue keeps its input, is fp32).
+  template <class In>
   static constexpr bool cuda_reads_16bit = true;
-  template <class Epi>
+  template <class In, class Epi>
   static constexpr bool cuda_writes_16bit = true;
 
 #if FUSEDP_HAS_CUDA
-  // X and Y: the elements a.x and a.y point to (float, or kernels::BFloat16: cuda_reads_16bit,
-  // cuda_writes_16bit); a.add, a.z, a.dy and a.dx are fp32.
-  template <class In, class Epi, class X = float, class Y = float, class T, class P>
+  // X, Y, A: the elements a.x, a.y and a.add point to (float, or kernels::BFloat16: cuda_reads_16bit,
+  // cuda_writes_16bit; an add in 16 bits is a block's input); a.z, a.dy and a.dx are fp32.
+  template <class In, class Epi, class X = float, class Y = float, class A = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "BatchNorm on Cuda: the scalar type must be float");
     require(!a.training || a.sync || a.batch * std::size_t(In::height * In::width) > 1, name, " (layer ", a.index,
             "): training needs more than one value per channel, got a batch of ", a.batch, " x ",
             In::height * In::width);
-    kernels::cuda::batch_norm_forward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training,
-                                           double(Momentum), double(Eps), Affine ? a.w : nullptr,
-                                           Affine ? a.b : nullptr, a.state, reinterpret_cast<const X*>(a.x),
-                                           reinterpret_cast<Y*>(a.y), a.z, a.sync, device_sums(a.scratch), a.add,
-                                           a.bf16_y);
+    kernels::cuda::batch_norm_forward<Epi, X, Y, A>(
+        a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training, double(Momentum), double(Eps),
+        Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state, reinterpret_cast<const X*>(a.x),
+        reinterpret_cast<Y*>(a.y), a.z, a.sync, device_sums(a.scratch), reinterpret_cast<const A*>(a.add), a.bf16_y);
   }
   template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {

@@ -82,10 +82,11 @@ struct Conv2d {
   template <class Epi, bool DzIn, int Kp = 0>
   static constexpr bool forms_dense_dz = !DzIn && (Kp > 0 || !Epi::empty);
 
-  // A block's inner networks (net/residual.hpp) store a conv's input and, without an epilogue (whose
-  // derivative backward would read it in fp32), its output in 16 bits under Bf16.
+  // Under Bf16 its input, and without an epilogue (whose derivative backward would read it in fp32) its
+  // output, may be stored in 16 bits (inside blocks: net/residual.hpp; between stages: net/cuda_plan.hpp).
+  template <class In>
   static constexpr bool cuda_reads_16bit = true;
-  template <class Epi>
+  template <class In, class Epi>
   static constexpr bool cuda_writes_16bit = Epi::empty;
 
 #if FUSEDP_HAS_CUDA
@@ -97,12 +98,14 @@ struct Conv2d {
   template <class In>
   using cuda_tile_w = kernels::cuda::GemmTiles<In::channels * K * K>;
 
-  template <class In, class Epi, class X = float, class Y = float, class T, class P>
+  // A: the element of a.add (evaluation with a BatchNorm folded in that adds a block's shortcut).
+  template <class In, class Epi, class X = float, class Y = float, class A = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
-    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P>(
+    kernels::cuda::conv2d_forward<Epi, kernels::cuda::GemmTiles<Out>, P, X, Y, A>(
         kernels::cuda::layer_target(a.space), geometry<In>, int(a.batch), a.w, Bias ? a.b : nullptr,
-        reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.fold, a.add, a.bf16_y);
+        reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.fold, reinterpret_cast<const A*>(a.add),
+        a.bf16_y);
   }
   template <class In, class Epi, class X = float, class Y = float, class T, class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {

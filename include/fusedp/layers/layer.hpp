@@ -167,10 +167,11 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   forward/backward (anchors)       per space, with StageArgs; on Cuda its kernels store y (forward)
 ///                                    and dx (backward) as bf16 values where bf16_y / bf16_dx say so
 ///                                    (kernels::stored_value; the Host binding rounds after the stage)
-///   cuda_reads_16bit, cuda_writes_16bit<Epi> (optional)  its Cuda forward and backward take
+///   cuda_reads_16bit<In>, cuda_writes_16bit<In, Epi> (optional)  its Cuda forward and backward take
 ///                                    <In, Epi, X, Y>: the input (X) and, with epilogue Epi, the output
 ///                                    (Y) stored as kernels::BFloat16 (reads_16bit_input,
-///                                    writes_16bit_output; a residual block's inner networks use them)
+///                                    writes_16bit_output; the Bf16 Cuda layouts use them: between
+///                                    stages net/cuda_plan.hpp, inside blocks net/residual.hpp)
 template <class L>
 concept Layer = requires {
   { L::kind } -> std::convertible_to<LayerKind>;
@@ -201,18 +202,19 @@ constexpr long saved_elements_of() {
   else return -1;
 }
 
-/// Whether layer L's Cuda kernels read its input stored in 16 bits, in forward and backward (where the
-/// layer says so: cuda_reads_16bit).
-template <class L>
+/// Whether layer L's Cuda kernels read its input (of shape In) stored in 16 bits, in forward and backward
+/// (where the layer says so: cuda_reads_16bit).
+template <class L, class In>
 constexpr bool reads_16bit_input() {
-  if constexpr (requires { L::cuda_reads_16bit; }) return L::cuda_reads_16bit;
+  if constexpr (requires { L::template cuda_reads_16bit<In>; }) return L::template cuda_reads_16bit<In>;
   else return false;
 }
-/// Whether layer L with epilogue Epi can store its output in 16 bits on Cuda: its forward writes it so
-/// and its backward reads it so, where it reads it at all (where the layer says so: cuda_writes_16bit).
-template <class L, class Epi>
+/// Whether layer L at input In with epilogue Epi can store its output in 16 bits on Cuda: its forward
+/// writes it so and its backward reads it so, where it reads it at all (where the layer says so:
+/// cuda_writes_16bit).
+template <class L, class In, class Epi>
 constexpr bool writes_16bit_output() {
-  if constexpr (requires { L::template cuda_writes_16bit<Epi>; }) return L::template cuda_writes_16bit<Epi>;
+  if constexpr (requires { L::template cuda_writes_16bit<In, Epi>; }) return L::template cuda_writes_16bit<In, Epi>;
   else return false;
 }
 

@@ -18,15 +18,15 @@
 //     kernels::cuda::received_dz_element;
 //   - a group's output that only the GEMMs of the group above and the sink that writes its dz read
 //     (CudaPlan::narrow_output: in the CIFAR-10 CNN both pooled outputs and fc1's);
-//   - inside a residual block, a stage's output that its layer writes in 16 bits and the next stage
-//     reads so (net/residual.hpp, InnerLayout: in ResNet-18 every conv's output and each block's first
-//     BatchNorm's).
+//   - an output whose layer writes it in 16 bits and whose reader reads it so (layers declare it:
+//     cuda_writes_16bit, cuda_reads_16bit; Conv2d without an epilogue, BatchNorm, Residual), between
+//     stages (CudaPlan::narrow_output) and inside a residual block (net/residual.hpp, InnerLayout): in
+//     ResNet-18 every activation but the last block's output and the projections' BatchNorm outputs.
 // The Cuda workspace gives these half their regions (a block's saved region is its inner layouts'),
 // and sizes each gradient buffer for the widest tensor written into it in its element (CudaWorkspace:
 // under Bf16 the CIFAR-10 CNN's buffers hold conv1's dense dz in 16 bits, half Net's size).
-// The rest (pooling and elementwise kernels' tensors, a block's output and what its add reads, a
-// BatchNorm's output outside blocks, a dz formed by backward itself, the gradient buffers) keeps bf16
-// values in fp32 elements.
+// The rest (pooling, dropout and elementwise kernels' tensors, what a separate add reads, a dz formed
+// by backward itself, the gradient buffers) keeps bf16 values in fp32 elements.
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"

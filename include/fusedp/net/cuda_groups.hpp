@@ -11,7 +11,8 @@
 // precision::Bf16 every group stores its output and input gradient as bf16 values
 // (net/activation_storage.hpp), the fused conv + max-pool and the sinks included, and the outputs
 // CudaPlan::narrow_output names in 16 bits (each group's layers told the elements of their input and output:
-// CudaPlan::input_element, output_element); the fused MLP runs only under Tf32. With a side stream, each
+// CudaPlan::input_element, output_element; a plain stage group runs through the binding, which takes them
+// from CudaWorkspace::input_element, output_element); the fused MLP runs only under Tf32. With a side stream, each
 // Conv2d and Linear group (alone or with its fused max-pooling) but the first layer runs its weight-gradient
 // GEMM on it, beside the next group's backward, over three gradient buffers and two scratch halves
 // (net/backward_cursor.hpp). Layers inside a Residual block, and those of an MLP group run layer by layer
@@ -227,13 +228,12 @@ struct CudaGroups {
     using Gr = typename plan::template group<G>;
     using X = typename plan::template input_element<G>;
     using Y = typename plan::template output_element<G>;
-    if constexpr (Gr::kind == CudaGroupKind::stage && narrow_group<G>) {
-      // A Conv2d or Linear stage (the plan narrows no other, and none that folds a BatchNorm) with a 16-bit
-      // input or output: its layer told the elements, as StageBinding::forward_stage runs it otherwise.
-      using S = typename Net::template stage<Gr::first>;
-      const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::forward, S::first);
-      S::layer::template forward<typename S::in, typename S::epilogue, X, Y>(args_of<Gr::first>(x, batch, training));
-    } else if constexpr (Gr::kind == CudaGroupKind::stage) {
+    if constexpr (Gr::kind == CudaGroupKind::stage) {
+      // With a 16-bit input or output too: the binding runs each stage with the elements the workspace
+      // stores its tensors in (CudaWorkspace::input_element, output_element; in evaluation also where it
+      // folds a BatchNorm).
+      static_assert(std::is_same_v<X, typename CudaWorkspace<Net, P>::template input_element<Gr::first>> &&
+                    std::is_same_v<Y, typename CudaWorkspace<Net, P>::template output_element<Gr::first>>);
       forward_stages(x, batch, training, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;
@@ -377,7 +377,7 @@ struct CudaGroups {
       // StageBinding::backward_stage, through backward_to.
       backward_stage_to<G, Gr::first, plan::template receives_dz<G>>(x, batch, cur);
     } else if constexpr (Gr::kind == CudaGroupKind::stage) {
-      static_assert(!narrow_group<G>, "CudaGroups: a stage with a 16-bit input or output runs through backward_to");
+      // (A BatchNorm or a block with 16-bit tensors: the binding runs it with the workspace's elements.)
       backward_stages(x, batch, cur, std::index_sequence<Gr::first>{});
     } else if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
       using S = typename Net::template stage<Gr::first>;

@@ -30,11 +30,18 @@
 //
 // 16-bit stage outputs (issue 17): under precision::Bf16 a group's output is a bf16 value; where every
 // reader of it can read 16 bits, it is stored so (kernels::BFloat16), in a region of half the bytes
-// (CudaWorkspace). That is a group that receives its dz through a sink (so its own backward never reads its
-// output: the derivative is taken in the sink, which reads the element) and whose reader, the group
-// above past any Flatten, is a Conv2d or Linear stage or a conv + max-pool (GEMM operands, which widen
-// as they load) that folds no BatchNorm in evaluation. In the CIFAR-10 CNN: both pooled outputs and
-// fc1's (output_element, input_element; CudaGroups passes them to the layers). -DFUSEDP_CUDA_NARROW_OUTPUTS=0
+// (CudaWorkspace). That is
+//   - a group that receives its dz through a sink (so its own backward never reads its output: the
+//     derivative is taken in the sink, which reads the element) and whose reader, the group above past
+//     any Flatten, is a Conv2d or Linear stage or a conv + max-pool (GEMM operands, which widen as they
+//     load). In the CIFAR-10 CNN: both pooled outputs and fc1's;
+//   - a stage whose layer writes its output in 16 bits and reads it so in its backward, read by a layer
+//     that reads its input so (layers declare both: cuda_writes_16bit, cuda_reads_16bit; Conv2d without an
+//     epilogue, BatchNorm, Residual). In ResNet-18: the stem conv's and BatchNorm's outputs and every
+//     block's but the last, which average pooling reads.
+// (output_element, input_element; CudaGroups passes them to the layers, CudaWorkspace to StageBinding,
+// which runs each stage, a BatchNorm folded into a conv in evaluation included, with them; a block's
+// inner tensors: net/residual.hpp.) -DFUSEDP_CUDA_NARROW_OUTPUTS=0
 // keeps every output in fp32 elements (the same values), for measuring what it gives
 // (benchmarks/gpu: train_step_gpu_wide); like FUSEDP_CUDA_FUSED_GRADIENTS, the same in every
 // translation unit of a program.
@@ -43,7 +50,8 @@
 // with the Host model, less what the groups above never write: the conv's output region of a conv +
 // max-pool holds only the argmax bytes, a 16-bit output takes half its fp32 region, and a residual
 // block's saved region is what its inner layouts need (net/residual.hpp: 16-bit tensors inside blocks
-// under Bf16; ResNet-18 saves 397,312 of 1,229,328 activation floats a sample less). In the CIFAR-10
+// under Bf16; with its 16-bit outputs between stages ResNet-18 keeps 581,632 of 1,229,328 activation
+// floats a sample less). In the CIFAR-10
 // CNN that is 92,160 of 254,992 floats a sample in TF32 (36%), 104,960 in BF16; in LeNet 4,720 of
 // 13,440 (35%) and 5,440. Each gradient buffer holds the widest tensor backward writes into it, in
 // the element it is written in: under Bf16, where the widest is a dense dz in 16 bits, half Net's
@@ -212,6 +220,31 @@ constexpr bool updates_in_gemm() {
     return is_conv2d<L>::value || is_linear<L>::value;
   }
 }
+// Whether group Gr's layer can store its output in 16 bits (a stage whose layer says so with its
+// epilogue: writes_16bit_output), and read its input so (reads_16bit_input; a conv + max-pool reads it
+// through GEMM operands). The fused MLP reads and writes fp32.
+template <class Net, class Gr>
+constexpr bool group_writes_16bit() {
+  if constexpr (Gr::kind != CudaGroupKind::stage) {
+    return false;
+  } else {
+    using S = typename Net::template stage<Gr::first>;
+    if constexpr (S::kind != LayerKind::anchor) return false;
+    else return writes_16bit_output<typename S::layer, typename S::in, typename S::epilogue>();
+  }
+}
+template <class Net, class Gr>
+constexpr bool group_reads_16bit() {
+  if constexpr (Gr::kind == CudaGroupKind::conv_maxpool) {
+    return true;
+  } else if constexpr (Gr::kind == CudaGroupKind::stage) {
+    using S = typename Net::template stage<Gr::first>;
+    if constexpr (S::kind != LayerKind::anchor) return false;
+    else return reads_16bit_input<typename S::layer, typename S::in>();
+  } else {
+    return false;
+  }
+}
 // Floats a sample stage S saves for backward on Cuda under P where its layer says how many
 // (saved_elements<In, Epi, P>: a residual block whose inner networks store 16-bit tensors), else 0 (as
 // many as on the Host, Sequential's).
@@ -339,15 +372,23 @@ struct plan_facts<Net, type_list<Gs...>> {
       r[g] = cuda_fused_gradients && transforms[g] && above[g] < count && sink[above[g]];
     return r;
   }();
-  // folds[g]: the group's last stage runs the BatchNorm after it in its epilogue in evaluation.
-  static constexpr std::array<bool, count> folds{folds_next<Net, Gs::last>()...};
-  // narrow[g]: g's output may be stored in 16 bits (under Bf16): g receives its dz (so only a sink reads
-  // its output in backward), and the group above reads it through GEMM operands only: a Conv2d or
-  // Linear stage or a conv + max-pool (not a fused MLP, which reads fp32) that folds no BatchNorm.
+  static constexpr std::array<bool, count> writes16{group_writes_16bit<Net, Gs>()...};
+  static constexpr std::array<bool, count> reads16{group_reads_16bit<Net, Gs>()...};
+  // narrow[g]: g's output may be stored in 16 bits (under Bf16), where either
+  //   - g receives its dz (so only a sink reads its output in backward), and the group above reads it
+  //     through GEMM operands only: a Conv2d or Linear stage or a conv + max-pool (not a fused MLP, which
+  //     reads fp32; one that folds a BatchNorm in evaluation too, since the binding runs the fold with the
+  //     workspace's elements); or
+  //   - g's layer writes its output in 16 bits and reads it so in backward, and the group above reads its
+  //     input so (writes16, reads16: a conv without epilogue, a BatchNorm, a residual block, read by a
+  //     conv, a BatchNorm or a block; ResNet-18's stem and blocks).
   static constexpr std::array<bool, count> narrow = [] {
     std::array<bool, count> r{};
-    for (std::size_t g = 0; g < count; ++g)
-      r[g] = cuda_narrow_outputs && receives[g] && summary[above[g]].kind != CudaGroupKind::mlp && !folds[above[g]];
+    for (std::size_t g = 0; g < count; ++g) {
+      const bool received = receives[g] && summary[above[g]].kind != CudaGroupKind::mlp;
+      const bool declared = writes16[g] && above[g] < count && reads16[above[g]];
+      r[g] = cuda_narrow_outputs && (received || declared);
+    }
     return r;
   }();
   static constexpr std::array<bool, count> narrow_input = [] {
@@ -391,7 +432,8 @@ struct CudaPlan {
   static constexpr std::size_t dz_receiver = detail::plan_facts<Net, groups>::receiver[G];
 
   /// Whether group G stores its output in 16 bits (kernels::BFloat16): under precision::Bf16, where it
-  /// receives its dz and the group above reads it only through GEMM operands (the header's comment).
+  /// receives its dz and the group above reads it only through GEMM operands, or where its layer and the
+  /// one above declare 16-bit kernels (the header's comment).
   template <std::size_t G>
   static constexpr bool narrow_output =
       std::is_same_v<P, precision::Bf16> && detail::plan_facts<Net, groups>::narrow[G];
@@ -528,6 +570,33 @@ struct CudaWorkspace {
   static constexpr std::size_t backward_elements = Net::backward_elements;
   static constexpr std::size_t workspace_elements_per_sample =
       activation_elements + 2 * gradient_elements + backward_elements;
+
+ private:
+  // Per stage: whether its output is stored in 16 bits (the last stage of a group with narrow_output),
+  // and whether its input is (the output of the last stage before it that is not a reshape).
+  static constexpr std::array<bool, Net::stage_count> narrow_out_ = [] {
+    std::array<bool, Net::stage_count> r{};
+    for (std::size_t g = 0; g < plan::group_count; ++g)
+      r[plan::summary[g].last] = std::is_same_v<P, precision::Bf16> && detail::plan_facts<Net, typename plan::groups>::narrow[g];
+    return r;
+  }();
+  static constexpr std::array<bool, Net::stage_count> narrow_in_ = [] {
+    std::array<bool, Net::stage_count> r{};
+    for (std::size_t i = 1; i < Net::stage_count; ++i) {
+      std::size_t j = i - 1;
+      while (j > 0 && Net::stage_plan[j].aliases_input) --j;
+      r[i] = !Net::stage_plan[j].aliases_input && narrow_out_[j];
+    }
+    return r;
+  }();
+
+ public:
+  /// The elements stage I's output and input are stored in (StageBinding runs the stages with them:
+  /// stage_elements): BFloat16 where CudaPlan::output_element and input_element say so for its group.
+  template <std::size_t I>
+  using output_element = std::conditional_t<narrow_out_[I], kernels::BFloat16, float>;
+  template <std::size_t I>
+  using input_element = std::conditional_t<narrow_in_[I], kernels::BFloat16, float>;
 };
 
 }  // namespace fusedp

@@ -21,8 +21,10 @@
 // the network's backward work memory, which every block of the network shares (blocks run backward
 // one after the other). A block inside a block is not supported: both would work in the same memory.
 // On a Bf16 Cuda model the inner networks lie as InnerLayout says: a conv's or BatchNorm's output that
-// the next inner stage reads in 16 bits is stored so, in half its region (ResNet-18 at batch 128: 931
-// -> 737 MiB); saved_elements<In, Epi, P> is then the Cuda workspace's region for the block.
+// the next inner stage reads in 16 bits is stored so, in half its region; saved_elements<In, Epi, P> is
+// then the Cuda workspace's region for the block. The block's own input and output may be 16-bit too
+// (cuda_reads_16bit, cuda_writes_16bit; the model's plan decides, net/cuda_plan.hpp). ResNet-18 at batch
+// 128: 931 MiB -> 647 MiB.
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"
@@ -141,9 +143,11 @@ constexpr bool has_reshape() {
 /// Net's own layout), a Layout for stage_args. Under precision::Bf16 a stage's output is stored in 16
 /// bits (kernels::BFloat16, half its region) where its layer writes it so (writes_16bit_output) and the
 /// next stage, its only other reader, reads it so (reads_16bit_input): in a ResNet block every conv's
-/// output and the first BatchNorm's. The last stage's output is the block's own or feeds the block's add,
-/// which kernels of the network outside read: fp32. cuda_narrow_outputs = false keeps every output fp32.
-template <class Net, class P>
+/// output and the first BatchNorm's. The last stage's output is the block's own (stored as Out, which
+/// the model's plan chose) or feeds the block's add (fp32); the first stage reads the block's input (In0)
+/// and the last stage's add is Add (the block's input, with the identity). cuda_narrow_outputs = false
+/// keeps every output fp32.
+template <class Net, class P, class In0 = float, class Out = float, class Add = float>
 struct InnerLayout {
  private:
   static constexpr std::size_t n = Net::stage_count;
@@ -155,7 +159,8 @@ struct InnerLayout {
       using S = typename Net::template stage<I>;
       using R = typename Net::template stage<I + 1>;
       return S::kind == LayerKind::anchor && R::kind == LayerKind::anchor &&
-             writes_16bit_output<typename S::layer, typename S::epilogue>() && reads_16bit_input<typename R::layer>();
+             writes_16bit_output<typename S::layer, typename S::in, typename S::epilogue>() &&
+             reads_16bit_input<typename R::layer, typename R::in>();
     }
   }
 
@@ -174,18 +179,35 @@ struct InnerLayout {
  public:
   static constexpr std::array<StagePlan, n> stage_plan = layout_.first;
   static constexpr std::size_t activation_elements = layout_.second;
-  /// The elements stage I's output and input are stored in (stage_elements reads them): the block's
-  /// input, which the network outside wrote, is fp32.
+  /// The elements stage I's output, input and add are stored in (stage_elements reads them).
   template <std::size_t I>
-  using output_element = std::conditional_t<narrow[I], kernels::BFloat16, float>;
+  using output_element = std::conditional_t<I + 1 == n, Out, std::conditional_t<narrow[I], kernels::BFloat16, float>>;
   template <std::size_t I>
-  using input_element = std::conditional_t<I == 0, float, output_element<(I > 0 ? I - 1 : 0)>>;
+  using input_element = std::conditional_t<I == 0, In0, output_element<(I > 0 ? I - 1 : 0)>>;
+  template <std::size_t I>
+  using add_element = std::conditional_t<I + 1 == n, Add, float>;
 };
 /// The identity shortcut's: nothing.
-template <class P>
-struct InnerLayout<void, P> {
+template <class P, class In0, class Out, class Add>
+struct InnerLayout<void, P, In0, Out, Add> {
   static constexpr std::size_t activation_elements = 0;
 };
+
+/// Whether layer L takes StageArgs::add (adds_before_epilogue: BatchNorm). A function, not a requires-
+/// expression inside a lambda that initializes a static member: nvcc's front end evaluated that one to
+/// false where g++ found true (2026-12-07), so that the two compilers of one .cu file disagreed on a
+/// block's plan, and on the kernels it instantiates.
+template <class L>
+constexpr bool adds_before_epilogue() {
+  if constexpr (requires { L::adds_before_epilogue; }) return L::adds_before_epilogue;
+  else return false;
+}
+/// Whether the last stage of Net is a layer that takes the add, with no epilogue of its own.
+template <class Net>
+constexpr bool last_stage_adds() {
+  using Last = typename Net::template stage<Net::stage_count - 1>;
+  return Last::kind == LayerKind::anchor && adds_before_epilogue<typename Last::layer>() && Last::epilogue::empty;
+}
 
 /// The precision a space's inner layouts are made for: P on CudaSpace<P>, void on the Host.
 template <class Space>
@@ -344,11 +366,13 @@ struct Residual {
   template <class In>
   using projection = typename detail::projection_of<shortcut, In>::type;
   /// Where the body and the projection lie per sample on a Cuda model of precision P (void: the Host):
-  /// detail::InnerLayout, Net's own layout but for 16-bit tensors under Bf16.
-  template <class In, class P = void>
-  using body_layout = detail::InnerLayout<body<In>, P>;
-  template <class In, class P = void>
-  using projection_layout = detail::InnerLayout<projection<In>, P>;
+  /// detail::InnerLayout, Net's own layout but for 16-bit tensors under Bf16; X and Y the elements the
+  /// block's input and output are stored in (the model's plan decides: cuda_reads_16bit,
+  /// cuda_writes_16bit), which change no size.
+  template <class In, class P = void, class X = float, class Y = float>
+  using body_layout = detail::InnerLayout<body<In>, P, X, Y, std::conditional_t<identity, X, float>>;
+  template <class In, class P = void, class X = float>
+  using projection_layout = detail::InnerLayout<projection<In>, P, X>;
 
  private:
   template <class In>
@@ -454,12 +478,24 @@ struct Residual {
   /// Whether the body's last stage runs the add and the block's epilogue in its own pass: a layer
   /// that takes StageArgs::add (BatchNorm: ResNet's blocks), with nothing after it inside the body.
   template <class In>
-  static constexpr bool fused_add = [] {
+  static constexpr bool fused_add = detail::last_stage_adds<body<In>>();
+
+  /// Under Bf16 a model may store the block's input in 16 bits where every reader inside takes it: the
+  /// first layer of the body and of the projection, and with the identity the add, which a fused add
+  /// reads as stored (BatchNorm's pass, or the conv's epilogue in evaluation) and a separate add does not;
+  /// and its output where the body's last layer writes it, with the fused add (net/cuda_plan.hpp).
+  template <class In>
+  static constexpr bool cuda_reads_16bit = [] {
+    using B = body<In>;
+    bool r = reads_16bit_input<typename B::template stage<0>::layer, In>();
+    if constexpr (identity) r = r && fused_add<In>;
+    else r = r && reads_16bit_input<typename projection<In>::template stage<0>::layer, In>();
+    return r;
+  }();
+  template <class In, class Epi>
+  static constexpr bool cuda_writes_16bit = [] {
     using Last = typename body<In>::template stage<body<In>::stage_count - 1>;
-    if constexpr (Last::kind == LayerKind::anchor && requires { Last::layer::adds_before_epilogue; })
-      return Last::layer::adds_before_epilogue && Last::epilogue::empty;
-    else
-      return false;
+    return fused_add<In> && writes_16bit_output<typename Last::layer, typename Last::in, Epi>();
   }();
 
   /// Per-sample elements of the body's activations the block keeps (laid out as body_layout<In, P>). With
@@ -492,11 +528,12 @@ struct Residual {
 
   // Forward and backward are written once for both spaces: the inner stages run on their layers'
   // executors for the space, the add and copies on the space's elementwise kernels.
-  template <class In, class Epi, class T, class Space>
+  // X, Y: the elements the block's input and output are stored in (cuda_reads_16bit, cuda_writes_16bit).
+  template <class In, class Epi, class X = float, class Y = float, class T, class Space>
   static void forward(const StageArgs<Space, T>& a) {
     using P = typename detail::layout_precision<Space>::type;
-    using BL = body_layout<In, P>;
-    using PL = projection_layout<In, P>;
+    using BL = body_layout<In, P, X, Y>;
+    using PL = projection_layout<In, P, X>;
     const Regions<In, T, P> r{a};
     if constexpr (fused_add<In>) {
       // The shortcut first, then the body, whose last stage adds it and applies the block's epilogue
@@ -522,11 +559,11 @@ struct Residual {
     detail::residual_add<Epi>(a, a.batch * output<In>::size, body_out, shortcut_out, r.sum);
   }
 
-  template <class In, class Epi, class T, class Space>
+  template <class In, class Epi, class X = float, class Y = float, class T, class Space>
   static void backward(const StageArgs<Space, T>& a) {
     using P = typename detail::layout_precision<Space>::type;
-    using BL = body_layout<In, P>;
-    using PL = projection_layout<In, P>;
+    using BL = body_layout<In, P, X, Y>;
+    using PL = projection_layout<In, P, X>;
     const Regions<In, T, P> r{a};
     const std::size_t n_out = a.batch * output<In>::size;
     if constexpr (fused_add<In>) {

@@ -127,30 +127,44 @@ constexpr bool is_network_output() {
   return true;
 }
 
-/// The elements stage I's input and output are stored in under Layout: float, unless the layout says
-/// otherwise (input_element<I>, output_element<I>: a residual block's inner networks on a Bf16 Cuda
-/// model, net/residual.hpp).
+/// The elements stage I's input, output and StageArgs::add are stored in under Layout: float, unless
+/// the layout says otherwise (input_element<I>, output_element<I>, add_element<I>: a Bf16 Cuda model's
+/// workspace, net/cuda_plan.hpp, and a residual block's inner networks, net/residual.hpp).
+template <class Layout, std::size_t I>
+struct add_element_of {
+  using type = float;
+};
+template <class Layout, std::size_t I>
+  requires requires { typename Layout::template add_element<I>; }
+struct add_element_of<Layout, I> {
+  using type = typename Layout::template add_element<I>;
+};
 template <class Layout, std::size_t I>
 struct stage_elements {
   using input = float;
   using output = float;
+  using add = float;
 };
 template <class Layout, std::size_t I>
   requires requires { typename Layout::template output_element<I>; }
 struct stage_elements<Layout, I> {
   using input = typename Layout::template input_element<I>;
   using output = typename Layout::template output_element<I>;
+  using add = typename add_element_of<Layout, I>::type;
 };
 
-/// Stage S forward (backward) with epilogue Epi, its input stored as X and its output as Y: through its
-/// executor where both are float, else through its layer's Cuda overload that takes the elements (only
-/// layers that declare they take 16-bit tensors are given them: net/residual.hpp, InnerLayout).
-template <class S, class Epi, class X, class Y, class Space, class T>
+/// Stage S forward (backward) with epilogue Epi, its input stored as X, its output as Y and its add as
+/// A: through its executor where all are float, else through its layer's Cuda overload that takes the
+/// elements (only layers that declare they take 16-bit tensors are given them: reads_16bit_input,
+/// writes_16bit_output).
+template <class S, class Epi, class X, class Y, class A = float, class Space, class T>
 void stage_forward(const StageArgs<Space, T>& a) {
-  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float>)
+  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float> && std::is_same_v<A, float>)
     stage_executor<S>::template forward<typename S::in, Epi>(a);
-  else
+  else if constexpr (std::is_same_v<A, float>)
     S::layer::template forward<typename S::in, Epi, X, Y>(a);
+  else
+    S::layer::template forward<typename S::in, Epi, X, Y, A>(a);
 }
 template <class S, class Epi, class X, class Y, class Space, class T>
 void stage_backward(const StageArgs<Space, T>& a) {
@@ -184,13 +198,15 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.fold = &fold;
       a.add = next.add;
       a.bf16_y = next.bf16_y;
-      stage_forward<S, epilogue_at<Net, I + 1, LastEpi>, X, typename stage_elements<Layout, I + 1>::output>(a);
+      using E = stage_elements<Layout, I + 1>;
+      stage_forward<S, epilogue_at<Net, I + 1, LastEpi>, X, typename E::output, typename E::add>(a);
       round_stored(a.space, a.y, a.batch * N::out::size, a.bf16_y);
       return;
     }
   }
   const StageArgs<Space, T> a = args_of.template operator()<I>();
-  stage_forward<S, epilogue_at<Net, I, LastEpi>, X, typename stage_elements<Layout, I>::output>(a);
+  using E = stage_elements<Layout, I>;
+  stage_forward<S, epilogue_at<Net, I, LastEpi>, X, typename E::output, typename E::add>(a);
   if constexpr (!Net::stage_plan[I].aliases_input) round_stored(a.space, a.y, a.batch * S::out::size, a.bf16_y);
 }
 }  // namespace detail
@@ -305,7 +321,7 @@ class StageBinding {
         if (!training) return;  // ran in the epilogue of stage I - 1
       }
       const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::forward, std::int64_t(S::first));
-      detail::forward_folding<Net, I, Space, T>(
+      detail::forward_folding<Net, I, Space, T, void, Layout>(
           [&]<std::size_t J>() { return args_of<J>(space, store, x, batch, training, scratch); }, training);
     }
   }
@@ -338,7 +354,8 @@ class StageBinding {
       a.dx = I > 0 ? dx : nullptr;
       {
         const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
-        executor<S>::template backward<typename S::in, typename S::epilogue>(a);
+        using E = detail::stage_elements<Layout, I>;
+        detail::stage_backward<S, typename S::epilogue, typename E::input, typename E::output>(a);
         detail::round_stored(space, a.dx, batch * S::in::size, a.bf16_dx);
       }
     }

@@ -21,6 +21,7 @@
 #include "fusedp/kernels/cuda/launch.cuh"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace fusedp::kernels::cuda {
 
@@ -74,13 +75,13 @@ __device__ FUSEDP_ALWAYS_INLINE double channel_squares(const BatchNormExtents& g
   return block_sum(sq, shared);
 }
 // Training, once channel c's mean and biased variance over `count` values are known: the state, the
-// running update and the normalized values. X, Y: the elements x and y are stored in (float, or
-// BFloat16 inside a residual block on a Bf16 model: net/residual.hpp).
-template <class Epi, class X, class Y>
+// running update and the normalized values. X, Y, A: the elements x, y and add are stored in (float,
+// or BFloat16 on a Bf16 model where the plan stores them so: net/residual.hpp, net/cuda_plan.hpp).
+template <class Epi, class X, class Y, class A>
 __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     double mean, double var, double count, double momentum,
                                                     double eps, const float* gamma, const float* beta, float* state,
-                                                    const X* x, Y* y, float* z, const float* add, bool bf16) {
+                                                    const X* x, Y* y, float* z, const A* add, bool bf16) {
   const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
                                    beta ? beta[c] : 0.0f};
   if (threadIdx.x == 0) {
@@ -92,17 +93,16 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, i
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
     const float xi = to_float(x[i]);
-    const float v = add ? ch.normalize(xi) + add[i] : ch.normalize(xi);
+    const float v = add ? ch.normalize(xi) + to_float(add[i]) : ch.normalize(xi);
     if constexpr (Epi::saves_input) z[i] = v;
     store_element(y + i, stored_value(Epi::apply(v), bf16));
   }
 }
 
-template <class Epi, class X, class Y>
+template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                            const float* beta, float* state, const X* x, Y* y, float* z, const float* add,
-                            bool bf16) {
+                            const float* beta, float* state, const X* x, Y* y, float* z, const A* add, bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
   const int c = blockIdx.x;
@@ -135,11 +135,11 @@ __global__ void __launch_bounds__(batch_norm_threads)
   const double sq = channel_squares(g, c, x, sums[c] / sums[g.channels], shared);
   if (threadIdx.x == 0) squares[c] = sq;
 }
-template <class Epi, class X, class Y>
+template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const X* x, Y* y, float* z, const double* sums,
-                             const double* squares, const float* add, bool bf16) {
+                             const double* squares, const A* add, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
   const double count = sums[g.channels];
@@ -147,10 +147,10 @@ __global__ void __launch_bounds__(batch_norm_threads)
                       z, add, bf16);
 }
 
-template <class Epi, class X, class Y>
+template <class Epi, class X, class Y, class A>
 __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, double eps, const float* gamma,
                                        const float* beta, const float* state, const X* x, Y* y, float* z,
-                                       const float* add, bool bf16) {
+                                       const A* add, bool bf16) {
   kernel_prologue();
   const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) {
@@ -159,7 +159,7 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
                                      batch_norm_invstd<float>(double(state[s.running_var() + c]), eps),
                                      gamma ? gamma[c] : 1.0f, beta ? beta[c] : 0.0f};
     const float xi = to_float(x[i]);
-    const float v = add ? ch.normalize(xi) + add[i] : ch.normalize(xi);
+    const float v = add ? ch.normalize(xi) + to_float(add[i]) : ch.normalize(xi);
     if constexpr (Epi::saves_input) z[i] = v;
     store_element(y + i, stored_value(Epi::apply(v), bf16));
   }
@@ -251,15 +251,15 @@ __global__ void __launch_bounds__(batch_norm_threads)
 
 /// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
 /// `sums` is batch_norm_sync_doubles(channels) doubles of device memory). `bf16`: y stored as bf16 values.
-/// X, Y: the elements x and y are stored in (float, or kernels::BFloat16); z and `add` are fp32.
-template <class Epi, class X = float, class Y = float>
+/// X, Y, A: the elements x, y and `add` are stored in (float, or kernels::BFloat16); z is fp32.
+template <class Epi, class X = float, class Y = float, class A = float>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
                         const X* x, Y* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
-                        const float* add = nullptr, bool bf16 = false) {
+                        const std::type_identity_t<A>* add = nullptr, bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (training && !sync) {
-    launch<detail::batch_norm_train_kernel<Epi, X, Y>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_train_kernel<Epi, X, Y, A>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
                                                  stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
   } else if (training) {
     double* squares = sums + g.channels + 1;
@@ -269,12 +269,12 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
     launch<detail::batch_norm_squares_kernel<X>>("batch_norm_squares_kernel", blocks, detail::batch_norm_threads, 0,
                                               stream, g, x, sums, squares);
     sync(squares, std::size_t(g.channels), stream);
-    launch<detail::batch_norm_finish_kernel<Epi, X, Y>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_finish_kernel<Epi, X, Y, A>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
                                                   stream, g, s, momentum, eps, gamma, beta, state, x, y, z, sums,
                                                   squares, add, bf16);
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
-    launch<detail::batch_norm_eval_kernel<Epi, X, Y>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
+    launch<detail::batch_norm_eval_kernel<Epi, X, Y, A>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
                                                 stream, g, s, eps, gamma, beta, state, x, y, z, add, bf16);
   }
 }

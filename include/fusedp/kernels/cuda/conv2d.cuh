@@ -241,8 +241,9 @@ struct PooledIm2colRows {
 /// Evaluation with a BatchNorm folded in (fold.mean set): y = Epi(normalize(C + b) + add), each value
 /// normalized as batch_norm_eval_kernel would (the same operations, so the same bits), `add` (a residual
 /// block's shortcut, null when none) in y's layout, nothing saved. `bf16`: y stored as bf16 values, in
-/// elements Y (float, or BFloat16 where the plan stores this output in 16 bits); z is fp32.
-template <class Epi, class Y = float>
+/// elements Y (float, or BFloat16 where the plan stores this output in 16 bits); z is fp32; `add` of
+/// elements A (likewise).
+template <class Epi, class Y = float, class A = float>
 struct ConvBiasActivation {
   Y* y;
   float* z;
@@ -250,7 +251,7 @@ struct ConvBiasActivation {
   int m, n, ohw;
   FastDiv div_ohw;
   BatchNormFold<float> fold{};  // mean null: no BatchNorm folded in
-  const float* add = nullptr;
+  const A* add = nullptr;
   bool bf16 = false;
   template <class TileT>
   FUSEDP_HD void apply(const float* c, int ldc, int m0, int n0, int /*split*/, int tid) const {
@@ -261,7 +262,7 @@ struct ConvBiasActivation {
       const float v = c[lm * ldc + ln] + (bias ? bias[gn] : 0.0f);  // no bias: Conv2d<..., no_bias>
       if (fold.mean != nullptr) {
         const float u = fold.channel(std::size_t(gn)).normalize(v);
-        store_element(y + i, stored_value(Epi::apply(add ? u + add[i] : u), bf16));
+        store_element(y + i, stored_value(Epi::apply(add ? u + to_float(add[i]) : u), bf16));
         return;
       }
       if constexpr (Epi::saves_input) z[i] = v;
@@ -480,14 +481,14 @@ inline void check_conv_extent(const ConvGeometry& g, std::size_t batch) {
 }
 
 /// The implicit GEMM of a Conv2d forward: rows are output pixels, columns output channels.
-/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue. E, Y: x's and
-/// y's stored elements.
-template <class Epi, class E, class Y>
-GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi, Y>> conv2d_forward_problem(
+/// With `fold` (evaluation), the BatchNorm after the conv and `add` run in its epilogue. E, Y, A: x's,
+/// y's and add's stored elements.
+template <class Epi, class E, class Y, class A = float>
+GemmProblem<Im2colRowsOf<E>, Rows, ConvBiasActivation<Epi, Y, A>> conv2d_forward_problem(
     const ConvShape& s, int batch, const float* w, const float* b, const E* x, Y* y, float* z,
-    const BatchNormFold<float>* fold = nullptr, const float* add = nullptr, bool bf16 = false) {
+    const BatchNormFold<float>* fold = nullptr, const std::type_identity_t<A>* add = nullptr, bool bf16 = false) {
   const int m = batch * s.ohw;
-  ConvBiasActivation<Epi, Y> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
+  ConvBiasActivation<Epi, Y, A> epi{y, z, b, m, s.o, s.ohw, s.div_ohw};
   epi.bf16 = bf16;
   if (fold != nullptr) {
     epi.fold = *fold;
@@ -541,15 +542,16 @@ ConvWeightGradientOperands<Dz, E> conv2d_dw_operands(const ConvShape& s, int bat
 
 /// Forward of Conv2d (no pooling fused) on `t`. Tiles: GemmTiles<out channels>. With `fold`
 /// (evaluation), the BatchNorm after it and `add` (a residual block's shortcut, or null) run in its
-/// epilogue. `bf16`: y stored as bf16 values. X, Y: x's and y's stored elements (float, or BFloat16 in a
-/// 16-bit workspace).
-template <class Epi, class Tiles, class P, class X, class Y>
+/// epilogue. `bf16`: y stored as bf16 values. X, Y, A: x's, y's and add's stored elements (float, or
+/// BFloat16 in a 16-bit workspace).
+template <class Epi, class Tiles, class P, class X, class Y, class A = float>
 void conv2d_forward(const GemmTarget& t, const ConvGeometry& g, int batch, const float* w, const float* b,
                     const X* x, Y* y, float* z, const BatchNormFold<float>* fold = nullptr,
-                    const float* add = nullptr, bool bf16 = false) {
+                    const std::type_identity_t<A>* add = nullptr, bool bf16 = false) {
   require(add == nullptr || fold != nullptr, "conv2d_forward on Cuda: an add needs a folded BatchNorm");
   check_conv_extent(g, std::size_t(batch));
-  launch_layer_gemm<Tiles, P>(conv2d_forward_problem<Epi>(ConvShape(g), batch, w, b, x, y, z, fold, add, bf16), 1, t);
+  launch_layer_gemm<Tiles, P>(
+      conv2d_forward_problem<Epi, X, Y, A>(ConvShape(g), batch, w, b, x, y, z, fold, add, bf16), 1, t);
 }
 
 /// Forward of Conv2d followed by MaxPool2d<Kp> (stride Kp): writes only the pooled output and the
