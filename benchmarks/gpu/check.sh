@@ -436,6 +436,8 @@ for cfg in "${OTHER_CONFIGS[@]}"; do
   step_run "$OUT/train_step_gpu" "${cfg%%:*}" "${cfg##*:}"
   FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" "${cfg%%:*}" "${cfg##*:}"
 done
+# ResNet-18 in BF16 (its BatchNorm and block tensors in 16 bits, session 35; never run before).
+FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" resnet18 256 --precision bf16
 # The ablations: LeNet and the CIFAR-10 CNN once more with one of fusedp's defaults off (the RESULT
 # line's impl names the variant): what each piece of issue 17 gives, in the same run.
 variant_steps() {

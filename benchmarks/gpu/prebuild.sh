@@ -33,7 +33,7 @@ for t in "${tests[@]}"; do cp "$BUILD/tests/$t" "$DIR/"; done
 bench() { nvcc -std=c++20 -O3 -arch=sm_"$ARCH" -Iinclude -Xcompiler=-pthread "$@"; }
 bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
 # The same train steps with the layers' GEMMs on the tensor-core mainloop (impl=fusedp-mma).
-# With BF16 for LeNet and the CIFAR-10 CNN (--precision bf16: issue 17's BF16 targets).
+# With BF16 for LeNet and the CIFAR-10 CNN (--precision bf16: issue 17's BF16 targets) and ResNet-18.
 bench -DFUSEDP_CUDA_MMA_LAYERS=1 -DFUSEDP_BENCH_BF16=1 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
 # Without the fused gradient boundaries (impl=fusedp-unfused): what they give, measured in the same run.
 bench -DFUSEDP_CUDA_FUSED_GRADIENTS=0 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_unfused"

@@ -43,8 +43,8 @@
 // say impl=fusedp-mma-wide.
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);
-// -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar (issue 17's BF16 targets; impl=...-bf16 in the
-// RESULT line), -DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every network;
+// -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet, cifar (issue 17's BF16 targets; impl=...-bf16 in the
+// RESULT line) and resnet18, -DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every network;
 // -DFUSEDP_BENCH_ONLY_BF16=1 builds bf16 for lenet and cifar and nothing else (train_step_gpu_wide: a
 // binary a quarter the size, for the device tool's 64 MiB).
 //
@@ -228,11 +228,20 @@ void run_net(const std::string& net, std::size_t batch, const Options& o) {
 }
 
 #if FUSEDP_BENCH_BF16 && !FUSEDP_BENCH_ALL_PRECISIONS
-// The two networks of issue 17's BF16 targets only, so the BF16 build costs two networks' kernels.
+// The two networks of issue 17's BF16 targets, and (except in the ONLY_BF16 build) ResNet-18, whose
+// BatchNorm and block tensors are 16-bit under BF16: three networks' kernels, not five.
+#if FUSEDP_BENCH_ONLY_BF16
+constexpr bool bench_bf16_resnet = false;
+#else
+constexpr bool bench_bf16_resnet = true;
+#endif
 void run_bf16_net(const std::string& net, std::size_t batch, const Options& o) {
   std::vector<std::int32_t> y(batch);
   for (std::size_t i = 0; i < batch; ++i) y[i] = std::int32_t(i % 10);
   if (net == "lenet") run<LeNet, fp::CudaBf16>("lenet", batch, o, fp::SoftmaxCrossEntropy{}, y);
+#if !FUSEDP_BENCH_ONLY_BF16
+  else if (net == "resnet18") run<ResNet18, fp::CudaBf16>("resnet18", batch, o, fp::SoftmaxCrossEntropy{}, y);
+#endif
   else run<CifarCnn, fp::CudaBf16>("cifar", batch, o, fp::SoftmaxCrossEntropy{}, y);
 }
 #endif
@@ -287,13 +296,14 @@ int main(int argc, char** argv) {
       if (precision == "fp32") return run_net<fp::CudaFp32>(n, b, o);
       if (precision == "bf16") return run_net<fp::CudaBf16>(n, b, o);
 #elif FUSEDP_BENCH_BF16
-      if (precision == "bf16" && (n == "lenet" || n == "cifar")) return run_bf16_net(n, b, o);
+      if (precision == "bf16" && (n == "lenet" || n == "cifar" || (bench_bf16_resnet && n == "resnet18")))
+        return run_bf16_net(n, b, o);
 #endif
 #if !FUSEDP_BENCH_ONLY_BF16
       if (precision == "tf32") return run_net<fp::Cuda>(n, b, o);
 #endif
       throw fp::InvalidArgument("--precision " + precision + " is not built in for --net " + n +
-                                " (tf32; -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet and cifar, "
+                                " (tf32; -DFUSEDP_BENCH_BF16=1 adds bf16 for lenet, cifar and resnet18, "
                                 "-DFUSEDP_BENCH_ALL_PRECISIONS=1 fp32 and bf16 for every net, which "
                                 "triples the compile time; -DFUSEDP_BENCH_ONLY_BF16=1 has bf16 for lenet "
                                 "and cifar only)");

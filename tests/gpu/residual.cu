@@ -94,6 +94,27 @@ struct PairSum {
 
 #define FUSEDP_NORM_SPACES fp::Host, fp::CudaFp32, fp::Cuda
 
+namespace {
+// Two models of networks that compute alike, made from one seed: three SGD steps on one batch (of
+// `in` values a sample, from random stream `stream`), then a prediction of it, give the same bits.
+template <class A, class B>
+void train_alike(A& a, B& b, std::size_t batch, std::size_t in, std::uint64_t stream) {
+  const auto x = random_values(batch * in, stream);
+  const auto y = labels_for(batch, 10, stream + 1);
+  fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
+  for (int s = 0; s < 3; ++s) {
+    const float la = a.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
+    const float lb = b.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
+    CHECK(la == lb);
+  }
+  CHECK(params_on_host(a) == params_on_host(b));
+  CHECK(buffers_on_host(a) == buffers_on_host(b));
+  const auto pa = a.predict(std::span<const float>(x));
+  const auto pb = b.predict(std::span<const float>(x));
+  CHECK(std::vector<float>(pa.begin(), pa.end()) == std::vector<float>(pb.begin(), pb.end()));
+}
+}  // namespace
+
 TEST_CASE_TEMPLATE("BatchNorm2d, BatchNorm1d and their epilogues match the Host model in double", Space,
                    FUSEDP_NORM_SPACES) {
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
@@ -132,21 +153,9 @@ TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded int
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
   static_assert(fp::detail::folds_next<FusedBlocks, 0>() && !fp::detail::folds_next<SeparateBlocks, 0>());
   const std::size_t batch = 6;
-  const auto x = random_values(batch * FusedBlocks::input_shape::size, 100);
-  const auto y = labels_for(batch, 10, 101);
   fp::Model<FusedBlocks, Space> fused{fp::seed(8), make_space<Space>()};
   fp::Model<SeparateBlocks, Space> separate{fp::seed(8), make_space<Space>()};
-  fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
-  for (int s = 0; s < 3; ++s) {
-    const float a = fused.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
-    const float b = separate.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
-    CHECK(a == b);
-  }
-  CHECK(params_on_host(fused) == params_on_host(separate));
-  CHECK(buffers_on_host(fused) == buffers_on_host(separate));
-  const auto pf = fused.predict(std::span<const float>(x));
-  const auto ps = separate.predict(std::span<const float>(x));
-  CHECK(std::vector<float>(pf.begin(), pf.end()) == std::vector<float>(ps.begin(), ps.end()));
+  train_alike(fused, separate, batch, FusedBlocks::input_shape::size, 100);
 }
 
 namespace {
@@ -254,22 +263,9 @@ static_assert(group_narrow<SeparateOf<Same>, 1> == on && !group_narrow<SeparateO
 // synchronize their BatchNorms to the same bits on a Bf16 model.
 template <class Narrow, class WideNet>
 void same_bits_as_wide() {
-  const std::size_t batch = 12;
-  const auto x = random_values(batch * Narrow::input_shape::size, 110);
-  const auto y = labels_for(batch, 10, 111);
   fp::Model<Narrow, fp::CudaBf16> narrow{fp::seed(9), make_space<fp::CudaBf16>()};
   fp::Model<WideNet, fp::CudaBf16> wide{fp::seed(9), make_space<fp::CudaBf16>()};
-  fp::Sgd o1{{.lr = 0.1f, .momentum = 0.9f}}, o2 = o1;
-  for (int s = 0; s < 3; ++s) {
-    const float a = narrow.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o1);
-    const float b = wide.train_step(std::span<const float>(x), std::span(y), fp::SoftmaxCrossEntropy{}, o2);
-    CHECK(a == b);
-  }
-  CHECK(params_on_host(narrow) == params_on_host(wide));
-  CHECK(buffers_on_host(narrow) == buffers_on_host(wide));
-  const auto pn = narrow.predict(std::span<const float>(x));
-  const auto pw = wide.predict(std::span<const float>(x));
-  CHECK(std::vector<float>(pn.begin(), pn.end()) == std::vector<float>(pw.begin(), pw.end()));
+  train_alike(narrow, wide, 12, Narrow::input_shape::size, 110);
   // And the 16-bit layout is the smaller one.
   CHECK((narrow.memory_use().workspace < wide.memory_use().workspace) == fp::cuda_narrow_outputs);
 
