@@ -508,21 +508,23 @@ example() {
   (( $(left) > limit + 10 )) || { log "example $(basename "$1") $2: not run (time limit)"; return 0; }
   timeout "$limit" "$@" 2>&1 | tr '\r' '\n' | grep -v "ETA"
 }
-if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist" ]] && (( $(left) > 60 )); then
+# The examples' _cuda programs (nvcc's builds; prebuild.sh carries only those, which run --device cuda on
+# their own).
+if [[ -n "$PREBUILT" && -x "$PREBUILT/lenet_mnist_cuda" ]] && (( $(left) > 60 )); then
   EX_DATA=()
   [[ -n "${FUSEDP_FASHION_MNIST_DIR:-}" ]] && EX_DATA=(--data "$FUSEDP_FASHION_MNIST_DIR")
   log "examples on the GPU"
   rm -rf "$OUT/ckpt"
-  example 60 "$PREBUILT/lenet_mnist" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" | grep -v "^epoch" | tail -4
-  example 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" | tail -3
-  example 40 "$PREBUILT/lenet_mnist" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" | tail -2  # one GPU: a clear error
+  example 60 "$PREBUILT/lenet_mnist_cuda" --device cuda --epochs 2 --checkpoint "$OUT/ckpt" "${EX_DATA[@]}" | grep -v "^epoch" | tail -4
+  example 40 "$PREBUILT/lenet_mnist_cuda" --device cuda --epochs 3 --resume "$OUT/ckpt" "${EX_DATA[@]}" | tail -3
+  example 40 "$PREBUILT/lenet_mnist_cuda" --device cuda --replicas 2 --epochs 1 "${EX_DATA[@]}" | tail -2  # one GPU: a clear error
   # A trace of one GPU epoch (event-timed spans: docs/TRACING.md), its step split and timeline PNG.
-  example 40 "$PREBUILT/lenet_mnist" --device cuda --epochs 1 --trace "$OUT/trace_lenet_gpu.json" "${EX_DATA[@]}" | grep -E "^trace|^done"
+  example 40 "$PREBUILT/lenet_mnist_cuda" --device cuda --epochs 1 --trace "$OUT/trace_lenet_gpu.json" "${EX_DATA[@]}" | grep -E "^trace|^done"
   [[ -s "$OUT/trace_lenet_gpu.json" ]] && (( $(left) > 25 )) &&
     timeout 20 "$PY" "$ROOT/scripts/trace_report.py" "$OUT/trace_lenet_gpu.json" --png "$OUT/trace_lenet_gpu.png" 2>&1 | tail -5
-  example 60 "$PREBUILT/cifar10_cnn" --device cuda --synthetic 8192 --epochs 2 --batch 128 | tail -3
-  example 40 "$PREBUILT/mlp_fit" --device cuda --epochs 5 | tail -2
-  [[ -x "$PREBUILT/resnet18_cifar" ]] && example 60 "$PREBUILT/resnet18_cifar" --device cuda --synthetic 4096 --epochs 2 --batch 256 | tail -3
+  example 60 "$PREBUILT/cifar10_cnn_cuda" --device cuda --synthetic 8192 --epochs 2 --batch 128 | tail -3
+  example 40 "$PREBUILT/mlp_fit_cuda" --device cuda --epochs 5 | tail -2
+  [[ -x "$PREBUILT/resnet18_cifar_cuda" ]] && example 60 "$PREBUILT/resnet18_cifar_cuda" --device cuda --synthetic 4096 --epochs 2 --batch 256 | tail -3
 fi
 
 # --- 6. the table -------------------------------------------------------------------------------------

@@ -48,18 +48,21 @@ cmake -S . -B build/gpu$ARCH-examples -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAK
   -DFUSEDP_BUILD_TESTS=OFF -DFUSEDP_BUILD_EXAMPLES=ON -DFUSEDP_BUILD_BENCHMARKS=OFF -DFUSEDP_INSTALL=OFF \
   -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON > /dev/null
 ninja -C build/gpu$ARCH-examples -j "$JOBS"
-for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/$e build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
+# Only each example's _cuda program (nvcc's build, which runs --device cuda on its own): the C++ compiler's
+# twin only hands such a run to it, and leaving the four out keeps the carry inside the device tool's
+# 64 MiB (2026-12-07: 3.3 MB of the archive).
+for e in lenet_mnist cifar10_cnn mlp_fit resnet18_cifar; do cp build/gpu$ARCH-examples/examples/${e}_cuda "$DIR/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$DIR/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib/libcudart.so.13 "$DIR/" 2>/dev/null || echo "prebuild: libcudart.so.13 not copied"
 strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/train_step_gpu_unfused \
-  "$DIR"/train_step_gpu_wide "$DIR"/gemm_gpu "$DIR"/allreduce_bench 2>/dev/null || true
+  "$DIR"/train_step_gpu_wide "$DIR"/gemm_gpu "$DIR"/allreduce_bench "$DIR"/*_cuda 2>/dev/null || true
 du -sh "$DIR"
 # The device tool carries at most 64 MiB with the working tree, and the binaries take about 150 MB:
-# also pack them (xz, about 35 MB on 2026-12-06), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the
+# also pack them (xz, about 37 MB on 2026-12-07), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the
 # archive. Carry the archive's folder (git-ignored under build/), not DIR.
 PACK=${PACK:-build/gpu-carry/prebuilt-sm$ARCH.tar.xz}
 mkdir -p "$(dirname "$PACK")"
-tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -9 -T"$JOBS" > "$PACK"
+tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -9e -T"$JOBS" > "$PACK"
 echo "prebuild: packed into $PACK ($(du -h "$PACK" | cut -f1)); on the GPU machine:"
 echo "  FUSEDP_PREBUILT_DIR=\$PWD/$PACK benchmarks/gpu/check.sh"
 # What the device tool would carry: its folder and the tracked tree (64 MiB in all; device_call.sh adds
