@@ -47,6 +47,7 @@
 #include "fusedp/exec/cuda_branch.hpp"
 #include "fusedp/exec/cuda_graph.hpp"
 #include "fusedp/exec/cuda_staging.hpp"
+#include "fusedp/kernels/cuda/device_constant.cuh"
 #include "fusedp/kernels/cuda/gradient.cuh"
 #include "fusedp/kernels/cuda/launch.cuh"
 #include "fusedp/kernels/cuda/loss.cuh"
@@ -148,6 +149,7 @@ class Model<Net, CudaSpace<P>, T> {
   explicit Model(Seed seed = {}, space_type space = space_type{})
       : space_(detail::activated(std::move(space))), store_(space_, seed.value), op_slot_(op_slot_bytes),
         rest_runs_(plan::rest_runs.size()) {
+    check_device_plan();
     detail::copy_to_space(space_, rest_runs_.data(), plan::rest_runs.data(), plan::rest_runs.size());
   }
   explicit Model(space_type space, Seed seed = {}) : Model(seed, std::move(space)) {}
@@ -595,6 +597,18 @@ class Model<Net, CudaSpace<P>, T> {
     kernels::cuda::set_value(space_.stream(), reinterpret_cast<V*>(op_slot_.data()), v);
     std::memcpy(op_slot_host_.data(), static_cast<const void*>(&v), sizeof(V));
     op_slot_type_ = &detail::op_slot_tag<V>;
+  }
+
+  // The device code's plan against the host code's (net/cuda_plan.hpp: CudaPlanFingerprint): both were
+  // evaluated from the same headers by different compilers, and the kernels assume they agree.
+  void check_device_plan() {
+    constexpr std::uint64_t host = CudaPlanFingerprint<Net, P>::value;
+    const std::uint64_t device = kernels::cuda::device_constant<CudaPlanFingerprint<Net, P>>(space_.stream());
+    require<Error>(device == host, "fusedp::Model on Cuda: the device code of this translation unit planned the network ",
+                   "differently from its host code (plan fingerprints ", device, " on the device, ", host,
+                   " on the host): nvcc's front end and the host compiler evaluated a compile-time fact differently. ",
+                   "Please report it with both compilers' versions (tests/plan_agreement/ compares them on the ",
+                   "library's own networks)");
   }
 
   // Its callers hold the model's device scope (space_.enter()): what it allocates lies on that device.

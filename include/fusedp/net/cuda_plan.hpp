@@ -65,6 +65,7 @@
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/layers/linear.hpp"
 #include "fusedp/layers/pooling.hpp"
+#include "fusedp/net/layout_fingerprint.hpp"
 #include "fusedp/net/region_layout.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
@@ -72,6 +73,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -597,6 +599,52 @@ struct CudaWorkspace {
   using output_element = std::conditional_t<narrow_out_[I], kernels::BFloat16, float>;
   template <std::size_t I>
   using input_element = std::conditional_t<narrow_in_[I], kernels::BFloat16, float>;
+};
+
+/// A 64-bit digest of everything CudaPlan<Net, P> and CudaWorkspace<Net, P> decide: the groups and their
+/// facts, the fused update's tensors, the workspace's regions and elements, and each layer's own plan
+/// (net/layout_fingerprint.hpp). Device code and host code of one .cu file compute it separately (nvcc's
+/// front end for the device, the host compiler for the host); the Cuda model compares the two when it is
+/// built (kernels/cuda/device_constant.cuh), so that a disagreement between them is an error that says
+/// so, not kernels that run one plan over memory laid out by the other.
+/// @tparam Net a Sequential<...>
+/// @tparam P precision::Tf32, Fp32 or Bf16
+template <class Net, class P>
+struct CudaPlanFingerprint {
+  static constexpr std::uint64_t value = [] {
+    using plan = CudaPlan<Net, P>;
+    using facts = detail::plan_facts<Net, typename plan::groups>;
+    detail::Fnv1a f;
+    f.word(Net::fingerprint);
+    f.word(std::is_same_v<P, precision::Bf16> ? 2 : std::is_same_v<P, precision::Fp32> ? 1 : 0);
+    f.word(cuda_fused_gradients);
+    f.word(cuda_narrow_outputs);
+    f.word(plan::group_count);
+    for (std::size_t g = 0; g < plan::group_count; ++g) {
+      f.word(std::size_t(facts::summary[g].kind));
+      f.word(facts::summary[g].first);
+      f.word(facts::summary[g].last);
+      for (const bool b : {facts::updates[g], facts::reshape[g], facts::sink[g], facts::transforms[g],
+                           facts::receives[g], facts::writes16[g], facts::reads16[g], facts::narrow[g],
+                           facts::narrow_input[g]})
+        f.word(b);
+      f.word(facts::above[g]);
+      f.word(facts::feeder[g]);
+      f.word(facts::receiver[g]);
+    }
+    for (std::size_t i = 0; i < Net::stage_count; ++i) {
+      f.word(facts::stage_updates[i]);
+      f.word(facts::stage_layer[i]);
+    }
+    f.word(plan::mlp_gradient_elements);
+    for (const std::size_t v : plan::updated_tensors) f.word(v);
+    for (const std::size_t v : plan::rest_runs) f.word(v);
+    using W = CudaWorkspace<Net, P>;
+    detail::hash_layout<Net, W, P>(f);
+    f.word(W::gradient_elements);
+    f.word(W::backward_elements);
+    return f.h;
+  }();
 };
 
 }  // namespace fusedp

@@ -33,6 +33,7 @@
 #include "fusedp/layers/input.hpp"
 #include "fusedp/layers/layer.hpp"
 #include "fusedp/net/activation_storage.hpp"
+#include "fusedp/net/layout_fingerprint.hpp"
 #include "fusedp/net/region_layout.hpp"
 #include "fusedp/net/sequential.hpp"
 #include "fusedp/net/stage_binding.hpp"
@@ -40,6 +41,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -525,6 +527,21 @@ struct Residual {
   static constexpr std::size_t saved_elements =
       body_saved<In, P> + projection_layout<In, P>::activation_elements +
       (fused_add<In> && !Epi::saves_input ? 0 : align_elements(output<In>::size));
+
+  /// The block's own Cuda plan (net/layout_fingerprint.hpp) under P with its input stored as X and its
+  /// output as Y: its fused add, which elements it takes, what it saves, and its inner layouts.
+  template <class In, class Epi, class P, class X, class Y>
+  static constexpr std::uint64_t cuda_plan_fingerprint = [] {
+    detail::Fnv1a f;
+    f.word(fused_add<In>);
+    f.word(cuda_reads_16bit<In>);
+    f.word(cuda_writes_16bit<In, Epi>);
+    f.word(body_saved<In, P>);
+    f.word(saved_elements<In, Epi, P>);
+    detail::hash_layout<body<In>, body_layout<In, P, X, Y>, P>(f);
+    if constexpr (!identity) detail::hash_layout<projection<In>, projection_layout<In, P, X>, P>(f);
+    return f.h;
+  }();
 
   // Forward and backward are written once for both spaces: the inner stages run on their layers'
   // executors for the space, the add and copies on the space's elementwise kernels.
