@@ -243,10 +243,14 @@ TEST_CASE("a block's inner networks on a Bf16 Cuda model store their convs' and 
   static_assert(Body::stage_plan[3].out_offset == (on ? 49152 : 98304));
   static_assert(Block::body_saved<In, Bf16> == (on ? 49152 : 98304));
   static_assert(Block::body_saved<In> == 98304);
-  // The projection's conv in 16 bits; its BatchNorm's output, which the add reads, in fp32.
+  // The projection's conv in 16 bits, and its BatchNorm's output, which bn2's fused add reads as stored:
+  // each half of its 32,768 floats.
   static_assert(Side::narrow == std::array<bool, 2>{on, false});
-  static_assert(Side::activation_elements == (on ? 16384 + 32768 : 65536));
-  static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Bf16> == (on ? 98304 : 163840));
+  static_assert(std::is_same_v<Side::output_element<1>, std::conditional_t<on, k::BFloat16, float>>);
+  static_assert(std::is_same_v<Body::add_element<3>, Side::output_element<1>>);
+  static_assert(Side::stage_plan[1].out_offset == (on ? 16384 : 32768));
+  static_assert(Side::activation_elements == (on ? 16384 + 16384 : 65536));
+  static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Bf16> == (on ? 81920 : 163840));
   static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>> == 163840);
   // Under TF32 and on the Host: Net's own layouts, nothing narrowed.
   static_assert(Block::body_layout<In, Tf32>::narrow == std::array<bool, 4>{});
@@ -260,4 +264,13 @@ TEST_CASE("a block's inner networks on a Bf16 Cuda model store their convs' and 
   using S = fp::Shape<8, 6, 6>;
   static_assert(Plain::body_layout<S, Bf16>::narrow == std::array<bool, 3>{false, on, false});
   static_assert(Plain::projection_layout<S, Bf16>::activation_elements == 0);
+
+  // A projection whose add is a pass of its own (the body ends in a conv) keeps its output in fp32: the
+  // separate add reads fp32.
+  using Separate = fp::Residual<fp::Conv2d<8, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU, fp::Conv2d<8, 3, 2, 1>,
+                                fp::Projection<fp::Conv2d<8, 1, 2, 0>, fp::BatchNorm2d<>>>;
+  using SS = Separate::projection_layout<S, Bf16>;
+  static_assert(!Separate::fused_add<S>);
+  static_assert(std::is_same_v<SS::output_element<1>, float>);
+  static_assert(SS::activation_elements == (on ? 48 + 80 : 80 + 80));  // 72 floats each (36 in 16 bits), 16-aligned
 }

@@ -146,10 +146,11 @@ constexpr bool has_reshape() {
 /// bits (kernels::BFloat16, half its region) where its layer writes it so (writes_16bit_output) and the
 /// next stage, its only other reader, reads it so (reads_16bit_input): in a ResNet block every conv's
 /// output and the first BatchNorm's. The last stage's output is the block's own (stored as Out, which
-/// the model's plan chose) or feeds the block's add (fp32); the first stage reads the block's input (In0)
-/// and the last stage's add is Add (the block's input, with the identity). cuda_narrow_outputs = false
-/// keeps every output fp32.
-template <class Net, class P, class In0 = float, class Out = float, class Add = float>
+/// the model's plan chose) or feeds the block's add (stored as Out: a projection's output, which a
+/// fused add reads in 16 bits, in half its region where LastHalf); the first stage reads the block's
+/// input (In0) and the last stage's add is Add (the block's input with the identity, else the
+/// projection's output). cuda_narrow_outputs = false keeps every output fp32.
+template <class Net, class P, class In0 = float, class Out = float, class Add = float, bool LastHalf = false>
 struct InnerLayout {
  private:
   static constexpr std::size_t n = Net::stage_count;
@@ -174,7 +175,8 @@ struct InnerLayout {
 
  private:
   static constexpr auto layout_ = []<std::size_t... I>(std::index_sequence<I...>) {
-    const std::array<std::size_t, n> out{(narrow[I] ? (Net::template stage<I>::out::size + 1) / 2 : 0)...};
+    const std::array<std::size_t, n> out{
+        (narrow[I] || (LastHalf && I + 1 == n) ? (Net::template stage<I>::out::size + 1) / 2 : 0)...};
     return resized_layout<Net>(out, std::array<std::size_t, n>{});
   }(std::make_index_sequence<n>{});
 
@@ -190,8 +192,8 @@ struct InnerLayout {
   using add_element = std::conditional_t<I + 1 == n, Add, float>;
 };
 /// The identity shortcut's: nothing.
-template <class P, class In0, class Out, class Add>
-struct InnerLayout<void, P, In0, Out, Add> {
+template <class P, class In0, class Out, class Add, bool LastHalf>
+struct InnerLayout<void, P, In0, Out, Add, LastHalf> {
   static constexpr std::size_t activation_elements = 0;
 };
 
@@ -367,14 +369,32 @@ struct Residual {
   using body = typename body_of<In, std::make_index_sequence<body_size>>::type;
   template <class In>
   using projection = typename detail::projection_of<shortcut, In>::type;
+  /// Whether a Cuda model of precision P stores the projection's output in 16 bits (see body_layout).
+  template <class In, class P>
+  static constexpr bool narrow_shortcut() {
+    if constexpr (identity || !std::is_same_v<P, precision::Bf16> || !cuda_narrow_outputs) {
+      return false;
+    } else {
+      using Last = typename projection<In>::template stage<projection<In>::stage_count - 1>;
+      return detail::last_stage_adds<body<In>>() && Last::kind == LayerKind::anchor &&
+             writes_16bit_output<typename Last::layer, typename Last::in, typename Last::epilogue>();
+    }
+  }
+  template <class In, class P>
+  using shortcut_element = std::conditional_t<narrow_shortcut<In, P>(), kernels::BFloat16, float>;
+
   /// Where the body and the projection lie per sample on a Cuda model of precision P (void: the Host):
   /// detail::InnerLayout, Net's own layout but for 16-bit tensors under Bf16; X and Y the elements the
   /// block's input and output are stored in (the model's plan decides: cuda_reads_16bit,
   /// cuda_writes_16bit), which change no size.
+  /// The projection's output is stored in 16 bits too (shortcut_element) where the body's last stage
+  /// reads it as stored, in its fused add, and the projection's last layer writes 16 bits; the add of a
+  /// pass of its own reads fp32.
   template <class In, class P = void, class X = float, class Y = float>
-  using body_layout = detail::InnerLayout<body<In>, P, X, Y, std::conditional_t<identity, X, float>>;
+  using body_layout = detail::InnerLayout<body<In>, P, X, Y, std::conditional_t<identity, X, shortcut_element<In, P>>>;
   template <class In, class P = void, class X = float>
-  using projection_layout = detail::InnerLayout<projection<In>, P, X>;
+  using projection_layout =
+      detail::InnerLayout<projection<In>, P, X, shortcut_element<In, P>, float, narrow_shortcut<In, P>()>;
 
  private:
   template <class In>
