@@ -160,13 +160,17 @@ TEST_CASE_TEMPLATE("the block's add in BatchNorm's pass and BatchNorm folded int
 
 namespace {
 // A layer a Bf16 model keeps in fp32 elements (it declares no 16-bit kernels): the same kernels, on the
-// same bf16 values, in fp32 elements.
+// same bf16 values, its tensors and their gradients in fp32 elements.
 template <class L>
 struct Wide : L {
   template <class In>
   static constexpr bool cuda_reads_16bit = false;
   template <class In, class Epi>
   static constexpr bool cuda_writes_16bit = false;
+  template <class In, class Epi>
+  static constexpr bool cuda_reads_16bit_gradient = false;
+  template <class In>
+  static constexpr bool cuda_writes_16bit_gradient = false;
 };
 template <class L>
 using Same = L;
@@ -209,6 +213,20 @@ static_assert(body_narrow<NarrowBlocks, 4>::narrow == std::array<bool, 6>{on, on
 static_assert(body_narrow<WideBlocks, 2>::narrow == std::array<bool, 4>{});
 static_assert(body_narrow<WideBlocks, 3>::narrow == std::array<bool, 4>{});
 static_assert(body_narrow<WideBlocks, 4>::narrow == std::array<bool, 6>{});
+// And their gradients: NarrowBlocks the input gradients of its BatchNorm and of its blocks (read by the
+// stem's conv, the BatchNorm past its ReLU, the block before) and those inside its blocks in 16 bits.
+template <class Net, std::size_t I>
+constexpr bool dx_narrow = sizeof(typename fp::CudaWorkspace<Net, fp::precision::Bf16>::template dx_element<I>) == 2;
+template <class Net, std::size_t I>
+constexpr bool inner_gradients_narrow =
+    sizeof(typename Net::template stage<I>::layer::template inner_gradient_element<typename Net::template stage<I>::in,
+                                                                                    fp::precision::Bf16>) == 2;
+static_assert(!dx_narrow<NarrowBlocks, 0> && dx_narrow<NarrowBlocks, 1> == on && dx_narrow<NarrowBlocks, 2> == on &&
+              dx_narrow<NarrowBlocks, 3> == on && dx_narrow<NarrowBlocks, 4> == on && !dx_narrow<NarrowBlocks, 5>);
+static_assert(inner_gradients_narrow<NarrowBlocks, 2> == on && inner_gradients_narrow<NarrowBlocks, 4> == on);
+static_assert(!dx_narrow<WideBlocks, 1> && !dx_narrow<WideBlocks, 2> && !dx_narrow<WideBlocks, 3> &&
+              !dx_narrow<WideBlocks, 4> && !inner_gradients_narrow<WideBlocks, 2> &&
+              !inner_gradients_narrow<WideBlocks, 4>);
 // nvcc's front end and g++ must agree on a block's plan (both evaluate these): a requires-expression in
 // the lambda that computed fused_add made nvcc's false where g++'s was true (2026-12-07).
 static_assert(fp::models::BasicBlock<64, 1, false>::fused_add<fp::Shape<64, 32, 32>> &&

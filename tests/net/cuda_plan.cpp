@@ -296,7 +296,7 @@ constexpr bool places_disjoint(Need need, Saved saved) {
   }
   return at <= Layout::activation_elements &&
          Layout::workspace_elements_per_sample ==
-             Layout::activation_elements + 2 * Layout::gradient_elements + Net::backward_elements;
+             Layout::activation_elements + 2 * Layout::gradient_elements + Layout::backward_elements;
 }
 template <class Net, class Layout, class Need>
 constexpr bool places_disjoint(Need need) {
@@ -429,8 +429,14 @@ TEST_CASE("a Cuda gradient buffer holds the widest tensor backward writes into i
   CHECK(TanhAndDropout::gradient_elements == 80);
   CHECK(Workspace<TanhAndDropout, Bf16>::gradient_elements == 48);
   CHECK(Workspace<TanhAndDropout, Tf32>::gradient_elements == 48);
-  // ResNet-18: a block's input gradient, 64 x 32 x 32 fp32 elements (blocks store theirs plainly).
-  CHECK(Workspace<ResNet, Bf16>::gradient_elements == 65536);
+  // ResNet-18: a block's input gradient, 64 x 32 x 32, which under Bf16 the blocks, the stem's BatchNorm
+  // and its conv take in 16 bits (the next test case).
+  CHECK(Workspace<ResNet, Tf32>::gradient_elements == 65536);
+  CHECK(Workspace<ResNet, Bf16>::gradient_elements == (fp::cuda_narrow_outputs ? 32768 : 65536));
+  // So do the three gradient buffers of a layer1 block's backward, which hold every gradient inside it.
+  CHECK(ResNet::backward_elements == 3 * 65536);
+  CHECK(Workspace<ResNet, Tf32>::backward_elements == 3 * 65536);
+  CHECK(Workspace<ResNet, Bf16>::backward_elements == (fp::cuda_narrow_outputs ? 3 * 32768 : 3 * 65536));
   // The loss gradient: 100 logits, 112 floats aligned; the Linear below it writes nothing (stage 0).
   CHECK(Workspace<WideLogits, Bf16>::gradient_elements == 112);
   CHECK(Workspace<WideLogits, Tf32>::workspace_elements_per_sample ==
@@ -440,4 +446,48 @@ TEST_CASE("a Cuda gradient buffer holds the widest tensor backward writes into i
   REQUIRE(fp::CudaPlan<SmallMlp, Tf32>::summary[0].kind == fp::CudaGroupKind::mlp);
   CHECK(Workspace<SmallMlp, Tf32>::gradient_elements == 128);
   CHECK(Workspace<SmallMlp, Bf16>::gradient_elements == (fused ? 64 : 128));
+}
+
+namespace {
+// The stages whose input gradient (dx) Workspace stores in 16 bits, and those whose output gradient (dy).
+template <class Net, class W>
+std::pair<std::string, std::string> gradient_elements_of() {
+  std::string dx, dy;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((dx += sizeof(typename W::template dx_element<I>) == 2 ? 'h' : 'f',
+      dy += sizeof(typename W::template dy_element<I>) == 2 ? 'h' : 'f'),
+     ...);
+  }(std::make_index_sequence<Net::stage_count>{});
+  return {dx, dy};
+}
+// A BatchNorm whose epilogue's derivative is no mask (Tanh: its dz, written over dy, is no bf16 value),
+// a conv with an epilogue (its dy is read with the derivative), a block whose add is a pass of its own.
+using MixedNorms = fp::Sequential<
+    fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::Tanh, fp::Conv2d<8, 3, 1, 1>,
+    fp::ReLU, fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+    fp::Residual<fp::Conv2d<8, 3, 1, 1>, fp::ReLU, fp::Conv2d<8, 3, 1, 1>, fp::IdentityShortcut>,
+    fp::Conv2d<8, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::GlobalAvgPool2d, fp::Flatten, fp::Linear<4>>;
+}  // namespace
+
+TEST_CASE("a Bf16 Cuda workspace stores a gradient in 16 bits where the stages on both sides take it so") {
+  using fp::precision::Bf16;
+  using fp::precision::Tf32;
+  const auto [dx, dy] = gradient_elements_of<ResNet, Workspace<ResNet, Bf16>>();
+  if (!fp::cuda_narrow_outputs) {
+    CHECK(dx == std::string(13, 'f'));
+    return;
+  }
+  // ResNet-18: bn1's and every block's input gradient (read by conv1, bn1 past its ReLU, the block
+  // before); not average pooling's (no 16-bit kernel), nor the classifier's, nor the loss's.
+  CHECK(dx == "fhhhhhhhhhfff");
+  CHECK(dy == "hhhhhhhhhffff");
+  CHECK(gradient_elements_of<ResNet, Workspace<ResNet, Tf32>>().first == std::string(13, 'f'));
+  // Stages: 0 conv, 1 bn + Tanh, 2 conv + ReLU, 3 conv, 4 bn + ReLU, 5 block (a separate add), 6 conv,
+  // 7 bn, 8 pooling, 9 flatten, 10 linear. 16-bit: the BatchNorms' input gradients, which the convs
+  // without an epilogue below them read (1, 4, 7). Not: conv 2's (the Tanh BatchNorm's dz, written over
+  // its dy, is no bf16 value), conv 3's (a sink writes conv 2's dz), the block's and conv 6's (the block
+  // takes none in 16 bits with a separate add), pooling's and the Linear's (no 16-bit kernels).
+  const auto [mdx, mdy] = gradient_elements_of<MixedNorms, Workspace<MixedNorms, Bf16>>();
+  CHECK(mdx == "fhffhffhfff");
+  CHECK(mdy == "hffhffhffff");
 }

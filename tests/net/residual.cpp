@@ -252,6 +252,13 @@ TEST_CASE("a block's inner networks on a Bf16 Cuda model store their convs' and 
   static_assert(Side::activation_elements == (on ? 16384 + 16384 : 65536));
   static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Bf16> == (on ? 81920 : 163840));
   static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>> == 163840);
+  // Its gradients too: between the inner stages (every one writes and reads them in 16 bits), and the
+  // block's own dy (read by bn2 past the block's ReLU and by the projection's BatchNorm) and dx (written
+  // by conv1 and the projection's conv).
+  static_assert(std::is_same_v<Block::inner_gradient_element<In, Bf16>, std::conditional_t<on, k::BFloat16, float>>);
+  static_assert(std::is_same_v<Block::inner_gradient_element<In, Tf32>, float>);
+  static_assert(Block::cuda_reads_16bit_gradient<In, k::Epilogue<k::Relu>> && Block::cuda_writes_16bit_gradient<In>);
+  static_assert(!Block::cuda_reads_16bit_gradient<In, k::Epilogue<k::Tanh>>);  // bn2's dz is no bf16 value
   // Under TF32 and on the Host: Net's own layouts, nothing narrowed.
   static_assert(Block::body_layout<In, Tf32>::narrow == std::array<bool, 4>{});
   static_assert(Block::saved_elements<In, k::Epilogue<k::Relu>, Tf32> == Block::saved_elements<In, k::Epilogue<k::Relu>>);
@@ -272,5 +279,9 @@ TEST_CASE("a block's inner networks on a Bf16 Cuda model store their convs' and 
   using SS = Separate::projection_layout<S, Bf16>;
   static_assert(!Separate::fused_add<S>);
   static_assert(std::is_same_v<SS::output_element<1>, float>);
-  static_assert(SS::activation_elements == (on ? 48 + 80 : 80 + 80));  // 72 floats each (36 in 16 bits), 16-aligned
+  static_assert(SS::activation_elements == (on ? 48 + 80 : 80 + 80));
+  // Nor does it take its gradients in 16 bits (the separate add's pass reads and writes fp32).
+  static_assert(std::is_same_v<Separate::inner_gradient_element<S, Bf16>, float>);
+  static_assert(!Separate::cuda_reads_16bit_gradient<S, k::Epilogue<k::Relu>> &&
+                !Separate::cuda_writes_16bit_gradient<S>);  // 72 floats each (36 in 16 bits), 16-aligned
 }

@@ -11,6 +11,7 @@
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/activation.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/host/batch_norm.hpp"
 #include "fusedp/layers/layer.hpp"
@@ -121,10 +122,17 @@ struct BatchNorm {
   static constexpr bool cuda_reads_16bit = true;
   template <class In, class Epi>
   static constexpr bool cuda_writes_16bit = true;
+  // And its gradients: dy, which backward overwrites with dz (a bf16 value where Epi's derivative is a
+  // mask), and dx.
+  template <class In, class Epi>
+  static constexpr bool cuda_reads_16bit_gradient = kernels::derivative_is_mask<Epi>;
+  template <class In>
+  static constexpr bool cuda_writes_16bit_gradient = true;
 
 #if FUSEDP_HAS_CUDA
   // X, Y, A: the elements a.x, a.y and a.add point to (float, or kernels::BFloat16: cuda_reads_16bit,
-  // cuda_writes_16bit; an add in 16 bits is a block's input); a.z, a.dy and a.dx are fp32.
+  // cuda_writes_16bit; an add in 16 bits is a block's input or its projection's output); a.z is fp32; DY,
+  // DX the elements of a.dy and a.dx (cuda_reads_16bit_gradient, cuda_writes_16bit_gradient).
   template <class In, class Epi, class X = float, class Y = float, class A = float, class T, class P>
   static void forward(const StageArgs<CudaSpace<P>, T>& a) {
     static_assert(std::is_same_v<T, float>, "BatchNorm on Cuda: the scalar type must be float");
@@ -136,11 +144,15 @@ struct BatchNorm {
         Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state, reinterpret_cast<const X*>(a.x),
         reinterpret_cast<Y*>(a.y), a.z, a.sync, device_sums(a.scratch), reinterpret_cast<const A*>(a.add), a.bf16_y);
   }
-  template <class In, class Epi, class X = float, class Y = float, class T, class P>
+  template <class In, class Epi, class X = float, class Y = float, class DY = float, class DX = float, class T,
+            class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
+    static_assert(std::is_same_v<DY, float> || kernels::derivative_is_mask<Epi>,
+                  "BatchNorm on Cuda: a 16-bit dy must hold dz exactly (an epilogue whose derivative is a mask)");
     kernels::cuda::batch_norm_backward<Epi>(a.space.stream(), extents<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, reinterpret_cast<const X*>(a.x),
-                                            reinterpret_cast<const Y*>(a.y), a.z, a.dy, a.dx,
+                                            reinterpret_cast<const Y*>(a.y), a.z, reinterpret_cast<DY*>(a.dy),
+                                            reinterpret_cast<DX*>(a.dx),
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync,
                                             device_sums(a.scratch), a.bf16_dx);
   }

@@ -88,6 +88,12 @@ struct Conv2d {
   static constexpr bool cuda_reads_16bit = true;
   template <class In, class Epi>
   static constexpr bool cuda_writes_16bit = Epi::empty;
+  // Its gradients in 16 bits: dy without an epilogue (then the dz its GEMMs read as stored), dx always
+  // (through its sink).
+  template <class In, class Epi>
+  static constexpr bool cuda_reads_16bit_gradient = Epi::empty;
+  template <class In>
+  static constexpr bool cuda_writes_16bit_gradient = true;
 
 #if FUSEDP_HAS_CUDA
   // Cuda: implicit GEMMs over NCHW/OIHW (kernels/cuda/conv2d.cuh). dy is not changed. X and Y: the
@@ -107,28 +113,36 @@ struct Conv2d {
         reinterpret_cast<const X*>(a.x), reinterpret_cast<Y*>(a.y), a.z, a.fold, reinterpret_cast<const A*>(a.add),
         a.bf16_y);
   }
-  template <class In, class Epi, class X = float, class Y = float, class T, class P>
+  // DY, DX: the elements of a.dy and a.dx (cuda_reads_16bit_gradient, cuda_writes_16bit_gradient).
+  template <class In, class Epi, class X = float, class Y = float, class DY = float, class DX = float, class T,
+            class P>
   static void backward(const StageArgs<CudaSpace<P>, T>& a) {
-    backward_to<In, Epi, false, X, Y>(a, kernels::cuda::StoreSink{a.dx, a.bf16_dx});
+    backward_to<In, Epi, false, X, Y, DY>(a, kernels::cuda::StoreSinkOf<DX>{reinterpret_cast<DX*>(a.dx), a.bf16_dx});
   }
   /// Backward with the input gradient to `sink` (kernels/cuda/gradient_sink.cuh: StoreSink{a.dx}, or
   /// the stage below's sink, which then receives its dz). DzIn: a.dy already holds this conv's dz
   /// (batch, Out, OH, OW), written by the stage above through an ActivationSink (net/cuda_plan.hpp) as
   /// kernels::cuda::received_dz_element<P, Epi> (BFloat16 under Bf16 where Epi's derivative is a mask).
   /// Without DzIn the output is read for the activation's derivative, where Epi has one: it must then be
-  /// stored in fp32 (Y).
-  template <class In, class Epi, bool DzIn, class X = float, class Y = float, class T, class P, class Sink>
+  /// stored in fp32 (Y). DY: the element of a.dy without DzIn (BFloat16 only without an epilogue, where
+  /// dy is the dz).
+  template <class In, class Epi, bool DzIn, class X = float, class Y = float, class DY = float, class T, class P,
+            class Sink>
   static void backward_to(const StageArgs<CudaSpace<P>, T>& a, const Sink& sink) {
     static_assert(std::is_same_v<T, float>, "Conv2d on Cuda: the scalar type must be float");
     static_assert(DzIn || std::is_same_v<Y, float> || Epi::empty,
                   "Conv2d on Cuda: an output stored in 16 bits must receive its dz from the stage above");
     using O = output<In>;
     constexpr int ohw = O::height * O::width;
-    using E = kernels::cuda::received_dz_element<P, Epi>;
-    using Dz = std::conditional_t<DzIn, kernels::cuda::StoredGradientOf<E>, kernels::cuda::ConvGradient<Epi>>;
+    static_assert(!DzIn || std::is_same_v<DY, float>, "Conv2d on Cuda: a received dz has its own element");
+    static_assert(std::is_same_v<DY, float> || Epi::empty, "Conv2d on Cuda: a 16-bit dy must be the dz");
+    // A 16-bit dy without an epilogue is this conv's dz, read as stored.
+    constexpr bool stored = DzIn || !std::is_same_v<DY, float>;
+    using E = std::conditional_t<DzIn, kernels::cuda::received_dz_element<P, Epi>, DY>;
+    using Dz = std::conditional_t<stored, kernels::cuda::StoredGradientOf<E>, kernels::cuda::ConvGradient<Epi>>;
     static_assert(kernels::cuda::forms_dense_dz<Dz>() == forms_dense_dz<Epi, DzIn>,
                   "Conv2d on Cuda: the scratch is sized by forms_dense_dz, which must say what backward does");
-    if constexpr (DzIn)
+    if constexpr (stored)
       backward_from<In, X>(a, kernels::cuda::StoredGradientOf<E>{reinterpret_cast<const E*>(a.dy), Out, ohw, O::width},
                            sink);
     else backward_from<In, X>(a, kernels::cuda::ConvGradient<Epi>{a.dy, a.y, a.z, Out, ohw, O::width}, sink);

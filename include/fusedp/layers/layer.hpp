@@ -172,6 +172,12 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///                                    (Y) stored as kernels::BFloat16 (reads_16bit_input,
 ///                                    writes_16bit_output; the Bf16 Cuda layouts use them: between
 ///                                    stages net/cuda_plan.hpp, inside blocks net/residual.hpp)
+///   cuda_reads_16bit_gradient<In, Epi>, cuda_writes_16bit_gradient<In> (optional)  its Cuda backward
+///                                    takes <In, Epi, X, Y, DY, DX>: its output's gradient (DY, which
+///                                    it may overwrite with dz: then only where Epi's derivative is a
+///                                    mask) and its input's (DX) stored as kernels::BFloat16, the bf16
+///                                    values the model stores there anyway (reads_16bit_gradient,
+///                                    writes_16bit_gradient)
 template <class L>
 concept Layer = requires {
   { L::kind } -> std::convertible_to<LayerKind>;
@@ -216,6 +222,25 @@ template <class L, class In, class Epi>
 constexpr bool writes_16bit_output() {
   if constexpr (requires { L::template cuda_writes_16bit<In, Epi>; }) return L::template cuda_writes_16bit<In, Epi>;
   else return false;
+}
+
+/// Whether layer L at input In with epilogue Epi can read the gradient of its output stored in 16 bits on
+/// Cuda (where the layer says so: cuda_reads_16bit_gradient).
+template <class L, class In, class Epi>
+constexpr bool reads_16bit_gradient() {
+  if constexpr (requires { L::template cuda_reads_16bit_gradient<In, Epi>; })
+    return L::template cuda_reads_16bit_gradient<In, Epi>;
+  else
+    return false;
+}
+/// Whether layer L at input In can write the gradient of its input in 16 bits on Cuda (where the layer
+/// says so: cuda_writes_16bit_gradient).
+template <class L, class In>
+constexpr bool writes_16bit_gradient() {
+  if constexpr (requires { L::template cuda_writes_16bit_gradient<In>; })
+    return L::template cuda_writes_16bit_gradient<In>;
+  else
+    return false;
 }
 
 /// Per-sample elements a layer's backward works in and forgets (a Residual block's gradient buffers):

@@ -21,12 +21,20 @@
 //   - an output whose layer writes it in 16 bits and whose reader reads it so (layers declare it:
 //     cuda_writes_16bit, cuda_reads_16bit; Conv2d without an epilogue, BatchNorm, Residual), between
 //     stages (CudaPlan::narrow_output) and inside a residual block (net/residual.hpp, InnerLayout): in
-//     ResNet-18 every activation but the last block's output and the projections' BatchNorm outputs.
+//     ResNet-18 every activation but the last block's output (and a projection's output, which the
+//     block's fused add reads as stored);
+//   - an input gradient whose layer writes it in 16 bits and whose reader reads it so (layers declare
+//     it: cuda_writes_16bit_gradient, cuda_reads_16bit_gradient; Conv2d, BatchNorm where the epilogue's
+//     derivative is a mask, which keeps the dz it writes over dy a bf16 value, Residual with a fused
+//     add), between stages (CudaWorkspace::dx_element, dy_element) and inside a residual block
+//     (Residual::inner_gradient_element): in ResNet-18 every gradient between its stem and its last
+//     block.
 // The Cuda workspace gives these half their regions (a block's saved region is its inner layouts'),
 // and sizes each gradient buffer for the widest tensor written into it in its element (CudaWorkspace:
-// under Bf16 the CIFAR-10 CNN's buffers hold conv1's dense dz in 16 bits, half Net's size).
-// The rest (pooling, dropout and elementwise kernels' tensors, what a separate add reads, a dz formed
-// by backward itself, the gradient buffers) keeps bf16 values in fp32 elements.
+// under Bf16 the CIFAR-10 CNN's buffers hold conv1's dense dz in 16 bits, ResNet-18's a block's input
+// gradient, half Net's size). The rest (pooling, dropout and elementwise kernels' tensors and
+// gradients, what a separate add reads, a dz formed by backward itself) keeps bf16 values in fp32
+// elements; a block's gradient buffers keep Net's size, though they may hold 16-bit values.
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"

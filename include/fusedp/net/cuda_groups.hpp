@@ -307,7 +307,9 @@ struct CudaGroups {
   auto dx_sink(const T* x, std::size_t batch, T* dx, bool bf16) {
     constexpr std::size_t r = plan::template dz_receiver<G>;
     if constexpr (r == plan::group_count) {
-      return kernels::cuda::StoreSink{dx, bf16};
+      // In the element the workspace stores it in (16 bits where the stage below reads it so).
+      using E = typename CudaWorkspace<Net, P>::template dx_element<plan::template group<G>::first>;
+      return kernels::cuda::StoreSinkOf<E>{reinterpret_cast<E*>(dx), bf16};
     } else {
       static_assert(plan::template group<G>::first > 0, "CudaGroups: a group below the first one");
       using Below = typename plan::template group<r>;
@@ -361,8 +363,13 @@ struct CudaGroups {
       const auto span = trace::SpaceSpans<space_type>::open(space, S::layer::name, trace::Kind::backward, S::first);
       using X = typename plan::template input_element<G>;
       using Y = typename plan::template output_element<G>;
-      S::layer::template backward_to<typename S::in, typename S::epilogue, Receives, X, Y>(
-          a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
+      using DY = typename CudaWorkspace<Net, P>::template dy_element<I>;  // a conv's dz, in 16 bits
+      if constexpr (std::is_same_v<DY, float>)
+        S::layer::template backward_to<typename S::in, typename S::epilogue, Receives, X, Y>(
+            a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
+      else
+        S::layer::template backward_to<typename S::in, typename S::epilogue, Receives, X, Y, DY>(
+            a, dx_sink<G>(x, batch, a.dx, a.bf16_dx));
     }
     gemm_step_done<I>(cur);
     cur(I);

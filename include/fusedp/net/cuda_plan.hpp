@@ -247,6 +247,15 @@ constexpr bool group_reads_16bit() {
     return false;
   }
 }
+// Floats a sample stage S's backward works in on a Cuda model of precision P: what its layer says
+// (cuda_backward_elements<In, P>: a residual block's 16-bit gradient buffers), else Net's.
+template <class S, class P>
+constexpr std::size_t cuda_backward_elements() {
+  if constexpr (requires { S::layer::template cuda_backward_elements<typename S::in, P>; })
+    return S::layer::template cuda_backward_elements<typename S::in, P>;
+  else
+    return backward_elements_of<typename S::layer, typename S::in>();
+}
 // Floats a sample stage S saves for backward on Cuda under P where its layer says how many
 // (saved_elements<In, Epi, P>: a residual block whose inner networks store 16-bit tensors), else 0 (as
 // many as on the Host, Sequential's).
@@ -513,6 +522,49 @@ template <class Net, class P>
 struct CudaWorkspace {
  private:
   using plan = CudaPlan<Net, P>;
+  // Per stage: whether its input gradient is stored in 16 bits (under Bf16): stage I (not the first, not a
+  // reshape) writes it so and the stage that reads it (the last before I that is not a reshape) reads it
+  // so (writes_16bit_gradient, reads_16bit_gradient: ResNet's BatchNorms, blocks and convs without
+  // epilogue), both in groups of a stage of their own, at a boundary where no sink writes a dz.
+  static constexpr std::array<bool, Net::stage_count> narrow_dx_ = [] {
+    using facts = detail::plan_facts<Net, typename plan::groups>;
+    constexpr std::size_t n = Net::stage_count;
+    std::array<bool, n> r{};
+    if (!std::is_same_v<P, precision::Bf16> || !cuda_narrow_outputs) return r;
+    const std::array<bool, n> writes = []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<bool, n>{
+          writes_16bit_gradient<typename Net::template stage<I>::layer, typename Net::template stage<I>::in>()...};
+    }(std::make_index_sequence<n>{});
+    const std::array<bool, n> reads = []<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<bool, n>{reads_16bit_gradient<typename Net::template stage<I>::layer,
+                                                      typename Net::template stage<I>::in,
+                                                      typename Net::template stage<I>::epilogue>()...};
+    }(std::make_index_sequence<n>{});
+    std::array<std::size_t, n> group_of{};
+    for (std::size_t g = 0; g < plan::group_count; ++g)
+      for (std::size_t i = plan::summary[g].first; i <= plan::summary[g].last; ++i) group_of[i] = g;
+    for (std::size_t i = 1; i < n; ++i) {
+      if (Net::stage_plan[i].aliases_input) continue;
+      std::size_t j = i - 1;
+      while (j > 0 && Net::stage_plan[j].aliases_input) --j;
+      const std::size_t gi = group_of[i], gj = group_of[j];
+      const bool own = plan::summary[gi].kind == CudaGroupKind::stage && plan::summary[gj].kind == CudaGroupKind::stage;
+      const bool sunk = facts::receiver[gi] != plan::group_count || facts::receives[gj];
+      r[i] = !Net::stage_plan[j].aliases_input && own && !sunk && writes[i] && reads[j];
+    }
+    return r;
+  }();
+  // dy of stage I: the input gradient of the first stage after it that is not a reshape (fp32 for the
+  // last: the loss's gradient).
+  static constexpr std::array<bool, Net::stage_count> narrow_dy_ = [] {
+    std::array<bool, Net::stage_count> r{};
+    for (std::size_t i = 0; i < Net::stage_count; ++i) {
+      std::size_t k = i + 1;
+      while (k < Net::stage_count && Net::stage_plan[k].aliases_input) ++k;
+      r[i] = k < Net::stage_count && narrow_dx_[k];
+    }
+    return r;
+  }();
   // Floats a sample of the input gradient group G writes into a gradient buffer (0 where it writes none:
   // the first stage's, or a Flatten's, which runs no backward). Through the sink of the group below that
   // receives its dz (CudaPlan::dz_receiver): that group's dz, dense before a fused max-pool, in its
@@ -526,7 +578,7 @@ struct CudaWorkspace {
     if constexpr (Gr::first > 0 && First::kind != LayerKind::reshape) {
       constexpr std::size_t r = plan::template dz_receiver<G>;
       if constexpr (r == plan::group_count) {
-        most = First::in::size;
+        most = narrow_dx_[Gr::first] ? (First::in::size + 1) / 2 : First::in::size;
       } else {
         using Below = typename Net::template stage<plan::template group<r>::first>;
         constexpr bool half = sizeof(kernels::received_dz_element<P, typename Below::epilogue>) == 2;
@@ -569,7 +621,12 @@ struct CudaWorkspace {
   /// Floats a sample of each gradient buffer (at most Net's: see above).
   static constexpr std::size_t gradient_elements = gradient_floats_;
   static_assert(gradient_elements <= Net::gradient_elements, "CudaWorkspace: a gradient buffer wider than Net's");
-  static constexpr std::size_t backward_elements = Net::backward_elements;
+  /// Floats a sample of backward's work memory: the most any stage asks for on Cuda (a residual block whose
+  /// gradients are 16-bit: half its buffers, Residual::cuda_backward_elements), else Net's.
+  static constexpr std::size_t backward_elements = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::max({std::size_t(0), detail::cuda_backward_elements<typename Net::template stage<I>, P>()...});
+  }(std::make_index_sequence<Net::stage_count>{});
+  static_assert(backward_elements <= Net::backward_elements, "CudaWorkspace: more work memory than Net's");
   static constexpr std::size_t workspace_elements_per_sample =
       activation_elements + 2 * gradient_elements + backward_elements;
 
@@ -599,6 +656,12 @@ struct CudaWorkspace {
   using output_element = std::conditional_t<narrow_out_[I], kernels::BFloat16, float>;
   template <std::size_t I>
   using input_element = std::conditional_t<narrow_in_[I], kernels::BFloat16, float>;
+  /// The elements stage I's output gradient (dy) and input gradient (dx) are stored in: BFloat16 where the
+  /// stages on both sides take them so (see narrow_dx_), else float.
+  template <std::size_t I>
+  using dy_element = std::conditional_t<narrow_dy_[I], kernels::BFloat16, float>;
+  template <std::size_t I>
+  using dx_element = std::conditional_t<narrow_dx_[I], kernels::BFloat16, float>;
 };
 
 /// A 64-bit digest of everything CudaPlan<Net, P> and CudaWorkspace<Net, P> decide: the groups and their

@@ -31,8 +31,8 @@ constexpr std::uint64_t stage_plan_fingerprint() {
     return 0;
 }
 
-/// Adds Layout's regions of Net (every StagePlan field and the total), each stage's input, output and
-/// add element, and each stage's own plan (stage_plan_fingerprint) to `f`.
+/// Adds Layout's regions of Net (every StagePlan field and the total), each stage's input, output, add,
+/// output-gradient and input-gradient element, and each stage's own plan (stage_plan_fingerprint) to `f`.
 template <class Net, class Layout, class P>
 constexpr void hash_layout(Fnv1a& f) {
   f.word(Net::stage_count);
@@ -53,6 +53,8 @@ constexpr void hash_layout(Fnv1a& f) {
       f.word(sizeof(typename E::input));
       f.word(sizeof(typename E::output));
       f.word(sizeof(typename E::add));
+      f.word(sizeof(typename E::dy));
+      f.word(sizeof(typename E::dx));
       f.word(stage_plan_fingerprint<typename Net::template stage<J>, P, typename E::input, typename E::output>());
     };
     (stage(std::integral_constant<std::size_t, I>{}), ...);

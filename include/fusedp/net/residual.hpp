@@ -213,6 +213,27 @@ constexpr bool last_stage_adds() {
   return Last::kind == LayerKind::anchor && adds_before_epilogue<typename Last::layer>() && Last::epilogue::empty;
 }
 
+/// Whether the gradient between stages I - 1 and I of Net may be stored in 16 bits on Cuda: stage I writes
+/// it so and stage I - 1, with its epilogue, reads it so (true for I = 0, which has none below it).
+template <class Net, std::size_t I>
+constexpr bool boundary_16bit_gradient() {
+  if constexpr (I == 0) {
+    return true;
+  } else {
+    using S = typename Net::template stage<I>;
+    using R = typename Net::template stage<I - 1>;
+    return writes_16bit_gradient<typename S::layer, typename S::in>() &&
+           reads_16bit_gradient<typename R::layer, typename R::in, typename R::epilogue>();
+  }
+}
+/// Whether every gradient between Net's stages may be stored in 16 bits.
+template <class Net>
+constexpr bool inner_16bit_gradients() {
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (boundary_16bit_gradient<Net, I>() && ...);
+  }(std::make_index_sequence<Net::stage_count>{});
+}
+
 /// The precision a space's inner layouts are made for: P on CudaSpace<P>, void on the Host.
 template <class Space>
 struct layout_precision {
@@ -236,9 +257,10 @@ template <class Epi, class T>
 void residual_epilogue_backward(const StageArgs<Host, T>& a, std::size_t n, const T* sum) {
   kernels::host::epilogue_backward<Epi>(a.space, n, sum, a.y, a.dy);
 }
-// dst = src, or dst += src into the block's dx (`into_dx`).
-template <class T>
+// dst = src, or dst += src into the block's dx (`into_dx`); S, D: the elements of src and dst (Cuda).
+template <class S = float, class D = float, class T>
 void residual_copy(const StageArgs<Host, T>& a, std::size_t n, const T* src, T* dst, bool accumulate, bool into_dx) {
+  static_assert(std::is_same_v<S, float> && std::is_same_v<D, float>, "Residual on the Host: gradients in T");
   (void)into_dx;
   kernels::host::copy_values(a.space, n, src, dst, accumulate);
 }
@@ -251,10 +273,11 @@ template <class Epi, class T, class P>
 void residual_epilogue_backward(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* sum) {
   kernels::cuda::epilogue_backward<Epi>(a.space.stream(), n, sum, a.y, a.dy);
 }
-template <class T, class P>
+template <class S = float, class D = float, class T, class P>
 void residual_copy(const StageArgs<CudaSpace<P>, T>& a, std::size_t n, const T* src, T* dst, bool accumulate,
                    bool into_dx) {
-  kernels::cuda::copy_values(a.space.stream(), n, src, dst, accumulate, into_dx && a.bf16_dx);
+  kernels::cuda::copy_values<S, D>(a.space.stream(), n, reinterpret_cast<const S*>(src), reinterpret_cast<D*>(dst),
+                                   accumulate, into_dx && a.bf16_dx);
 }
 #endif
 
@@ -291,10 +314,12 @@ void run_forward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T*
 }
 
 /// Runs an inner network (laid out as Layout) backward from `dy` (its output's gradient, may be
-/// overwritten) to `dx` (its input's, skipped when null), alternating between the buffers g0 and g1 in
-/// between (fp32, whatever Layout stores the activations in). With LastEpi, the last stage ran forward
-/// with that epilogue into last_y (last_z its values before it): backward applies its derivative there.
-template <Network Net, class Layout, class LastEpi = void, class Space, class T>
+/// overwritten; stored as DY) to `dx` (its input's, skipped when null; stored as DX), alternating between
+/// the buffers g0 and g1 in between (their gradients stored as G). With LastEpi, the last stage ran
+/// forward with that epilogue into last_y (last_z its values before it): backward applies its derivative
+/// there.
+template <Network Net, class Layout, class LastEpi = void, class DY = float, class DX = float, class G = float,
+          class Space, class T>
 void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T* x, T* dy, T* dx, T* g0, T* g1,
                   T* last_y = nullptr, T* last_z = nullptr) {
   T* current = dy;
@@ -310,12 +335,14 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           s.dx = I == 0 ? dx : (current == g0 ? g1 : g0);
           using X = typename stage_elements<Layout, I>::input;
           using Y = typename stage_elements<Layout, I>::output;
+          using SY = std::conditional_t<I + 1 == Net::stage_count, DY, G>;
+          using SX = std::conditional_t<I == 0, DX, G>;
           if constexpr (!std::is_void_v<LastEpi> && I == Net::stage_count - 1) {
             s.y = last_y;
             s.z = last_z;
-            stage_backward<S, LastEpi, X, Y>(s);
+            stage_backward<S, LastEpi, X, Y, SY, SX>(s);
           } else {
-            stage_backward<S, typename S::epilogue, X, Y>(s);
+            stage_backward<S, typename S::epilogue, X, Y, SY, SX>(s);
           }
           round_stored(a.space, s.dx, a.batch * S::in::size, s.bf16_dx);
           current = s.dx;
@@ -520,6 +547,52 @@ struct Residual {
     return fused_add<In> && writes_16bit_output<typename Last::layer, typename Last::in, Epi>();
   }();
 
+  /// Under Bf16 the gradients inside the block, between its inner stages and the body's input gradient
+  /// that the projection's is added to, are stored in 16 bits (inner_gradient_element) where every inner
+  /// stage writes and reads them so and the add is fused (the bf16 values the model stores anyway). The
+  /// block's own dy and dx may be 16-bit (the model's plan decides) where the layers that touch them take
+  /// them so: dy the body's last layer (which overwrites it with dz, under the block's epilogue) and the
+  /// projection's last, dx the body's first and the projection's first; the copies and adds between them
+  /// are the block's own.
+  template <class In>
+  static constexpr bool gradients_16bit() {
+    using B = body<In>;
+    bool r = fused_add<In> && detail::inner_16bit_gradients<B>() &&
+             writes_16bit_gradient<typename B::template stage<0>::layer, In>();
+    if constexpr (!identity) r = r && detail::inner_16bit_gradients<projection<In>>();
+    return r;
+  }
+  template <class In, class P>
+  using inner_gradient_element =
+      std::conditional_t<std::is_same_v<P, precision::Bf16> && cuda_narrow_outputs && gradients_16bit<In>(),
+                         kernels::BFloat16, float>;
+  /// Per-sample elements of each gradient buffer on a Cuda model of precision P (void: the Host): half
+  /// where every gradient inside the block is 16-bit (inner_gradient_element).
+  template <class In, class P = void>
+  static constexpr std::size_t gradient_elements_on = [] {
+    if constexpr (std::is_void_v<P>) return gradient_elements<In>;
+    else if constexpr (sizeof(inner_gradient_element<In, P>) == 2) return align_elements((gradient_elements<In> + 1) / 2);
+    else return gradient_elements<In>;
+  }();
+  template <class In, class P>
+  static constexpr std::size_t cuda_backward_elements = 3 * gradient_elements_on<In, P>;
+  template <class In, class Epi>
+  static constexpr bool cuda_reads_16bit_gradient = [] {
+    using Last = typename body<In>::template stage<body<In>::stage_count - 1>;
+    bool r = fused_add<In> && reads_16bit_gradient<typename Last::layer, typename Last::in, Epi>();
+    if constexpr (!identity) {
+      using PLast = typename projection<In>::template stage<projection<In>::stage_count - 1>;
+      r = r && reads_16bit_gradient<typename PLast::layer, typename PLast::in, typename PLast::epilogue>();
+    }
+    return r;
+  }();
+  template <class In>
+  static constexpr bool cuda_writes_16bit_gradient = [] {
+    bool r = fused_add<In> && writes_16bit_gradient<typename body<In>::template stage<0>::layer, In>();
+    if constexpr (!identity) r = r && writes_16bit_gradient<typename projection<In>::template stage<0>::layer, In>();
+    return r;
+  }();
+
   /// Per-sample elements of the body's activations the block keeps (laid out as body_layout<In, P>). With
   /// fused_add the body's last stage writes the block's output (StageArgs::y of the block), never its
   /// own output region, which is the last part of the body's layout: that part is not reserved (its
@@ -558,6 +631,10 @@ struct Residual {
     f.word(cuda_writes_16bit<In, Epi>);
     f.word(body_saved<In, P>);
     f.word(saved_elements<In, Epi, P>);
+    f.word(sizeof(inner_gradient_element<In, P>));
+    f.word(gradient_elements_on<In, P>);
+    f.word(cuda_reads_16bit_gradient<In, Epi>);
+    f.word(cuda_writes_16bit_gradient<In>);
     detail::hash_layout<body<In>, body_layout<In, P, X, Y>, P>(f);
     if constexpr (!identity) detail::hash_layout<projection<In>, projection_layout<In, P, X>, P>(f);
     return f.h;
@@ -596,7 +673,10 @@ struct Residual {
     detail::residual_add<Epi>(a, a.batch * output<In>::size, body_out, shortcut_out, r.sum);
   }
 
-  template <class In, class Epi, class X = float, class Y = float, class T, class Space>
+  // DY, DX: the elements a.dy and a.dx are stored in (cuda_reads_16bit_gradient,
+  // cuda_writes_16bit_gradient; only with fused_add).
+  template <class In, class Epi, class X = float, class Y = float, class DY = float, class DX = float, class T,
+            class Space>
   static void backward(const StageArgs<Space, T>& a) {
     using P = typename detail::layout_precision<Space>::type;
     using BL = body_layout<In, P, X, Y>;
@@ -606,17 +686,21 @@ struct Residual {
     if constexpr (fused_add<In>) {
       // The body's last stage applies the epilogue's derivative to a.dy in place (the sum's gradient,
       // which the shortcut then takes). An identity's dx is the body's plus the sum's gradient.
+      using G = inner_gradient_element<In, P>;
       T* z = Epi::saves_input ? r.sum : nullptr;
       if constexpr (identity) {
-        detail::run_backward<body<In>, BL, Epi>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
-        if (a.dx) detail::residual_copy(a, n_out, a.dy, a.dx, true, true);
+        detail::run_backward<body<In>, BL, Epi, DY, DX, G>(a, r.main, a.x, a.dy, a.dx, r.g[1], r.g[2], a.y, z);
+        if (a.dx) detail::residual_copy<DY, DX>(a, n_out, a.dy, a.dx, true, true);
       } else {
         T* body_dx = a.dx ? r.g[0] : nullptr;
-        detail::run_backward<body<In>, BL, Epi>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
-        detail::run_backward<projection<In>, PL>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
-        if (a.dx) detail::residual_copy(a, a.batch * In::size, body_dx, a.dx, true, true);
+        detail::run_backward<body<In>, BL, Epi, DY, G, G>(a, r.main, a.x, a.dy, body_dx, r.g[1], r.g[2], a.y, z);
+        detail::run_backward<projection<In>, PL, void, DY, DX, G>(a, r.side, a.x, a.dy, a.dx, r.g[1], r.g[2]);
+        if (a.dx) detail::residual_copy<G, DX>(a, a.batch * In::size, body_dx, a.dx, true, true);
       }
       return;
+    } else {
+      static_assert(std::is_same_v<DY, float> && std::is_same_v<DX, float>,
+                    "Residual: 16-bit gradients only with the add fused into the body's last stage");
     }
     detail::residual_epilogue_backward<Epi>(a, n_out, r.sum);  // a.dy: now the sum's gradient
     T* body_dx = a.dx ? r.g[0] : nullptr;
@@ -688,7 +772,7 @@ struct Residual {
       }
       sum = at;  // reserved only where saved_elements says so (see there)
       // The gradient buffers: backward's work memory (null in forward, which does not use them).
-      for (std::size_t i = 0; i < 3; ++i) g[i] = a.work ? a.work + i * gradient_elements<In> * a.batch : nullptr;
+      for (std::size_t i = 0; i < 3; ++i) g[i] = a.work ? a.work + i * gradient_elements_on<In, P> * a.batch : nullptr;
     }
   };
 };

@@ -139,11 +139,27 @@ template <class Layout, std::size_t I>
 struct add_element_of<Layout, I> {
   using type = typename Layout::template add_element<I>;
 };
+/// The elements of stage I's output gradient (dy) and input gradient (dx) under Layout: float, unless the
+/// layout says otherwise (dy_element<I>, dx_element<I>: a Bf16 Cuda model's workspace and a residual
+/// block's inner networks).
+template <class Layout, std::size_t I>
+struct gradient_elements_of {
+  using dy = float;
+  using dx = float;
+};
+template <class Layout, std::size_t I>
+  requires requires { typename Layout::template dy_element<I>; }
+struct gradient_elements_of<Layout, I> {
+  using dy = typename Layout::template dy_element<I>;
+  using dx = typename Layout::template dx_element<I>;
+};
 template <class Layout, std::size_t I>
 struct stage_elements {
   using input = float;
   using output = float;
   using add = float;
+  using dy = float;
+  using dx = float;
 };
 template <class Layout, std::size_t I>
   requires requires { typename Layout::template output_element<I>; }
@@ -151,6 +167,8 @@ struct stage_elements<Layout, I> {
   using input = typename Layout::template input_element<I>;
   using output = typename Layout::template output_element<I>;
   using add = typename add_element_of<Layout, I>::type;
+  using dy = typename gradient_elements_of<Layout, I>::dy;
+  using dx = typename gradient_elements_of<Layout, I>::dx;
 };
 
 /// Stage S forward (backward) with epilogue Epi, its input stored as X, its output as Y and its add as
@@ -166,12 +184,17 @@ void stage_forward(const StageArgs<Space, T>& a) {
   else
     S::layer::template forward<typename S::in, Epi, X, Y, A>(a);
 }
-template <class S, class Epi, class X, class Y, class Space, class T>
+/// DY, DX: the elements of its output's and input's gradients (only layers that declare they take them in
+/// 16 bits are given them: reads_16bit_gradient, writes_16bit_gradient).
+template <class S, class Epi, class X, class Y, class DY = float, class DX = float, class Space, class T>
 void stage_backward(const StageArgs<Space, T>& a) {
-  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float>)
+  constexpr bool wide_gradients = std::is_same_v<DY, float> && std::is_same_v<DX, float>;
+  if constexpr (std::is_same_v<X, float> && std::is_same_v<Y, float> && wide_gradients)
     stage_executor<S>::template backward<typename S::in, Epi>(a);
-  else
+  else if constexpr (wide_gradients)
     S::layer::template backward<typename S::in, Epi, X, Y>(a);
+  else
+    S::layer::template backward<typename S::in, Epi, X, Y, DY, DX>(a);
 }
 
 /// Runs stage I forward with args_of.template operator()<J>() as stage J's arguments and
@@ -355,7 +378,8 @@ class StageBinding {
       {
         const auto span = trace::SpaceSpans<Space>::open(space, S::layer::name, trace::Kind::backward, std::int64_t(S::first));
         using E = detail::stage_elements<Layout, I>;
-        detail::stage_backward<S, typename S::epilogue, typename E::input, typename E::output>(a);
+        detail::stage_backward<S, typename S::epilogue, typename E::input, typename E::output, typename E::dy,
+                               typename E::dx>(a);
         detail::round_stored(space, a.dx, batch * S::in::size, a.bf16_dx);
       }
     }

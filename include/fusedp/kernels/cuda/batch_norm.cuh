@@ -165,24 +165,25 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
   }
 }
 
-// Applies the epilogue's derivative to channel c's dy in place; its sums of dz and dz xhat over the
-// block, and (thread 0) its parameter gradients, this batch's part.
-template <class Epi, class X, class Y>
+// Applies the epilogue's derivative to channel c's dy in place (stored as DY: in 16 bits only where the
+// derivative is a mask, so that dz is a bf16 value too); its sums of dz and dz xhat over the block, and
+// (thread 0) its parameter gradients, this batch's part.
+template <class Epi, class X, class Y, class DY>
 __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                    const float* state, const X* x, const Y* y,
-                                                   const float* z, float* dy, float* dgamma, float* dbeta,
+                                                   const float* z, DY* dy, float* dgamma, float* dbeta,
                                                    double* shared, double& sum_dz, double& sum_dz_xhat) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
   sum_dz = 0;
   sum_dz_xhat = 0;
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    float d = dy[i];
+    float d = to_float(dy[i]);
     if constexpr (!Epi::empty) {
       const float yi = to_float(y[i]);
       d *= Epi::derivative(z ? z[i] : yi, yi);
+      store_element(dy + i, d);
     }
-    dy[i] = d;
     sum_dz += double(d);
     sum_dz_xhat += double(d) * double((to_float(x[i]) - mean) * invstd);
   }
@@ -193,25 +194,25 @@ __device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, in
     if (dbeta) dbeta[c] = float(sum_dz);
   }
 }
-template <class X>
+template <class X, class DY, class DX>
 __device__ FUSEDP_ALWAYS_INLINE void input_gradient(const BatchNormExtents& g, int c, const BatchNormState& s,
                                                     const float* gamma, const float* state, const X* x,
-                                                    const float* dy, float* dx, double sum_dz, double sum_dz_xhat,
+                                                    const DY* dy, DX* dx, double sum_dz, double sum_dz_xhat,
                                                     double count, bool bf16) {
   const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
   const float gm = gamma ? gamma[c] : 1.0f;
   for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
     const std::size_t i = channel_at(g, c, k);
-    dx[i] = stored_value(
-        batch_norm_input_gradient(dy[i], (to_float(x[i]) - mean) * invstd, gm, invstd, sum_dz, sum_dz_xhat, count),
-        bf16);
+    store_element(dx + i, stored_value(batch_norm_input_gradient(to_float(dy[i]), (to_float(x[i]) - mean) * invstd, gm,
+                                                                 invstd, sum_dz, sum_dz_xhat, count),
+                                       bf16));
   }
 }
 
-template <class Epi, class X, class Y>
+template <class Epi, class X, class Y, class DY, class DX>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                               const X* x, const Y* y, const float* z, float* dy, float* dx, float* dgamma,
+                               const X* x, const Y* y, const float* z, DY* dy, DX* dx, float* dgamma,
                                float* dbeta, bool bf16) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
@@ -223,10 +224,10 @@ __global__ void __launch_bounds__(batch_norm_threads)
 
 // SyncBatchNorm's backward: sums[c] and sums[channels + c] channel c's sums of dz and dz xhat,
 // sums[2 channels] the value count, added over the replicas between the two kernels.
-template <class Epi, class X, class Y>
+template <class Epi, class X, class Y, class DY>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const X* x,
-                                    const Y* y, const float* z, float* dy, float* dgamma, float* dbeta,
+                                    const Y* y, const float* z, DY* dy, float* dgamma, float* dbeta,
                                     double* sums) {
   kernel_prologue();
   __shared__ double shared[batch_norm_threads];
@@ -239,10 +240,10 @@ __global__ void __launch_bounds__(batch_norm_threads)
     if (c == 0) sums[2 * g.channels] = double(channel_count(g));
   }
 }
-template <class X>
+template <class X, class DY, class DX>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                                     const X* x, const float* dy, float* dx, const double* sums, bool bf16) {
+                                     const X* x, const DY* dy, DX* dx, const double* sums, bool bf16) {
   kernel_prologue();
   const int c = blockIdx.x;
   input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels], bf16);
@@ -280,24 +281,25 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
 }
 
 /// Backward of a training forward: dy is overwritten with the gradient before the epilogue; `sync`
-/// and `sums` as in forward; `bf16`: dx stored as bf16 values. X, Y: as in forward (dy and dx are fp32).
-template <class Epi, class X = float, class Y = float>
+/// and `sums` as in forward; `bf16`: dx stored as bf16 values. X, Y: as in forward; DY, DX: the elements dy
+/// and dx are stored in (float, or kernels::BFloat16: dy only where Epi's derivative is a mask, or none).
+template <class Epi, class X = float, class Y = float, class DY = float, class DX = float>
 void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, const float* gamma,
-                         const float* state, const X* x, const Y* y, const float* z, float* dy, float* dx,
+                         const float* state, const X* x, const Y* y, const float* z, DY* dy, DX* dx,
                          float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr,
                          bool bf16 = false) {
   const unsigned blocks = unsigned(g.channels);
   if (!sync) {
-    launch<detail::batch_norm_backward_kernel<Epi, X, Y>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
+    launch<detail::batch_norm_backward_kernel<Epi, X, Y, DY, DX>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
                                                     stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta, bf16);
     return;
   }
-  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y>>("batch_norm_gradient_sums_kernel", blocks,
+  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y, DY>>("batch_norm_gradient_sums_kernel", blocks,
                                                        detail::batch_norm_threads, 0, stream, g, s, state, x, y, z, dy,
                                                        dgamma, dbeta, sums);
   sync(sums, batch_norm_sync_doubles(std::size_t(g.channels)), stream);
   if (!dx) return;
-  launch<detail::batch_norm_input_gradient_kernel<X>>("batch_norm_input_gradient_kernel", blocks,
+  launch<detail::batch_norm_input_gradient_kernel<X, DY, DX>>("batch_norm_input_gradient_kernel", blocks,
                                                    detail::batch_norm_threads, 0, stream, g, s, gamma, state, x, dy, dx,
                                                    sums, bf16);
 }

@@ -41,13 +41,16 @@ namespace fusedp::kernels::cuda {
 /// The element a sink stores dz in (kernels/activation.hpp, which g++ alone reads too).
 using kernels::received_dz_element;
 
-/// The value itself, stored at i: the input gradient as the layer below receives it unfused.
-struct StoreSink {
-  float* out;
+/// The value itself, stored at i as E: the input gradient as the layer below receives it unfused (in 16
+/// bits where the model stores that gradient so: the bf16 value `bf16` rounds it to, exactly).
+template <class E>
+struct StoreSinkOf {
+  E* out;
   bool bf16 = false;
   [[nodiscard]] FUSEDP_HD bool active() const { return out != nullptr; }
-  FUSEDP_HD void put(std::size_t i, float v) const { out[i] = stored_value(v, bf16); }
+  FUSEDP_HD void put(std::size_t i, float v) const { store_element(out + i, stored_value(v, bf16)); }
 };
+using StoreSink = StoreSinkOf<float>;
 
 /// dz = v * Epi'(z, y) at i: the gradient before the epilogue of the layer below (y its output, stored
 /// as Y: float, or BFloat16 where the plan stores that output in 16 bits, CudaPlan::output_element; z

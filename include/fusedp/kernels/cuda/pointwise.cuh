@@ -11,6 +11,7 @@
 #include "fusedp/kernels/dropout.hpp"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace fusedp::kernels::cuda {
 
@@ -40,11 +41,11 @@ __global__ void epilogue_backward_kernel(std::size_t n, const float* z, const fl
   kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride()) dy[i] *= Epi::derivative(z[i], y[i]);
 }
-template <class T>
-__global__ void copy_values_kernel(std::size_t n, const T* src, T* dst, bool accumulate, bool bf16) {
+template <class S, class D>
+__global__ void copy_values_kernel(std::size_t n, const S* src, D* dst, bool accumulate, bool bf16) {
   kernel_prologue();
   for (std::size_t i = grid_index(); i < n; i += grid_stride())
-    dst[i] = stored_value(accumulate ? dst[i] + src[i] : src[i], bf16);
+    store_element(dst + i, stored_value(accumulate ? to_float(dst[i]) + to_float(src[i]) : to_float(src[i]), bf16));
 }
 template <class T>
 __global__ void dropout_kernel(std::size_t n, DropoutMask mask, bool apply, const T* x, T* y, bool bf16) {
@@ -89,12 +90,14 @@ void epilogue_backward(cudaStream_t stream, std::size_t n, const float* z, const
                                                 0, stream, n, z, y, dy);
 }
 
-/// dst = src, or dst += src when `accumulate`.
-inline void copy_values(cudaStream_t stream, std::size_t n, const float* src, float* dst, bool accumulate,
-                        bool bf16 = false) {
+/// dst = src, or dst += src when `accumulate`; S, D: the elements src and dst are stored in (float, or
+/// kernels::BFloat16 where the values are bf16 ones: `bf16`, or a copy of 16-bit values).
+template <class S = float, class D = float>
+void copy_values(cudaStream_t stream, std::size_t n, const std::type_identity_t<S>* src, std::type_identity_t<D>* dst,
+                 bool accumulate, bool bf16 = false) {
   if (n == 0) return;
-  launch<detail::copy_values_kernel<float>>("copy_values_kernel", elementwise_blocks(n), elementwise_threads, 0, stream,
-                                            n, src, dst, accumulate, bf16);
+  launch<detail::copy_values_kernel<S, D>>("copy_values_kernel", elementwise_blocks(n), elementwise_threads, 0, stream,
+                                           n, src, dst, accumulate, bf16);
 }
 
 /// Dropout forward (y = x * mask in training, y = x otherwise) and backward (dx = dy * mask): the same
