@@ -42,8 +42,8 @@ bench benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu"
 bench -DFUSEDP_CUDA_MMA_LAYERS=1 -DFUSEDP_BENCH_BF16=1 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_mma"
 # Without the fused gradient boundaries (impl=fusedp-unfused): what they give, measured in the same run.
 bench -DFUSEDP_CUDA_FUSED_GRADIENTS=0 benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_unfused"
-# train_step_gpu_mma's BF16 runs with every stage output in fp32 elements (impl=fusedp-mma-wide-bf16):
-# what the 16-bit outputs give, measured in the same run. BF16 only, to keep the carry inside 64 MiB.
+# train_step_gpu_mma's BF16 runs with every stage output and gradient in fp32 elements
+# (impl=fusedp-mma-wide-bf16): what the 16-bit elements give, measured in the same run. BF16 only, to keep the carry inside 64 MiB.
 bench -DFUSEDP_CUDA_MMA_LAYERS=1 -DFUSEDP_BENCH_ONLY_BF16=1 -DFUSEDP_CUDA_NARROW_OUTPUTS=0 \
   benchmarks/gpu/train_step_gpu.cu -o "$DIR/train_step_gpu_wide"
 bench benchmarks/gpu/gemm_gpu.cu -o "$DIR/gemm_gpu"

@@ -39,7 +39,7 @@
 // -DFUSEDP_CUDA_FUSED_GRADIENTS=0 (train_step_gpu_unfused) every layer forms its own dz, as before the
 // fused gradient boundaries (net/cuda_plan.hpp), and the lines say impl=fusedp-unfused. Built with
 // -DFUSEDP_CUDA_NARROW_OUTPUTS=0 as well as train_step_gpu_mma's flags (train_step_gpu_wide), a BF16
-// model keeps every stage output in fp32 elements (the same values; net/cuda_plan.hpp), and the lines
+// model keeps every stage output and gradient in fp32 elements (the same values; net/cuda_plan.hpp), and the lines
 // say impl=fusedp-mma-wide.
 //
 // Only TF32 is compiled in by default (one precision keeps the build of this one file near a minute);

@@ -34,7 +34,8 @@
 // under Bf16 the CIFAR-10 CNN's buffers hold conv1's dense dz in 16 bits, ResNet-18's a block's input
 // gradient, half Net's size). The rest (pooling, dropout and elementwise kernels' tensors and
 // gradients, what a separate add reads, a dz formed by backward itself) keeps bf16 values in fp32
-// elements; a block's gradient buffers keep Net's size, though they may hold 16-bit values.
+// elements. A block whose every inner gradient is 16-bit gets gradient buffers of half Net's size
+// (Residual::cuda_backward_elements).
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/precision.hpp"
@@ -49,9 +50,9 @@
 
 namespace fusedp {
 
-/// Whether a Bf16 Cuda model stores tensors in 16-bit elements where every reader takes them
-/// (FUSEDP_CUDA_NARROW_OUTPUTS, default 1; 0 keeps bf16 values in fp32 elements, for measuring what the
-/// 16-bit elements give). Like every option that changes a layout, the same in every translation unit.
+/// Whether a Bf16 Cuda model stores tensors (activations and their gradients) in 16-bit elements where
+/// every reader takes them (FUSEDP_CUDA_NARROW_OUTPUTS, default 1; 0 keeps bf16 values in fp32 elements,
+/// for measuring what the 16-bit elements give). Like every option that changes a layout, the same in every translation unit.
 inline constexpr bool cuda_narrow_outputs = FUSEDP_CUDA_NARROW_OUTPUTS != 0;
 
 /// Whether a model of scalar T on `space` stores its activations and their gradients as bf16 values.

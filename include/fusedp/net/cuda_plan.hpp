@@ -509,13 +509,14 @@ struct CudaPlan {
 ///     (K^2 x 4 times as many bytes);
 ///   - a group's output stored in 16 bits (CudaPlan::narrow_output): half its floats.
 /// Each gradient buffer holds the widest tensor backward writes into one, in its element: the loss
-/// gradient (fp32), and each group's input gradient as the group below reads it (fp32 values, or the
-/// dz a sink writes: a conv + max-pool's dense one, in 16 bits where received_dz_element says). Net's
-/// buffers hold its widest activation, though the network's input never gets a gradient and a fused
-/// conv + max-pool's dense gradient is either never written or, under Bf16 past a ReLU, written in 16
-/// bits. A residual block saves what its inner layouts need (Residual::saved_elements<In, Epi, P>:
-/// 16-bit tensors inside blocks under Bf16). Everything else (other saved values, backward's work
-/// memory) keeps Net's sizes.
+/// gradient (fp32), and each group's input gradient as the group below reads it (fp32 values, in 16 bits
+/// where dx_element says, or the dz a sink writes: a conv + max-pool's dense one, in 16 bits where
+/// received_dz_element says). Net's buffers hold its widest activation, though the network's input never
+/// gets a gradient and a fused conv + max-pool's dense gradient is either never written or, under Bf16
+/// past a ReLU, written in 16 bits. A residual block saves what its inner layouts need
+/// (Residual::saved_elements<In, Epi, P>: 16-bit tensors inside blocks under Bf16) and works in what its
+/// gradients need (Residual::cuda_backward_elements<In, P>: half, where they are 16-bit). Everything
+/// else (other saved values) keeps Net's sizes.
 /// @tparam Net a Sequential<...>
 /// @tparam P precision::Tf32, Fp32 or Bf16
 template <class Net, class P>

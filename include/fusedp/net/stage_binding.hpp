@@ -140,8 +140,8 @@ struct add_element_of<Layout, I> {
   using type = typename Layout::template add_element<I>;
 };
 /// The elements of stage I's output gradient (dy) and input gradient (dx) under Layout: float, unless the
-/// layout says otherwise (dy_element<I>, dx_element<I>: a Bf16 Cuda model's workspace and a residual
-/// block's inner networks).
+/// layout says otherwise (dy_element<I>, dx_element<I>: a Bf16 Cuda model's workspace; a residual block
+/// passes its inner networks' gradient elements to run_backward itself).
 template <class Layout, std::size_t I>
 struct gradient_elements_of {
   using dy = float;
