@@ -66,6 +66,7 @@ struct StoredCheck {
   int saved = 0, saved_fp32 = 0;          // what stages save for their own backward (z regions, blocks aside)
   int gradients = 0, gradients_fp32 = 0;  // the input gradients the groups store
   int gradients_16bit = 0;                // of which dz stored in 16 bits by a sink
+  int dx_16bit = 0;                       // of which input gradients stored in 16 bits (dx_element)
   int dz_16bit_wrong = 0;                 // of those, with zeros where the mask does not put them
   int outputs_16bit = 0;                  // stage outputs stored in 16 bits (narrow_output)
   int outputs_16bit_wrong = 0;            // of those, with a NaN or with the region's second half written
@@ -275,6 +276,16 @@ StoredCheck check_stored(bool training) {
                     return out;
                   }
                 }
+                // A plain input gradient in the element the workspace stores it in (CudaWorkspace::dx_element).
+                using DX = typename Layout::template dx_element<Gr::first>;
+                if constexpr (std::is_same_v<DX, fp::kernels::BFloat16>) {
+                  ++c.dx_16bit;
+                  const auto h =
+                      gpu_test::download(space, std::span<const DX>(reinterpret_cast<const DX*>(cur.dy()), values));
+                  std::vector<float> out(h.size());
+                  for (std::size_t i = 0; i < h.size(); ++i) out[i] = fp::kernels::to_float(h[i]);
+                  return out;
+                }
                 return gpu_test::download(space, std::span<float>(cur.dy(), values));
               }();
               ++c.gradients;
@@ -299,6 +310,7 @@ struct Expect {
   int narrow_folded = 0;  // of those, a conv's that folds the BatchNorm after it in evaluation (which
                           // writes the BatchNorm's output instead)
   int argmax = 0;         // fused conv + max-poolings (their conv regions hold argmax bytes)
+  int dx_16bit = 0;       // group input gradients stored in 16 bits under Bf16 (CudaWorkspace::dx_element)
   bool saves = false;
   bool fp32_logits = true;
 };
@@ -321,6 +333,8 @@ void check_storage(const char* name, Expect expect) {
     CHECK(bf.outputs == f.outputs);  // the same tensors at both precisions (the plans group alike)
     CHECK(bf.gradients == f.gradients);
     CHECK(f.gradients_16bit == 0);  // only a Bf16 model stores dz in 16 bits
+    CHECK(f.dx_16bit == 0);
+    CHECK(bf.dx_16bit == (training && fp::cuda_narrow_outputs ? expect.dx_16bit : 0));
     CHECK(bf.dz_16bit_wrong == 0);
     // The regions the NaN and poison checks ran on: the plan's narrowed outputs.
     CHECK(bf.outputs_16bit ==
@@ -344,12 +358,15 @@ TEST_CASE("a Bf16 Cuda model stores every activation and activation gradient as 
   // stem conv's and its BatchNorm's (which the block reads in 16 bits) and the GELU Linear's; in
   // PooledOutputNet the first conv's.
   check_storage<Net>("conv + pool fused, tanh, linear", {.dz_16bit = true, .narrow = 3, .argmax = 1});
+  // BlockNet's BatchNorm's and block's input gradients are 16-bit (the stem conv, and the BatchNorm past
+  // its ReLU, read them so).
   check_storage<BlockNet>("batch norm, residual block, avg pool, GELU",
-                          {.narrow = 3, .narrow_folded = 1, .saves = true});
+                          {.narrow = 3, .narrow_folded = 1, .dx_16bit = 2, .saves = true});
   // Both convs (the first receives its dz; the second is read by the BatchNorm, which it folds in
-  // evaluation, where the first is read by a conv that folds) and the Tanh Linear's.
+  // evaluation, where the first is read by a conv that folds) and the Tanh Linear's; the BatchNorm's input
+  // gradient, which the second conv reads.
   check_storage<FoldingReader>("a 16-bit conv output read by a conv that folds a BatchNorm",
-                               {.dz_16bit = true, .narrow = 3, .narrow_folded = 1});
+                               {.dz_16bit = true, .narrow = 3, .narrow_folded = 1, .dx_16bit = 1});
   check_storage<BlockOutputNet>("a residual block's output as the logits", {});
   check_storage<SeparateAddNet>("an identity block with an add of its own", {});
   check_storage<TailNet>("max-pooling alone, dropout, a pointwise stage, global average pooling", {});
