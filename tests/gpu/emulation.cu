@@ -1093,6 +1093,12 @@ void check_sinks_store_bf16(const fp::kernels::ConvGeometry& below_g, int upper_
       kc::conv2d_dx_problem_to(s, batch, dz, w.data(), kc::StoreSink{dpool_bf16.data(), true}), 1);
   REQUIRE(holds_non_bf16(dpool));
   check_same_bits(dpool_bf16, rounded(dpool), "dx stored in bf16");
+  // In 16-bit elements (a gradient the layer below reads so: CudaWorkspace::dx_element): the same values.
+  std::vector<fp::kernels::BFloat16> dpool16(dpool.size(), fp::kernels::BFloat16{0xffff});
+  emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem_to(
+                                            s, batch, dz, w.data(), kc::StoreSinkOf<fp::kernels::BFloat16>{dpool16.data(), true}),
+                                        1);
+  check_same_bits(widened(dpool16), dpool_bf16, "dx stored in 16 bits");
   kc::UnpoolSink<Epi, Kp> unpool = below.sink(fused.data());
   unpool.bf16 = true;
   emulate_gemm<kc::tile_for<64>, false>(kc::conv2d_dx_problem_to(s, batch, dz, w.data(), unpool), 1);
