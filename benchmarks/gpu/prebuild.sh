@@ -64,13 +64,14 @@ strip "$DIR"/test_gpu_* "$DIR"/train_step_gpu "$DIR"/train_step_gpu_mma "$DIR"/t
   "$DIR"/train_step_gpu_wide "$DIR"/gemm_gpu "$DIR"/allreduce_bench "$DIR"/*_cuda 2>/dev/null || true
 du -sh "$DIR"
 # The device tool carries at most 64 MiB with the working tree, and the binaries take about 150 MB:
-# also pack them (xz, about 37 MB on 2026-12-07 before --no-compress), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the
+# also pack them (xz: 12.2 MB on 2026-12-07 with --no-compress, 37.4 MB before), which check.sh unpacks itself when FUSEDP_PREBUILT_DIR names the
 # archive. Carry the archive's folder (git-ignored under build/), not DIR.
 PACK=${PACK:-build/gpu-carry/prebuilt-sm$ARCH.tar.xz}
 mkdir -p "$(dirname "$PACK")"
 # One xz block whose dictionary spans the whole tar (the test binaries share most of their kernels, ten
 # binaries apart), with the x86 filter for the host code: 37.4 -> 36.6 MB on the same binaries
-# (2026-12-07). Unpacking takes 256 MiB of memory; python3's tarfile reads it (check.sh).
+# (2026-12-07); with the uncompressed device code, 12.2 MB for 294 MB of binaries. Unpacking takes
+# 256 MiB of memory and a second or two; python3's tarfile reads it (check.sh).
 tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -T1 --x86 --lzma2=preset=9e,dict=256MiB > "$PACK"
 echo "prebuild: packed into $PACK ($(du -h "$PACK" | cut -f1)); on the GPU machine:"
 echo "  FUSEDP_PREBUILT_DIR=\$PWD/$PACK benchmarks/gpu/check.sh"
