@@ -50,12 +50,14 @@
 // with the Host model, less what the groups above never write: the conv's output region of a conv +
 // max-pool holds only the argmax bytes, a 16-bit output takes half its fp32 region, and a residual
 // block's saved region is what its inner layouts need (net/residual.hpp: 16-bit tensors inside blocks
-// under Bf16; with its 16-bit outputs between stages ResNet-18 keeps 581,632 of 1,229,328 activation
+// under Bf16; with its 16-bit outputs between stages ResNet-18 keeps 610,304 of 1,229,328 activation
 // floats a sample less). In the CIFAR-10
 // CNN that is 92,160 of 254,992 floats a sample in TF32 (36%), 104,960 in BF16; in LeNet 4,720 of
 // 13,440 (35%) and 5,440. Each gradient buffer holds the widest tensor backward writes into it, in
-// the element it is written in: under Bf16, where the widest is a dense dz in 16 bits, half Net's
-// buffer (the CIFAR-10 CNN's conv1 dz: 32,768 floats a sample of 65,536, twice; LeNet 1,728 of 3,456).
+// the element it is written in: under Bf16, where the widest is a dense dz or an input gradient in 16
+// bits (CudaWorkspace::dx_element: where the layers on both sides declare it, cuda_writes_16bit_gradient
+// and cuda_reads_16bit_gradient), half Net's buffer (the CIFAR-10 CNN's conv1 dz: 32,768 floats a
+// sample of 65,536, twice; LeNet 1,728 of 3,456; ResNet-18 a block's input gradient, 32,768 of 65,536).
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/cuda.hpp"
 #include "fusedp/kernels/activation.hpp"
