@@ -399,9 +399,9 @@ fi
 # 128 in TF32, 289.5 MB in BF16 with its 16-bit activations.
 NCU=$(command -v ncu || ls "$(dirname "$NVCC")/ncu" 2>/dev/null || true)
 ncu_ok=1
-# The value of `key` in the first RESULT line of fusedp.txt for impl $1 and net $2 at batch 128.
+# The value of `key` $3 in the first RESULT line of fusedp.txt for impl $1 and net $2 at batch $4 (128).
 result_field() {
-  sed -n "s/^RESULT impl=$1 net=$2 batch=128 .*$3=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1
+  sed -n "s/^RESULT impl=$1 net=$2 batch=${4:-128} .*$3=\([0-9.]*\).*/\1/p" "$OUT/fusedp.txt" | head -1
 }
 # One step of $4 (a train_step_gpu binary, then its arguments) under ncu into ncu_$1.csv, and its kernels
 # against the step's median and floor of impl $2, net $3 (kernel_times.py labels it $1). An ncu that may
@@ -409,12 +409,12 @@ result_field() {
 ncu_step() {
   local name=$1 impl=$2 net=$3
   shift 3
-  [[ -n "$NCU" && -x "$1" ]] && (( ncu_ok )) && (( $(left) > 70 )) || return 0
+  [[ -n "$NCU" && -x "$1" ]] && (( ncu_ok )) && (( $(left) > ${NCU_TIMEOUT:-45} + 25 )) || return 0
   log "kernel times and DRAM bytes of one $name step (ncu)"
-  timeout 45 "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
+  timeout "${NCU_TIMEOUT:-45}" "$NCU" --clock-control none --cache-control none --csv --page raw --print-units base \
     --print-kernel-base function \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-    "$@" --steps 3 --warmup 2 --no-queued > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.err"
+    "$@" ${NCU_STEPS:---steps 3 --warmup 2} --no-queued > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.err"
   if grep -qE "ERR_NVGPUCTRPERM|==ERROR==" "$OUT/ncu_$name.csv" "$OUT/ncu_$name.err" 2>/dev/null; then
     log "ncu could not profile: $(grep -hE "ERR_NVGPUCTRPERM|==ERROR==" "$OUT/ncu_$name.csv" "$OUT/ncu_$name.err" | head -2 | tr '\n' ' ')"
     log "no further ncu runs"
@@ -422,10 +422,10 @@ ncu_step() {
     return 0
   fi
   local floor step_ms
-  floor=$(result_field "$impl" "$net" floor_mb)
-  step_ms=$(result_field "$impl" "$net" median_ms)
+  floor=$(result_field "$impl" "$net" floor_mb "${NCU_BATCH:-128}")
+  step_ms=$(result_field "$impl" "$net" median_ms "${NCU_BATCH:-128}")
   "$PY" "$ROOT/benchmarks/gpu/kernel_times.py" "$OUT/ncu_$name.csv" --net "$name" ${floor:+--floor-mb "$floor"} \
-    ${step_ms:+--step-ms "$step_ms"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$name.err"
+    ${step_ms:+--step-ms "$step_ms"} ${KERNEL_TOP:+--top "$KERNEL_TOP"} | tee -a "$OUT/kernel_times.txt" || tail -3 "$OUT/ncu_$name.err"
 }
 ncu_step lenet fusedp lenet "$OUT/train_step_gpu" --net lenet --batch 128
 ncu_step cifar fusedp cifar "$OUT/train_step_gpu" --net cifar --batch 128
@@ -438,6 +438,12 @@ for cfg in "${OTHER_CONFIGS[@]}"; do
 done
 # ResNet-18 in BF16 (its BatchNorm and block tensors in 16 bits, session 35; never run before).
 FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" resnet18 256 --precision bf16
+# And its kernels: BatchNorm's split passes (session 37: two kernels over 32 blocks a channel at layer1,
+# where one block a channel ran before; never measured) beside the convolutions.
+# Some 200 launches a step: three steps (ncu writes its CSV only at the end, so a run cut by the
+# timeout leaves nothing), the 15 kernel functions with the most time, a minute at most.
+FUSEDP_CUDA_GEMM=mma NCU_TIMEOUT=60 NCU_STEPS="--steps 2 --warmup 1" NCU_BATCH=256 KERNEL_TOP=15 ncu_step resnet18-bf16 fusedp-mma-bf16 resnet18 "$OUT/train_step_gpu_mma" --net resnet18 \
+  --batch 256 --precision bf16
 # The ablations: LeNet and the CIFAR-10 CNN once more with one of fusedp's defaults off (the RESULT
 # line's impl names the variant): what each piece of issue 17 gives, in the same run.
 variant_steps() {

@@ -77,6 +77,9 @@ def main():
     p.add_argument("--net", default="?")
     p.add_argument("--step-ms", type=float, help="the step's median time without the profiler")
     p.add_argument("--floor-mb", type=float, help="the step's fused minimum DRAM traffic (train_step_gpu's floor_mb)")
+    p.add_argument("--top", type=int, default=0,
+                   help="list the N kernel functions with the most time in the step (their launches added up) "
+                        "instead of every launch: for networks of hundreds of launches (ResNet-18)")
     a = p.parse_args()
     kernels = read(a.csv)
     if not kernels:
@@ -90,9 +93,20 @@ def main():
     measured = all(k[2] is not None and k[3] is not None for k in step)
     if not measured:
         print(f"kernel times {a.net}: NOTE: ncu gave no DRAM bytes for some kernels: no traffic figure")
-    for name, t, r, w in step:
+    rows = [(name, t, r, w, 1) for name, t, r, w in step]
+    if a.top:
+        by_name = {}
+        for name, t, r, w, _ in rows:
+            s = by_name.setdefault(name, [0.0, 0.0, 0.0, 0])
+            s[0] += t
+            s[1] += r or 0.0
+            s[2] += w or 0.0
+            s[3] += 1
+        rows = sorted(((n, v[0], v[1], v[2], v[3]) for n, v in by_name.items()), key=lambda x: -x[1])[:a.top]
+    for name, t, r, w, n in rows:
         traffic = f"  {r / 1e6:8.2f} MB read {w / 1e6:8.2f} MB written" if measured else ""
-        print(f"  {t:9.2f} us{traffic}  {name[:90]}")
+        launches = f" x{n:<3d}" if a.top else ""
+        print(f"  {t:9.2f} us{launches}{traffic}  {name[:90]}")
     line = f"kernel times {a.net}: {len(step)} kernels, {total:.1f} us of kernel time per step"
     if a.step_ms:
         gap = a.step_ms * 1e3 - total

@@ -3,6 +3,8 @@
 // steps. Bounds as in gpu_test.hpp, with ReLU decisions that rounding can flip (discrete).
 #include "gpu_test.hpp"
 
+#include <fusedp/kernels/cuda/batch_norm_split.hpp>
+
 #include <array>
 #include <barrier>
 #include <cstdint>
@@ -24,6 +26,14 @@ using SmallResNet = fp::Sequential<fp::Input<3, 8, 8>, fp::Named<fp::models::nam
 using NormMlp = fp::Sequential<fp::Input<3, 6, 6>, fp::Conv2d<6, 3, 1, 0, fp::no_bias>, fp::BatchNorm2d<0.2>,
                                fp::Tanh, fp::GELU, fp::Flatten, fp::Linear<32>, fp::BatchNorm1d<>, fp::ReLU,
                                fp::Linear<10>>;
+// BatchNorm's training passes split over several blocks a channel (kernels/cuda/batch_norm_split.hpp):
+// 32 x 32 planes at batch 9 are 9,216 values a channel, two chunks whose boundary cuts a sample. The
+// first BatchNorm has no parameters and no dx to write; the block's last one adds the shortcut.
+using SplitNorm = fp::Sequential<fp::Input<2, 32, 32>, fp::BatchNorm2d<0.1, 1e-5, false>, fp::ReLU,
+                                 fp::Conv2d<4, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
+                                 fp::models::BasicBlock<4, 1, false>, fp::ReLU, fp::GlobalAvgPool2d, fp::Flatten,
+                                 fp::Linear<10>>;
+static_assert(fp::kernels::cuda::BatchNormSplit::training(9, 4, 32 * 32).chunks == 2);
 
 template <class Space, class Net>
 void compare_buffers(std::size_t batch, std::uint64_t stream) {
@@ -120,6 +130,13 @@ TEST_CASE_TEMPLATE("BatchNorm2d, BatchNorm1d and their epilogues match the Host 
   FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
   compare_with_host_double<Space, NormMlp, fp::SoftmaxCrossEntropy>(40, labels_for(40, 10, 3), 4, true, 50);
   compare_buffers<Space, NormMlp>(40, 52);
+}
+
+TEST_CASE_TEMPLATE("BatchNorm split over several blocks a channel, without parameters or dx, matches the Host model "
+                   "in double", Space, FUSEDP_NORM_SPACES) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  compare_with_host_double<Space, SplitNorm, fp::SoftmaxCrossEntropy>(9, labels_for(9, 10, 5), 8, true, 64);
+  compare_buffers<Space, SplitNorm>(9, 66);
 }
 
 TEST_CASE_TEMPLATE("residual blocks with identity and projection shortcuts match the Host model in double", Space,

@@ -139,6 +139,10 @@ struct BatchNorm {
     require(!a.training || a.sync || a.batch * std::size_t(In::height * In::width) > 1, name, " (layer ", a.index,
             "): training needs more than one value per channel, got a batch of ", a.batch, " x ",
             In::height * In::width);
+    require(!a.training || a.batch * std::size_t(In::height * In::width) <= kernels::cuda::BatchNormSplit::most_values,
+            name, " (layer ", a.index, "): training on Cuda takes at most ", kernels::cuda::BatchNormSplit::most_values,
+            " values per channel, got a batch of ", a.batch, " x ", In::height * In::width,
+            " (split the batch: Parallel's micro-batches or accumulation)");
     kernels::cuda::batch_norm_forward<Epi, X, Y, A>(
         a.space.stream(), extents<In>(a.batch), state_offsets<In>, a.training, double(Momentum), double(Eps),
         Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state, reinterpret_cast<const X*>(a.x),
@@ -156,10 +160,11 @@ struct BatchNorm {
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync,
                                             device_sums(a.scratch), a.bf16_dx);
   }
-  // SyncBatchNorm's per-channel sums in the stage's scratch (floats), at an 8-byte boundary.
+  // The training passes' partial sums (or SyncBatchNorm's) in the stage's scratch (floats), at an 8-byte
+  // boundary.
   template <class In>
-  static std::size_t cuda_scratch(std::size_t, int) {
-    return 2 * kernels::batch_norm_sync_doubles(std::size_t(In::channels)) + 1;
+  static std::size_t cuda_scratch(std::size_t batch, int) {
+    return 2 * kernels::cuda::batch_norm_scratch_doubles(batch, In::channels, In::height * In::width) + 1;
   }
   static double* device_sums(float* scratch) {
     return reinterpret_cast<double*>((reinterpret_cast<std::uintptr_t>(scratch) + 7) & ~std::uintptr_t(7));

@@ -1,16 +1,16 @@
 #pragma once
-// Batch normalization on Cuda over NCHW values (kernels/batch_norm.hpp has the math both spaces share).
-// Training: one block per channel reduces the channel's (batch, plane) values in double, in a fixed
-// order (per-thread strided partial sums, then a shared-memory tree), so the result does not depend
-// on timing; the same block then normalizes the channel. Evaluation: one elementwise kernel with the
-// running statistics. Backward: one block per channel, the sums of dz and dz * xhat, then dx.
+// Batch normalization on Cuda over NCHW values (kernels/batch_norm.hpp has the math both spaces share,
+// kernels/cuda/batch_norm_split.hpp what each thread of these kernels does).
+// Training: two kernels over (channels x chunks) blocks. The first takes each block's sums in double
+// (per-thread sums, then a fixed tree over the block) into the scratch; the second adds a channel's
+// partials up in chunk order, so the result does not depend on timing, and normalizes (forward) or
+// differentiates (backward) its block's values. Forward: the shifted sums of x, the mean and variance
+// in one pass. Backward: the sums of dz and dz xhat, then dx and the parameter gradients. Evaluation:
+// one elementwise kernel with the running statistics.
 //
-// SyncBatchNorm (a ReplicaSum): the same per-channel pieces as separate kernels, the sums added over
-// the replicas on the stream between them (forward: the sums, then the squared deviations from the
+// SyncBatchNorm (a ReplicaSum): one block per channel (a split of one chunk), the sums added over the
+// replicas on the stream between the kernels (forward: the sums, then the squared deviations from the
 // global mean; backward: the sums of dz and dz xhat).
-//
-// One block per channel leaves most SMs idle for narrow layers at small batches; a split over the
-// batch with a second pass is the known next step (see docs/PERFORMANCE.md when measured).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -18,6 +18,7 @@
 #include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/bf16.hpp"
+#include "fusedp/kernels/cuda/batch_norm_split.hpp"
 #include "fusedp/kernels/cuda/launch.cuh"
 
 #include <cstddef>
@@ -33,118 +34,124 @@ struct BatchNormExtents {
 };
 
 namespace detail {
-inline constexpr int batch_norm_threads = 256;
+inline constexpr int batch_norm_threads = BatchNormSplit::threads;
+inline constexpr int batch_norm_warps = batch_norm_threads / 32;
 
-// The sum over the block of one double per thread (every thread gets it).
-__device__ FUSEDP_ALWAYS_INLINE double block_sum(double v, double* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = batch_norm_threads / 2; s > 0; s /= 2) {
-    if (int(threadIdx.x) < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
+// The sums over the block of two doubles per thread, in a fixed order: a shuffle tree in each warp,
+// then the warps' sums in warp order (every thread gets them). `shared`: 2 x batch_norm_warps doubles.
+__device__ FUSEDP_ALWAYS_INLINE void block_sums(double& a, double& b, double* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    a += __shfl_down_sync(0xffffffffu, a, offset);
+    b += __shfl_down_sync(0xffffffffu, b, offset);
   }
-  const double r = shared[0];
+  if (threadIdx.x % 32 == 0) {
+    shared[2 * (threadIdx.x / 32)] = a;
+    shared[2 * (threadIdx.x / 32) + 1] = b;
+  }
   __syncthreads();
-  return r;
+  a = 0;
+  b = 0;
+  for (int w = 0; w < batch_norm_warps; ++w) {
+    a += shared[2 * w];
+    b += shared[2 * w + 1];
+  }
 }
 
-// Where value k of channel c's (batch, plane) values lies in NCHW.
-__device__ FUSEDP_ALWAYS_INLINE std::size_t channel_at(const BatchNormExtents& g, int c, std::size_t k) {
-  return (k / g.plane * g.channels + c) * std::size_t(g.plane) + k % g.plane;
-}
-__device__ FUSEDP_ALWAYS_INLINE std::size_t channel_count(const BatchNormExtents& g) {
-  return std::size_t(g.batch) * g.plane;
-}
-// Channel c's sum over the block (every thread gets it).
+// The shift of channel c's shifted sums: its first value.
 template <class X>
-__device__ FUSEDP_ALWAYS_INLINE double channel_sum(const BatchNormExtents& g, int c, const X* x, double* shared) {
-  double sum = 0;
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads)
-    sum += double(to_float(x[channel_at(g, c, k)]));
-  return block_sum(sum, shared);
+__device__ FUSEDP_ALWAYS_INLINE double channel_shift(const BatchNormSplit& sp, int c, const X* x) {
+  return double(to_float(x[sp.at(c, 0)]));
 }
-// Channel c's sum of squared deviations from `mean` over the block.
-template <class X>
-__device__ FUSEDP_ALWAYS_INLINE double channel_squares(const BatchNormExtents& g, int c, const X* x, double mean,
-                                                       double* shared) {
-  double sq = 0;
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
-    const double d = double(to_float(x[channel_at(g, c, k)])) - mean;
-    sq += d * d;
-  }
-  return block_sum(sq, shared);
-}
-// Training, once channel c's mean and biased variance over `count` values are known: the state, the
-// running update and the normalized values. X, Y, A: the elements x, y and add are stored in (float,
-// or BFloat16 on a Bf16 model where the plan stores them so: net/residual.hpp, net/cuda_plan.hpp).
+
+// Training, once channel c's mean and biased variance over `count` values are known: the state and the
+// running update (the channel's first block), and block `chunk`'s normalized values. X, Y, A: the
+// elements x, y and add are stored in (float, or BFloat16 on a Bf16 model where the plan stores them
+// so: net/residual.hpp, net/cuda_plan.hpp).
 template <class Epi, class X, class Y, class A>
-__device__ FUSEDP_ALWAYS_INLINE void finish_channel(const BatchNormExtents& g, int c, const BatchNormState& s,
-                                                    double mean, double var, double count, double momentum,
-                                                    double eps, const float* gamma, const float* beta, float* state,
-                                                    const X* x, Y* y, float* z, const A* add, bool bf16) {
+__device__ FUSEDP_ALWAYS_INLINE void finish_chunk(const BatchNormSplit& sp, int c, int chunk, const BatchNormState& s,
+                                                  double mean, double var, double count, double momentum,
+                                                  double eps, const float* gamma, const float* beta, float* state,
+                                                  const X* x, Y* y, float* z, const A* add, bool bf16) {
   const BatchNormChannel<float> ch{float(mean), batch_norm_invstd<float>(var, eps), gamma ? gamma[c] : 1.0f,
                                    beta ? beta[c] : 0.0f};
-  if (threadIdx.x == 0) {
+  if (chunk == 0 && threadIdx.x == 0) {
     state[s.batch_mean() + c] = ch.mean;
     state[s.batch_invstd() + c] = ch.invstd;
     batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, count, momentum);
     if (c == 0) state[s.batches_tracked()] += 1.0f;
   }
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
-    const std::size_t i = channel_at(g, c, k);
-    const float xi = to_float(x[i]);
-    const float v = add ? ch.normalize(xi) + to_float(add[i]) : ch.normalize(xi);
-    if constexpr (Epi::saves_input) z[i] = v;
-    store_element(y + i, stored_value(Epi::apply(v), bf16));
-  }
+  batch_norm_normalize_thread<Epi>(sp, c, chunk, int(threadIdx.x), ch, x, y, z, add, bf16);
 }
 
+// Training alone, first kernel: each block's shifted sums of x (partials[2 b], partials[2 b + 1]).
+template <class X>
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_partial_sums_kernel(BatchNormSplit sp, const X* x, double* partials) {
+  kernel_prologue();
+  __shared__ double shared[2 * batch_norm_warps];
+  int c, chunk;
+  sp.block(int(blockIdx.x), c, chunk);
+  double sum, squares;
+  batch_norm_thread_sums(sp, c, chunk, int(threadIdx.x), x, channel_shift(sp, c, x), sum, squares);
+  block_sums(sum, squares, shared);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = sum;
+    partials[2 * blockIdx.x + 1] = squares;
+  }
+}
+// Training alone, second kernel: the channel's statistics from the partials, then its block's values.
 template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_train_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
-                            const float* beta, float* state, const X* x, Y* y, float* z, const A* add, bool bf16) {
+    batch_norm_train_kernel(BatchNormSplit sp, BatchNormState s, double momentum, double eps, const float* gamma,
+                            const float* beta, float* state, const X* x, Y* y, float* z, const A* add, bool bf16,
+                            const double* partials) {
   kernel_prologue();
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  const double count = double(channel_count(g));
-  const double mean = channel_sum(g, c, x, shared) / count;
-  const double var = channel_squares(g, c, x, mean, shared) / count;
-  finish_channel<Epi>(g, c, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
+  int c, chunk;
+  sp.block(int(blockIdx.x), c, chunk);
+  double sum, squares, mean, var;
+  batch_norm_channel_totals(sp, partials, c, sum, squares);
+  const double count = double(sp.count);
+  batch_norm_shifted_moments(channel_shift(sp, c, x), sum, squares, count, mean, var);
+  finish_chunk<Epi>(sp, c, chunk, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
 }
 
-// SyncBatchNorm's phases, one block per channel, the sums added over the replicas in between.
-// sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
+// SyncBatchNorm's phases, one block per channel (sp has one chunk), the sums added over the replicas in
+// between. sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
 template <class X>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_sum_kernel(BatchNormExtents g, const X* x, double* sums) {
+    batch_norm_sum_kernel(BatchNormSplit sp, const X* x, double* sums) {
   kernel_prologue();
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  const double sum = channel_sum(g, c, x, shared);
+  __shared__ double shared[2 * batch_norm_warps];
+  const int c = int(blockIdx.x);
+  double sum, squares;
+  batch_norm_thread_sums(sp, c, 0, int(threadIdx.x), x, 0.0, sum, squares);
+  block_sums(sum, squares, shared);
   if (threadIdx.x == 0) {
     sums[c] = sum;
-    if (c == 0) sums[g.channels] = double(channel_count(g));
+    if (c == 0) sums[sp.channels] = double(sp.count);
   }
 }
 template <class X>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_squares_kernel(BatchNormExtents g, const X* x, const double* sums, double* squares) {
+    batch_norm_squares_kernel(BatchNormSplit sp, const X* x, const double* sums, double* squares) {
   kernel_prologue();
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  const double sq = channel_squares(g, c, x, sums[c] / sums[g.channels], shared);
+  __shared__ double shared[2 * batch_norm_warps];
+  const int c = int(blockIdx.x);
+  double deviation, sq;
+  batch_norm_thread_sums(sp, c, 0, int(threadIdx.x), x, sums[c] / sums[sp.channels], deviation, sq);
+  block_sums(deviation, sq, shared);
   if (threadIdx.x == 0) squares[c] = sq;
 }
 template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_finish_kernel(BatchNormExtents g, BatchNormState s, double momentum, double eps, const float* gamma,
+    batch_norm_finish_kernel(BatchNormSplit sp, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const X* x, Y* y, float* z, const double* sums,
                              const double* squares, const A* add, bool bf16) {
   kernel_prologue();
-  const int c = blockIdx.x;
-  const double count = sums[g.channels];
-  finish_channel<Epi>(g, c, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
-                      z, add, bf16);
+  const int c = int(blockIdx.x);
+  const double count = sums[sp.channels];
+  finish_chunk<Epi>(sp, c, 0, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
+                    z, add, bf16);
 }
 
 template <class Epi, class X, class Y, class A>
@@ -165,118 +172,91 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
   }
 }
 
-// Applies the epilogue's derivative to channel c's dy in place (stored as DY: in 16 bits only where the
-// derivative is a mask, so that dz is a bf16 value too); its sums of dz and dz xhat over the block, and
-// (thread 0) its parameter gradients, this batch's part.
+// Backward, first kernel: applies the epilogue's derivative to dy in place (stored as DY: in 16 bits
+// only where the derivative is a mask, so that dz is a bf16 value too) and writes each block's sums of
+// dz and dz xhat (partials[2 b], partials[2 b + 1]) and the value count (partials[2 blocks]).
+// dgamma, dbeta: written here only by SyncBatchNorm's one-chunk split (this replica's part, before the
+// sums are added over the replicas); null otherwise.
 template <class Epi, class X, class Y, class DY>
-__device__ FUSEDP_ALWAYS_INLINE void gradient_sums(const BatchNormExtents& g, int c, const BatchNormState& s,
-                                                   const float* state, const X* x, const Y* y,
-                                                   const float* z, DY* dy, float* dgamma, float* dbeta,
-                                                   double* shared, double& sum_dz, double& sum_dz_xhat) {
-  const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
-  sum_dz = 0;
-  sum_dz_xhat = 0;
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
-    const std::size_t i = channel_at(g, c, k);
-    float d = to_float(dy[i]);
-    if constexpr (!Epi::empty) {
-      const float yi = to_float(y[i]);
-      d *= Epi::derivative(z ? z[i] : yi, yi);
-      store_element(dy + i, d);
-    }
-    sum_dz += double(d);
-    sum_dz_xhat += double(d) * double((to_float(x[i]) - mean) * invstd);
-  }
-  sum_dz = block_sum(sum_dz, shared);
-  sum_dz_xhat = block_sum(sum_dz_xhat, shared);
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_gradient_sums_kernel(BatchNormSplit sp, BatchNormState s, const float* state, const X* x,
+                                    const Y* y, const float* z, DY* dy, float* dgamma, float* dbeta,
+                                    double* partials) {
+  kernel_prologue();
+  __shared__ double shared[2 * batch_norm_warps];
+  int c, chunk;
+  sp.block(int(blockIdx.x), c, chunk);
+  double sum_dz, sum_dz_xhat;
+  batch_norm_gradient_thread<Epi>(sp, c, chunk, int(threadIdx.x), state[s.batch_mean() + c],
+                                  state[s.batch_invstd() + c], x, y, z, dy, sum_dz, sum_dz_xhat);
+  block_sums(sum_dz, sum_dz_xhat, shared);
   if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = sum_dz;
+    partials[2 * blockIdx.x + 1] = sum_dz_xhat;
+    if (blockIdx.x == 0) partials[sp.count_at()] = double(sp.count);
     if (dgamma) dgamma[c] = float(sum_dz_xhat);
     if (dbeta) dbeta[c] = float(sum_dz);
   }
 }
-template <class X, class DY, class DX>
-__device__ FUSEDP_ALWAYS_INLINE void input_gradient(const BatchNormExtents& g, int c, const BatchNormState& s,
-                                                    const float* gamma, const float* state, const X* x,
-                                                    const DY* dy, DX* dx, double sum_dz, double sum_dz_xhat,
-                                                    double count, bool bf16) {
-  const float mean = state[s.batch_mean() + c], invstd = state[s.batch_invstd() + c];
-  const float gm = gamma ? gamma[c] : 1.0f;
-  for (std::size_t k = threadIdx.x; k < channel_count(g); k += batch_norm_threads) {
-    const std::size_t i = channel_at(g, c, k);
-    store_element(dx + i, stored_value(batch_norm_input_gradient(to_float(dy[i]), (to_float(x[i]) - mean) * invstd, gm,
-                                                                 invstd, sum_dz, sum_dz_xhat, count),
-                                       bf16));
-  }
-}
-
-template <class Epi, class X, class Y, class DY, class DX>
-__global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_backward_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                               const X* x, const Y* y, const float* z, DY* dy, DX* dx, float* dgamma,
-                               float* dbeta, bool bf16) {
-  kernel_prologue();
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  double sum_dz, sum_dz_xhat;
-  gradient_sums<Epi>(g, c, s, state, x, y, z, dy, dgamma, dbeta, shared, sum_dz, sum_dz_xhat);
-  if (dx) input_gradient(g, c, s, gamma, state, x, dy, dx, sum_dz, sum_dz_xhat, double(channel_count(g)), bf16);
-}
-
-// SyncBatchNorm's backward: sums[c] and sums[channels + c] channel c's sums of dz and dz xhat,
-// sums[2 channels] the value count, added over the replicas between the two kernels.
-template <class Epi, class X, class Y, class DY>
-__global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_gradient_sums_kernel(BatchNormExtents g, BatchNormState s, const float* state, const X* x,
-                                    const Y* y, const float* z, DY* dy, float* dgamma, float* dbeta,
-                                    double* sums) {
-  kernel_prologue();
-  __shared__ double shared[batch_norm_threads];
-  const int c = blockIdx.x;
-  double sum_dz, sum_dz_xhat;
-  gradient_sums<Epi>(g, c, s, state, x, y, z, dy, dgamma, dbeta, shared, sum_dz, sum_dz_xhat);
-  if (threadIdx.x == 0) {
-    sums[c] = sum_dz;
-    sums[g.channels + c] = sum_dz_xhat;
-    if (c == 0) sums[2 * g.channels] = double(channel_count(g));
-  }
-}
+// Backward, second kernel: the channel's sums from the partials (in chunk order), then dx over its
+// block's values (where dx is wanted) and, alone (dgamma, dbeta not null), the parameter gradients.
 template <class X, class DY, class DX>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_input_gradient_kernel(BatchNormExtents g, BatchNormState s, const float* gamma, const float* state,
-                                     const X* x, const DY* dy, DX* dx, const double* sums, bool bf16) {
+    batch_norm_input_gradient_kernel(BatchNormSplit sp, BatchNormState s, const float* gamma, const float* state,
+                                     const X* x, const DY* dy, DX* dx, float* dgamma, float* dbeta,
+                                     const double* partials, bool bf16) {
   kernel_prologue();
-  const int c = blockIdx.x;
-  input_gradient(g, c, s, gamma, state, x, dy, dx, sums[c], sums[g.channels + c], sums[2 * g.channels], bf16);
+  int c, chunk;
+  sp.block(int(blockIdx.x), c, chunk);
+  double sum_dz, sum_dz_xhat;
+  batch_norm_channel_totals(sp, partials, c, sum_dz, sum_dz_xhat);
+  if (chunk == 0 && threadIdx.x == 0) {
+    if (dgamma) dgamma[c] = float(sum_dz_xhat);
+    if (dbeta) dbeta[c] = float(sum_dz);
+  }
+  if (dx)
+    batch_norm_input_gradient_thread(sp, c, chunk, int(threadIdx.x), gamma ? gamma[c] : 1.0f,
+                                     state[s.batch_mean() + c], state[s.batch_invstd() + c], x, dy, dx, sum_dz,
+                                     sum_dz_xhat, partials[sp.count_at()], bf16);
 }
 }  // namespace detail
 
-/// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract; with `sync`,
-/// `sums` is batch_norm_sync_doubles(channels) doubles of device memory). `bf16`: y stored as bf16 values.
-/// X, Y, A: the elements x, y and `add` are stored in (float, or kernels::BFloat16); z is fp32.
+/// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract). `sums`: in training,
+/// batch_norm_scratch_doubles(batch, channels, plane) doubles of device memory (the partial sums, or with
+/// `sync` SyncBatchNorm's). `bf16`: y stored as bf16 values. X, Y, A: the elements x, y and `add` are
+/// stored in (float, or kernels::BFloat16); z is fp32. Training needs batch x plane <=
+/// BatchNormSplit::most_values (the layer checks it), and y, z and add apart from x: every block of a
+/// channel reads the channel's first x (the shift) while the first block writes its y.
 template <class Epi, class X = float, class Y = float, class A = float>
 void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
                         const X* x, Y* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
                         const std::type_identity_t<A>* add = nullptr, bool bf16 = false) {
-  const unsigned blocks = unsigned(g.channels);
+  constexpr int threads = detail::batch_norm_threads;
   if (training && !sync) {
-    launch<detail::batch_norm_train_kernel<Epi, X, Y, A>>("batch_norm_train_kernel", blocks, detail::batch_norm_threads, 0,
-                                                 stream, g, s, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
+    const auto sp = BatchNormSplit::training(g.batch, g.channels, g.plane);
+    launch<detail::batch_norm_partial_sums_kernel<X>>("batch_norm_partial_sums_kernel", unsigned(sp.blocks()), threads,
+                                                      0, stream, sp, x, sums);
+    launch<detail::batch_norm_train_kernel<Epi, X, Y, A>>("batch_norm_train_kernel", unsigned(sp.blocks()), threads, 0,
+                                                          stream, sp, s, momentum, eps, gamma, beta, state, x, y, z,
+                                                          add, bf16, static_cast<const double*>(sums));
   } else if (training) {
+    const BatchNormSplit sp{g.batch, g.channels, g.plane, 1};
     double* squares = sums + g.channels + 1;
-    launch<detail::batch_norm_sum_kernel<X>>("batch_norm_sum_kernel", blocks, detail::batch_norm_threads, 0, stream, g, x,
-                                          sums);
+    launch<detail::batch_norm_sum_kernel<X>>("batch_norm_sum_kernel", unsigned(g.channels), threads, 0, stream, sp, x,
+                                             sums);
     sync(sums, std::size_t(g.channels) + 1, stream);
-    launch<detail::batch_norm_squares_kernel<X>>("batch_norm_squares_kernel", blocks, detail::batch_norm_threads, 0,
-                                              stream, g, x, sums, squares);
+    launch<detail::batch_norm_squares_kernel<X>>("batch_norm_squares_kernel", unsigned(g.channels), threads, 0, stream,
+                                                 sp, x, static_cast<const double*>(sums), squares);
     sync(squares, std::size_t(g.channels), stream);
-    launch<detail::batch_norm_finish_kernel<Epi, X, Y, A>>("batch_norm_finish_kernel", blocks, detail::batch_norm_threads, 0,
-                                                  stream, g, s, momentum, eps, gamma, beta, state, x, y, z, sums,
-                                                  squares, add, bf16);
+    launch<detail::batch_norm_finish_kernel<Epi, X, Y, A>>(
+        "batch_norm_finish_kernel", unsigned(g.channels), threads, 0, stream, sp, s, momentum, eps, gamma, beta, state,
+        x, y, z, static_cast<const double*>(sums), static_cast<const double*>(squares), add, bf16);
   } else {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
-    launch<detail::batch_norm_eval_kernel<Epi, X, Y, A>>("batch_norm_eval_kernel", elementwise_blocks(n), elementwise_threads, 0,
-                                                stream, g, s, eps, gamma, beta, state, x, y, z, add, bf16);
+    launch<detail::batch_norm_eval_kernel<Epi, X, Y, A>>("batch_norm_eval_kernel", elementwise_blocks(n),
+                                                         elementwise_threads, 0, stream, g, s, eps, gamma, beta, state,
+                                                         x, y, z, add, bf16);
   }
 }
 
@@ -288,20 +268,23 @@ void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const B
                          const float* state, const X* x, const Y* y, const float* z, DY* dy, DX* dx,
                          float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr,
                          bool bf16 = false) {
-  const unsigned blocks = unsigned(g.channels);
-  if (!sync) {
-    launch<detail::batch_norm_backward_kernel<Epi, X, Y, DY, DX>>("batch_norm_backward_kernel", blocks, detail::batch_norm_threads, 0,
-                                                    stream, g, s, gamma, state, x, y, z, dy, dx, dgamma, dbeta, bf16);
+  constexpr int threads = detail::batch_norm_threads;
+  // SyncBatchNorm: this replica's parameter gradients from its own sums, before they are added up.
+  const auto sp = sync ? BatchNormSplit{g.batch, g.channels, g.plane, 1}
+                       : BatchNormSplit::training(g.batch, g.channels, g.plane);
+  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y, DY>>(
+      "batch_norm_gradient_sums_kernel", unsigned(sp.blocks()), threads, 0, stream, sp, s, state, x, y, z, dy,
+      sync ? dgamma : nullptr, sync ? dbeta : nullptr, sums);
+  if (sync) {
+    sync(sums, sp.partial_doubles(), stream);
+    if (!dx) return;
+  } else if (!dx && !dgamma && !dbeta) {
     return;
   }
-  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y, DY>>("batch_norm_gradient_sums_kernel", blocks,
-                                                       detail::batch_norm_threads, 0, stream, g, s, state, x, y, z, dy,
-                                                       dgamma, dbeta, sums);
-  sync(sums, batch_norm_sync_doubles(std::size_t(g.channels)), stream);
-  if (!dx) return;
-  launch<detail::batch_norm_input_gradient_kernel<X, DY, DX>>("batch_norm_input_gradient_kernel", blocks,
-                                                   detail::batch_norm_threads, 0, stream, g, s, gamma, state, x, dy, dx,
-                                                   sums, bf16);
+  launch<detail::batch_norm_input_gradient_kernel<X, DY, DX>>(
+      "batch_norm_input_gradient_kernel", unsigned(sp.blocks()), threads, 0, stream, sp, s, gamma, state, x,
+      static_cast<const DY*>(dy), dx, sync ? nullptr : dgamma, sync ? nullptr : dbeta,
+      static_cast<const double*>(sums), bf16);
 }
 
 }  // namespace fusedp::kernels::cuda
