@@ -256,10 +256,10 @@ static_assert(!fp::reads_16bit_input<Wide<fp::Conv2d<16, 3, 2, 1, fp::no_bias>>,
               fp::reads_16bit_input<fp::Conv2d<16, 1, 2, 0, fp::no_bias>, S16>());
 
 // Gradients (and running statistics) of two replicas that share their BatchNorms' sums (SyncBatchNorm's
-// passes, through PairSum) over shards of 6 and 4 samples.
-template <class Net, class Space>
+// passes, through PairSum) over shards of `first` and batch - first samples (6 and 4).
+template <class Net, class Space, std::size_t batch = 10, std::size_t first = 6>
 std::array<std::vector<float>, 4> synchronized_shards(const std::vector<float>& x, const std::vector<std::int32_t>& y) {
-  constexpr std::size_t batch = 10, first = 6, in = Net::input_shape::size;
+  constexpr std::size_t in = Net::input_shape::size;
   std::array<fp::Model<Net, Space>, 2> replicas{fp::Model<Net, Space>{fp::seed(6), make_space<Space>()},
                                                 fp::Model<Net, Space>{fp::seed(6), make_space<Space>()}};
   PairSum pair;
@@ -348,18 +348,17 @@ TEST_CASE("ResNet-18 trains on Cuda: the loss of a repeated batch falls and stay
   CHECK(last < 0.5f * first);
 }
 
-TEST_CASE_TEMPLATE("SyncBatchNorm's passes: two replicas' shards compute what one model computes on the whole batch",
-                   Space, fp::Host, fp::CudaFp32) {
-  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
-  using Net = NormMlp;
-  constexpr std::size_t batch = 10, first = 6, in = Net::input_shape::size;  // shards of 6 and 4
-  const auto x = random_values(batch * in, 80);
-  const auto y = labels_for(batch, 10, 81);
+namespace {
+template <class Net, class Space, std::size_t batch, std::size_t first>
+void synchronized_like_one(std::uint64_t stream) {
+  constexpr std::size_t in = Net::input_shape::size;
+  const auto x = random_values(batch * in, stream);
+  const auto y = labels_for(batch, 10, stream + 1);
   const std::span<const float> xs(x);
   const std::span<const std::int32_t> ys(y);
   fp::Model<Net, Space> one{fp::seed(6), make_space<Space>()};
   (void)one.compute_gradients(xs, ys, fp::SoftmaxCrossEntropy{});
-  const auto shards = synchronized_shards<Net, Space>(x, y);  // both replicas' gradients, then buffers
+  const auto shards = synchronized_shards<Net, Space, batch, first>(x, y);  // both replicas' gradients, then buffers
   std::vector<float> sum = shards[0];
   for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += shards[1][i];
   const std::vector<float> want = grads_on_host(one);
@@ -372,6 +371,18 @@ TEST_CASE_TEMPLATE("SyncBatchNorm's passes: two replicas' shards compute what on
   fp::Model<Net, Space> alone{fp::seed(6), make_space<Space>()};
   (void)alone.compute_gradients(xs.first(first * in), ys.first(first), fp::SoftmaxCrossEntropy{}, {}, batch);
   CHECK(relative_error(grads_on_host(alone), shards[0]) > 1e-3);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("SyncBatchNorm's passes: two replicas' shards compute what one model computes on the whole batch",
+                   Space, fp::Host, fp::CudaFp32) {
+  FUSEDP_GPU_REQUIRE_DEVICE_FOR(Space);
+  synchronized_like_one<NormMlp, Space, 10, 6>(80);  // shards of 6 and 4
+  // Shards of 18 and 10 samples of 32 x 32 split their BatchNorms into 4 and 2 chunks a channel on Cuda:
+  // the replicas' totals, not their partials, are added up.
+  static_assert(fp::kernels::cuda::BatchNormSplit::training(18, 4, 32 * 32).chunks == 4 &&
+                fp::kernels::cuda::BatchNormSplit::training(10, 4, 32 * 32).chunks == 2);
+  synchronized_like_one<SplitNorm, Space, 28, 18>(82);
 }
 
 // Issue 17: with BatchNorm and blocks, the GEMMs update the stem conv and the classifier and one pass the

@@ -147,7 +147,7 @@ void emulate_forward(const Extents& e, const std::vector<X>& x, std::vector<Y>& 
     int c, j;
     sp.block(b, c, j);
     double s1, s2, m, v;
-    k::cuda::batch_norm_channel_totals(sp, partials.data(), c, s1, s2);
+    k::cuda::batch_norm_channel_totals(partials.data(), sp.chunks, c, s1, s2);
     k::cuda::batch_norm_shifted_moments(shift(c), s1, s2, double(sp.count), m, v);
     if (j == 0) {
       mean[std::size_t(c)] = m;
@@ -270,7 +270,7 @@ TEST_CASE("BatchNorm's Cuda backward, emulated: dz in place, the parameter gradi
       int c, j;
       sp.block(b, c, j);
       double sdz, sdzx;
-      k::cuda::batch_norm_channel_totals(sp, partials.data(), c, sdz, sdzx);
+      k::cuda::batch_norm_channel_totals(partials.data(), sp.chunks, c, sdz, sdzx);
       if (j == 0) {
         dbeta[std::size_t(c)] = sdz;
         dgamma[std::size_t(c)] = sdzx;
@@ -304,5 +304,154 @@ TEST_CASE("BatchNorm's Cuda backward, emulated: dz in place, the parameter gradi
           REQUIRE(std::abs(dx[i] - want) <= 1e-5 * (1 + std::abs(want)));
         }
     }
+  }
+}
+
+namespace {
+
+// A pass's first kernel over every block: per_thread(c, chunk, t, a, b) gives thread t's two sums; the
+// partials as the kernel writes them, and the value count after them.
+template <class PerThread>
+std::vector<double> emulate_partials(const BatchNormSplit& sp, const PerThread& per_thread) {
+  std::vector<double> partials(sp.partial_doubles(), std::nan(""));
+  for (int b = 0; b < sp.blocks(); ++b) {
+    int c, j;
+    sp.block(b, c, j);
+    std::vector<double> a(threads), g(threads);
+    for (int t = 0; t < threads; ++t) per_thread(c, j, t, a[std::size_t(t)], g[std::size_t(t)]);
+    partials[std::size_t(2 * b)] = block_sum(a);
+    partials[std::size_t(2 * b + 1)] = block_sum(g);
+  }
+  partials[std::size_t(sp.count_at())] = double(sp.count);
+  return partials;
+}
+// batch_norm_combine_kernel: every channel's totals from a replica's partials.
+std::vector<double> emulate_combine(const BatchNormSplit& sp, const std::vector<double>& partials) {
+  std::vector<double> totals(sp.totals_doubles(), std::nan(""));
+  for (int c = 0; c < sp.channels; ++c) k::cuda::batch_norm_combine_channel(sp, partials.data(), c, totals.data());
+  return totals;
+}
+// The replicas' ReplicaSum: element by element.
+std::vector<double> added(const std::vector<std::vector<double>>& each) {
+  std::vector<double> sum(each[0].size(), 0.0);
+  for (const auto& v : each) {
+    REQUIRE(v.size() == sum.size());  // every replica's totals have the same layout, whatever its shard
+    for (std::size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("SyncBatchNorm's Cuda passes, emulated over replicas split otherwise: the statistics and gradients of "
+          "all their values") {
+  using Epi = k::Epilogue<k::Relu>;
+  // Shards of 20, 9 and 3 samples of 2 x 32 x 32: 5, 2 and 1 chunks a channel.
+  const int channels = 2, plane = 1024;
+  const std::vector<int> shards{20, 9, 3};
+  std::vector<BatchNormSplit> splits;
+  std::vector<std::vector<float>> xs;
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    splits.push_back(BatchNormSplit::training(shards[r], channels, plane));
+    xs.push_back(random_values(std::size_t(shards[r]) * channels * plane, 3.0f + float(r), 0.5f, 31u + unsigned(r)));
+  }
+  CHECK(splits[0].chunks == 5);
+  CHECK(splits[1].chunks == 2);
+  CHECK(splits[2].chunks == 1);
+  // Forward: the sums, added; the squared deviations from the global mean, added.
+  std::vector<std::vector<double>> each;
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    each.push_back(emulate_combine(splits[r], emulate_partials(splits[r], [&](int c, int j, int t, double& a, double& b) {
+                                     k::cuda::batch_norm_thread_sums(splits[r], c, j, t, xs[r].data(), 0.0, a, b);
+                                   })));
+  const std::vector<double> sums = added(each);
+  each.clear();
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    each.push_back(emulate_combine(splits[r], emulate_partials(splits[r], [&](int c, int j, int t, double& a, double& b) {
+                                     k::cuda::batch_norm_thread_sums(splits[r], c, j, t, xs[r].data(),
+                                                                     sums[std::size_t(2 * c)] / sums[2 * channels], a, b);
+                                   })));
+  const std::vector<double> squares = added(each);
+  const double count = sums[2 * channels];
+  CHECK(count == double((20 + 9 + 3) * plane));
+  std::vector<double> mean(channels), invstd(channels);
+  for (int c = 0; c < channels; ++c) {
+    double s = 0, n = 0;
+    for (std::size_t r = 0; r < shards.size(); ++r)
+      for (int i = 0; i < shards[r]; ++i)
+        for (int p = 0; p < plane; ++p, ++n) s += xs[r][(std::size_t(i) * channels + c) * plane + p];
+    const double m = s / n;
+    double q = 0;
+    for (std::size_t r = 0; r < shards.size(); ++r)
+      for (int i = 0; i < shards[r]; ++i)
+        for (int p = 0; p < plane; ++p) {
+          const double d = xs[r][(std::size_t(i) * channels + c) * plane + p] - m;
+          q += d * d;
+        }
+    CHECK(std::abs(sums[std::size_t(2 * c)] / count - m) <= 1e-13 * std::abs(m));
+    CHECK(std::abs(squares[std::size_t(2 * c + 1)] / count - q / n) <= 1e-12 * q / n);
+    mean[std::size_t(c)] = m;
+    invstd[std::size_t(c)] = 1 / std::sqrt(q / n + 1e-5);
+  }
+  // Backward: each replica's dz sums, its own parameter gradients from them, then the added totals.
+  std::vector<std::vector<float>> dys, dxs;
+  each.clear();
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const auto& sp = splits[r];
+    const auto y = random_values(xs[r].size(), 0.0f, 1.0f, 41u + unsigned(r));
+    dys.push_back(random_values(xs[r].size(), 0.0f, 1.0f, 51u + unsigned(r)));
+    std::vector<float> dy = dys[r];
+    for (std::size_t i = 0; i < dy.size(); ++i) dys[r][i] = y[i] > 0 ? dys[r][i] : 0.0f;  // dz, for the reference
+    const auto partials = emulate_partials(sp, [&](int c, int j, int t, double& a, double& b) {
+      k::cuda::batch_norm_gradient_thread<Epi>(sp, c, j, t, float(mean[std::size_t(c)]),
+                                               float(invstd[std::size_t(c)]), xs[r].data(), y.data(),
+                                               static_cast<const float*>(nullptr), dy.data(), a, b);
+    });
+    CHECK(dy == dys[r]);
+    each.push_back(emulate_combine(sp, partials));
+    dxs.push_back(std::move(dy));  // dz, which the input gradient reads
+  }
+  const std::vector<double> totals = added(each);
+  CHECK(totals[2 * channels] == count);
+  for (int c = 0; c < channels; ++c) {
+    double sdz = 0, sdzx = 0;
+    for (std::size_t r = 0; r < shards.size(); ++r) {
+      double own = 0;
+      for (int i = 0; i < shards[r]; ++i)
+        for (int p = 0; p < plane; ++p) {
+          const std::size_t at = (std::size_t(i) * channels + c) * plane + p;
+          const double xhat = double(float((xs[r][at] - float(mean[std::size_t(c)])) * float(invstd[std::size_t(c)])));
+          own += dys[r][at];
+          sdz += dys[r][at];
+          sdzx += dys[r][at] * xhat;
+        }
+      CHECK(std::abs(each[r][std::size_t(2 * c)] - own) <= 1e-12 * (1 + std::abs(own)));  // this replica's dbeta
+    }
+    CHECK(std::abs(totals[std::size_t(2 * c)] - sdz) <= 1e-12 * (1 + std::abs(sdz)));
+    CHECK(std::abs(totals[std::size_t(2 * c + 1)] - sdzx) <= 1e-9 * (1 + std::abs(sdzx)));
+  }
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const auto& sp = splits[r];
+    std::vector<float> dx(xs[r].size(), std::nanf(""));
+    for (int b = 0; b < sp.blocks(); ++b) {
+      int c, j;
+      sp.block(b, c, j);
+      double a, g;
+      k::cuda::batch_norm_channel_totals(totals.data(), 1, c, a, g);
+      for (int t = 0; t < threads; ++t)
+        k::cuda::batch_norm_input_gradient_thread(sp, c, j, t, 1.0f, float(mean[std::size_t(c)]),
+                                                  float(invstd[std::size_t(c)]), xs[r].data(), dxs[r].data(),
+                                                  dx.data(), a, g, totals[2 * channels], false);
+    }
+    for (int c = 0; c < channels; ++c)
+      for (int i = 0; i < shards[r]; ++i)
+        for (int p = 0; p < plane; ++p) {
+          const std::size_t at = (std::size_t(i) * channels + c) * plane + p;
+          const double xhat = (double(xs[r][at]) - float(mean[std::size_t(c)])) * float(invstd[std::size_t(c)]);
+          const double want = double(float(invstd[std::size_t(c)])) *
+                              (dys[r][at] - totals[std::size_t(2 * c)] / count -
+                               xhat * totals[std::size_t(2 * c + 1)] / count);
+          REQUIRE(std::abs(dx[at] - want) <= 1e-5 * (1 + std::abs(want)));
+        }
   }
 }

@@ -8,9 +8,9 @@
 // in one pass. Backward: the sums of dz and dz xhat, then dx and the parameter gradients. Evaluation:
 // one elementwise kernel with the running statistics.
 //
-// SyncBatchNorm (a ReplicaSum): one block per channel (a split of one chunk), the sums added over the
-// replicas on the stream between the kernels (forward: the sums, then the squared deviations from the
-// global mean; backward: the sums of dz and dz xhat).
+// SyncBatchNorm (a ReplicaSum): the same split, each pass's partials combined into per-channel totals
+// that the replicas add up on the stream between the kernels (forward: the sums, then the squared
+// deviations from the global mean; backward: the sums of dz and dz xhat).
 #include "fusedp/core/config.hpp"
 
 #if FUSEDP_HAS_CUDA
@@ -83,23 +83,45 @@ __device__ FUSEDP_ALWAYS_INLINE void finish_chunk(const BatchNormSplit& sp, int 
   batch_norm_normalize_thread<Epi>(sp, c, chunk, int(threadIdx.x), ch, x, y, z, add, bf16);
 }
 
-// Training alone, first kernel: each block's shifted sums of x (partials[2 b], partials[2 b + 1]).
-template <class X>
+// What a pass's first kernel subtracts from x before it sums: the channel's first value (a training
+// pass alone: shifted sums), nothing (SyncBatchNorm's sums), the global mean from the replicas' totals
+// (its squared deviations).
+enum class Shift { first_value, zero, global_mean };
+
+// First kernel of a training forward: each block's sums of x - shift and (x - shift)^2
+// (partials[2 b], partials[2 b + 1]). `totals`: SyncBatchNorm's summed totals (Shift::global_mean).
+template <class X, Shift S>
 __global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_partial_sums_kernel(BatchNormSplit sp, const X* x, double* partials) {
+    batch_norm_partial_sums_kernel(BatchNormSplit sp, const X* x, const double* totals, double* partials) {
   kernel_prologue();
   __shared__ double shared[2 * batch_norm_warps];
   int c, chunk;
   sp.block(int(blockIdx.x), c, chunk);
+  double shift = 0;
+  if constexpr (S == Shift::first_value) shift = channel_shift(sp, c, x);
+  if constexpr (S == Shift::global_mean) shift = totals[2 * c] / totals[2 * sp.channels];
   double sum, squares;
-  batch_norm_thread_sums(sp, c, chunk, int(threadIdx.x), x, channel_shift(sp, c, x), sum, squares);
+  batch_norm_thread_sums(sp, c, chunk, int(threadIdx.x), x, shift, sum, squares);
   block_sums(sum, squares, shared);
   if (threadIdx.x == 0) {
     partials[2 * blockIdx.x] = sum;
     partials[2 * blockIdx.x + 1] = squares;
   }
 }
-// Training alone, second kernel: the channel's statistics from the partials, then its block's values.
+// SyncBatchNorm: this replica's per-channel totals from its partials, one thread a channel (in chunk
+// order), and from them its own parameter gradients (backward; before the replicas add the totals).
+__global__ void __launch_bounds__(batch_norm_threads)
+    batch_norm_combine_kernel(BatchNormSplit sp, const double* partials, double* totals, float* dgamma,
+                              float* dbeta) {
+  kernel_prologue();
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= sp.channels) return;
+  batch_norm_combine_channel(sp, partials, c, totals);
+  if (dgamma) dgamma[c] = float(totals[2 * c + 1]);
+  if (dbeta) dbeta[c] = float(totals[2 * c]);
+}
+// Second kernel of a training pass alone: the channel's statistics from the partials, then its block's
+// values.
 template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_train_kernel(BatchNormSplit sp, BatchNormState s, double momentum, double eps, const float* gamma,
@@ -109,49 +131,25 @@ __global__ void __launch_bounds__(batch_norm_threads)
   int c, chunk;
   sp.block(int(blockIdx.x), c, chunk);
   double sum, squares, mean, var;
-  batch_norm_channel_totals(sp, partials, c, sum, squares);
+  batch_norm_channel_totals(partials, sp.chunks, c, sum, squares);
   const double count = double(sp.count);
   batch_norm_shifted_moments(channel_shift(sp, c, x), sum, squares, count, mean, var);
   finish_chunk<Epi>(sp, c, chunk, s, mean, var, count, momentum, eps, gamma, beta, state, x, y, z, add, bf16);
 }
-
-// SyncBatchNorm's phases, one block per channel (sp has one chunk), the sums added over the replicas in
-// between. sums[c]: channel c's sum, sums[channels]: the value count; squares[c]: its squared deviations.
-template <class X>
-__global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_sum_kernel(BatchNormSplit sp, const X* x, double* sums) {
-  kernel_prologue();
-  __shared__ double shared[2 * batch_norm_warps];
-  const int c = int(blockIdx.x);
-  double sum, squares;
-  batch_norm_thread_sums(sp, c, 0, int(threadIdx.x), x, 0.0, sum, squares);
-  block_sums(sum, squares, shared);
-  if (threadIdx.x == 0) {
-    sums[c] = sum;
-    if (c == 0) sums[sp.channels] = double(sp.count);
-  }
-}
-template <class X>
-__global__ void __launch_bounds__(batch_norm_threads)
-    batch_norm_squares_kernel(BatchNormSplit sp, const X* x, const double* sums, double* squares) {
-  kernel_prologue();
-  __shared__ double shared[2 * batch_norm_warps];
-  const int c = int(blockIdx.x);
-  double deviation, sq;
-  batch_norm_thread_sums(sp, c, 0, int(threadIdx.x), x, sums[c] / sums[sp.channels], deviation, sq);
-  block_sums(deviation, sq, shared);
-  if (threadIdx.x == 0) squares[c] = sq;
-}
+// SyncBatchNorm's last forward kernel: the statistics of every replica's values from the summed totals
+// (`sums`: the sums of x; `squares`: the squared deviations from their mean, at 2 c + 1), then the
+// block's values.
 template <class Epi, class X, class Y, class A>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_finish_kernel(BatchNormSplit sp, BatchNormState s, double momentum, double eps, const float* gamma,
                              const float* beta, float* state, const X* x, Y* y, float* z, const double* sums,
                              const double* squares, const A* add, bool bf16) {
   kernel_prologue();
-  const int c = int(blockIdx.x);
-  const double count = sums[sp.channels];
-  finish_chunk<Epi>(sp, c, 0, s, sums[c] / count, squares[c] / count, count, momentum, eps, gamma, beta, state, x, y,
-                    z, add, bf16);
+  int c, chunk;
+  sp.block(int(blockIdx.x), c, chunk);
+  const double count = sums[2 * sp.channels];
+  finish_chunk<Epi>(sp, c, chunk, s, sums[2 * c] / count, squares[2 * c + 1] / count, count, momentum, eps, gamma,
+                    beta, state, x, y, z, add, bf16);
 }
 
 template <class Epi, class X, class Y, class A>
@@ -175,13 +173,10 @@ __global__ void batch_norm_eval_kernel(BatchNormExtents g, BatchNormState s, dou
 // Backward, first kernel: applies the epilogue's derivative to dy in place (stored as DY: in 16 bits
 // only where the derivative is a mask, so that dz is a bf16 value too) and writes each block's sums of
 // dz and dz xhat (partials[2 b], partials[2 b + 1]) and the value count (partials[2 blocks]).
-// dgamma, dbeta: written here only by SyncBatchNorm's one-chunk split (this replica's part, before the
-// sums are added over the replicas); null otherwise.
 template <class Epi, class X, class Y, class DY>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_gradient_sums_kernel(BatchNormSplit sp, BatchNormState s, const float* state, const X* x,
-                                    const Y* y, const float* z, DY* dy, float* dgamma, float* dbeta,
-                                    double* partials) {
+                                    const Y* y, const float* z, DY* dy, double* partials) {
   kernel_prologue();
   __shared__ double shared[2 * batch_norm_warps];
   int c, chunk;
@@ -194,22 +189,22 @@ __global__ void __launch_bounds__(batch_norm_threads)
     partials[2 * blockIdx.x] = sum_dz;
     partials[2 * blockIdx.x + 1] = sum_dz_xhat;
     if (blockIdx.x == 0) partials[sp.count_at()] = double(sp.count);
-    if (dgamma) dgamma[c] = float(sum_dz_xhat);
-    if (dbeta) dbeta[c] = float(sum_dz);
   }
 }
-// Backward, second kernel: the channel's sums from the partials (in chunk order), then dx over its
-// block's values (where dx is wanted) and, alone (dgamma, dbeta not null), the parameter gradients.
+// Backward, second kernel: the channel's sums from `sums` (two per chunk, `sum_chunks` a channel, in
+// chunk order, then the value count: a pass's partials alone, SyncBatchNorm's summed totals of one
+// chunk), then dx over its block's values (where dx is wanted) and the parameter gradients (where
+// dgamma and dbeta are given: alone).
 template <class X, class DY, class DX>
 __global__ void __launch_bounds__(batch_norm_threads)
     batch_norm_input_gradient_kernel(BatchNormSplit sp, BatchNormState s, const float* gamma, const float* state,
                                      const X* x, const DY* dy, DX* dx, float* dgamma, float* dbeta,
-                                     const double* partials, bool bf16) {
+                                     const double* sums, int sum_chunks, bool bf16) {
   kernel_prologue();
   int c, chunk;
   sp.block(int(blockIdx.x), c, chunk);
   double sum_dz, sum_dz_xhat;
-  batch_norm_channel_totals(sp, partials, c, sum_dz, sum_dz_xhat);
+  batch_norm_channel_totals(sums, sum_chunks, c, sum_dz, sum_dz_xhat);
   if (chunk == 0 && threadIdx.x == 0) {
     if (dgamma) dgamma[c] = float(sum_dz_xhat);
     if (dbeta) dbeta[c] = float(sum_dz);
@@ -217,14 +212,14 @@ __global__ void __launch_bounds__(batch_norm_threads)
   if (dx)
     batch_norm_input_gradient_thread(sp, c, chunk, int(threadIdx.x), gamma ? gamma[c] : 1.0f,
                                      state[s.batch_mean() + c], state[s.batch_invstd() + c], x, dy, dx, sum_dz,
-                                     sum_dz_xhat, partials[sp.count_at()], bf16);
+                                     sum_dz_xhat, sums[2 * sp.channels * sum_chunks], bf16);
 }
 }  // namespace detail
 
 /// Forward of a BatchNorm layer (see kernels/host/batch_norm.hpp for the contract). `sums`: in training,
-/// batch_norm_scratch_doubles(batch, channels, plane) doubles of device memory (the partial sums, or with
-/// `sync` SyncBatchNorm's). `bf16`: y stored as bf16 values. X, Y, A: the elements x, y and `add` are
-/// stored in (float, or kernels::BFloat16); z is fp32. Training needs batch x plane <=
+/// batch_norm_scratch_doubles(batch, channels, plane) doubles of device memory (the partial sums and, with
+/// `sync`, SyncBatchNorm's totals). `bf16`: y stored as bf16 values. X, Y, A: the elements x, y and `add`
+/// are stored in (float, or kernels::BFloat16); z is fp32. Training needs batch x plane <=
 /// BatchNormSplit::most_values (the layer checks it), and y, z and add apart from x: every block of a
 /// channel reads the channel's first x (the shift) while the first block writes its y.
 template <class Epi, class X = float, class Y = float, class A = float>
@@ -232,32 +227,46 @@ void batch_norm_forward(cudaStream_t stream, const BatchNormExtents& g, const Ba
                         double momentum, double eps, const float* gamma, const float* beta, float* state,
                         const X* x, Y* y, float* z, const ReplicaSum& sync = {}, double* sums = nullptr,
                         const std::type_identity_t<A>* add = nullptr, bool bf16 = false) {
+  using detail::Shift;
   constexpr int threads = detail::batch_norm_threads;
-  if (training && !sync) {
-    const auto sp = BatchNormSplit::training(g.batch, g.channels, g.plane);
-    launch<detail::batch_norm_partial_sums_kernel<X>>("batch_norm_partial_sums_kernel", unsigned(sp.blocks()), threads,
-                                                      0, stream, sp, x, sums);
-    launch<detail::batch_norm_train_kernel<Epi, X, Y, A>>("batch_norm_train_kernel", unsigned(sp.blocks()), threads, 0,
-                                                          stream, sp, s, momentum, eps, gamma, beta, state, x, y, z,
-                                                          add, bf16, static_cast<const double*>(sums));
-  } else if (training) {
-    const BatchNormSplit sp{g.batch, g.channels, g.plane, 1};
-    double* squares = sums + g.channels + 1;
-    launch<detail::batch_norm_sum_kernel<X>>("batch_norm_sum_kernel", unsigned(g.channels), threads, 0, stream, sp, x,
-                                             sums);
-    sync(sums, std::size_t(g.channels) + 1, stream);
-    launch<detail::batch_norm_squares_kernel<X>>("batch_norm_squares_kernel", unsigned(g.channels), threads, 0, stream,
-                                                 sp, x, static_cast<const double*>(sums), squares);
-    sync(squares, std::size_t(g.channels), stream);
-    launch<detail::batch_norm_finish_kernel<Epi, X, Y, A>>(
-        "batch_norm_finish_kernel", unsigned(g.channels), threads, 0, stream, sp, s, momentum, eps, gamma, beta, state,
-        x, y, z, static_cast<const double*>(sums), static_cast<const double*>(squares), add, bf16);
-  } else {
+  if (!training) {
     const std::size_t n = std::size_t(g.batch) * g.channels * g.plane;
     launch<detail::batch_norm_eval_kernel<Epi, X, Y, A>>("batch_norm_eval_kernel", elementwise_blocks(n),
                                                          elementwise_threads, 0, stream, g, s, eps, gamma, beta, state,
                                                          x, y, z, add, bf16);
+    return;
   }
+  const auto sp = BatchNormSplit::training(g.batch, g.channels, g.plane);
+  const unsigned blocks = unsigned(sp.blocks());
+  double* partials = sums;
+  const double* none = nullptr;
+  if (!sync) {
+    launch<detail::batch_norm_partial_sums_kernel<X, Shift::first_value>>("batch_norm_partial_sums_kernel", blocks,
+                                                                          threads, 0, stream, sp, x, none, partials);
+    launch<detail::batch_norm_train_kernel<Epi, X, Y, A>>("batch_norm_train_kernel", blocks, threads, 0, stream, sp, s,
+                                                          momentum, eps, gamma, beta, state, x, y, z, add, bf16,
+                                                          static_cast<const double*>(partials));
+    return;
+  }
+  // SyncBatchNorm: the sums of every replica, the global mean, the squared deviations from it.
+  double* totals = sums + sp.partial_doubles();
+  double* squares = totals + sp.totals_doubles();
+  const unsigned channel_blocks = unsigned((g.channels + threads - 1) / threads);
+  float* no_gradient = nullptr;
+  launch<detail::batch_norm_partial_sums_kernel<X, Shift::zero>>("batch_norm_partial_sums_kernel", blocks, threads, 0,
+                                                                 stream, sp, x, none, partials);
+  launch<detail::batch_norm_combine_kernel>("batch_norm_combine_kernel", channel_blocks, threads, 0, stream, sp,
+                                            static_cast<const double*>(partials), totals, no_gradient, no_gradient);
+  sync(totals, sp.totals_doubles(), stream);
+  launch<detail::batch_norm_partial_sums_kernel<X, Shift::global_mean>>(
+      "batch_norm_partial_sums_kernel", blocks, threads, 0, stream, sp, x, static_cast<const double*>(totals),
+      partials);
+  launch<detail::batch_norm_combine_kernel>("batch_norm_combine_kernel", channel_blocks, threads, 0, stream, sp,
+                                            static_cast<const double*>(partials), squares, no_gradient, no_gradient);
+  sync(squares, sp.totals_doubles(), stream);
+  launch<detail::batch_norm_finish_kernel<Epi, X, Y, A>>(
+      "batch_norm_finish_kernel", blocks, threads, 0, stream, sp, s, momentum, eps, gamma, beta, state, x, y, z,
+      static_cast<const double*>(totals), static_cast<const double*>(squares), add, bf16);
 }
 
 /// Backward of a training forward: dy is overwritten with the gradient before the epilogue; `sync`
@@ -269,22 +278,29 @@ void batch_norm_backward(cudaStream_t stream, const BatchNormExtents& g, const B
                          float* dgamma, float* dbeta, const ReplicaSum& sync = {}, double* sums = nullptr,
                          bool bf16 = false) {
   constexpr int threads = detail::batch_norm_threads;
-  // SyncBatchNorm: this replica's parameter gradients from its own sums, before they are added up.
-  const auto sp = sync ? BatchNormSplit{g.batch, g.channels, g.plane, 1}
-                       : BatchNormSplit::training(g.batch, g.channels, g.plane);
-  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y, DY>>(
-      "batch_norm_gradient_sums_kernel", unsigned(sp.blocks()), threads, 0, stream, sp, s, state, x, y, z, dy,
-      sync ? dgamma : nullptr, sync ? dbeta : nullptr, sums);
+  const auto sp = BatchNormSplit::training(g.batch, g.channels, g.plane);
+  const unsigned blocks = unsigned(sp.blocks());
+  double* partials = sums;
+  launch<detail::batch_norm_gradient_sums_kernel<Epi, X, Y, DY>>("batch_norm_gradient_sums_kernel", blocks, threads,
+                                                                 0, stream, sp, s, state, x, y, z, dy, partials);
+  const double* channel_sums = partials;
+  int sum_chunks = sp.chunks;
   if (sync) {
-    sync(sums, sp.partial_doubles(), stream);
-    if (!dx) return;
-  } else if (!dx && !dgamma && !dbeta) {
-    return;
+    // This replica's parameter gradients from its own totals, then the totals of every replica.
+    double* totals = sums + sp.partial_doubles();
+    launch<detail::batch_norm_combine_kernel>("batch_norm_combine_kernel", unsigned((g.channels + threads - 1) / threads),
+                                              threads, 0, stream, sp, static_cast<const double*>(partials), totals,
+                                              dgamma, dbeta);
+    sync(totals, sp.totals_doubles(), stream);
+    channel_sums = totals;
+    sum_chunks = 1;
+    dgamma = nullptr;
+    dbeta = nullptr;
   }
+  if (!dx && !dgamma && !dbeta) return;
   launch<detail::batch_norm_input_gradient_kernel<X, DY, DX>>(
-      "batch_norm_input_gradient_kernel", unsigned(sp.blocks()), threads, 0, stream, sp, s, gamma, state, x,
-      static_cast<const DY*>(dy), dx, sync ? nullptr : dgamma, sync ? nullptr : dbeta,
-      static_cast<const double*>(sums), bf16);
+      "batch_norm_input_gradient_kernel", blocks, threads, 0, stream, sp, s, gamma, state, x,
+      static_cast<const DY*>(dy), dx, dgamma, dbeta, channel_sums, sum_chunks, bf16);
 }
 
 }  // namespace fusedp::kernels::cuda

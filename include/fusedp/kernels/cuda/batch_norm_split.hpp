@@ -24,8 +24,9 @@
 // from the mean (tests/kernels/cuda/batch_norm_split.cpp: values of mean 1000 and spread 0.01, where
 // plain sums of x and x^2 lose the variance, within 1e-9 of two passes in double); at most 2^17 near
 // most_values, where the bound is 10^2 deviations (a typical error grows as sqrt(n), not n).
-// SyncBatchNorm keeps two passes (the mean over all replicas, then the squared deviations from it),
-// with one chunk per channel: the replicas' sums are added between the kernels.
+// SyncBatchNorm keeps two passes (the mean over all replicas, then the squared deviations from it) on the
+// same split: each pass's partials are combined into per-channel totals (a small kernel), which the
+// replicas add up between the kernels, since replicas with shards of other sizes split otherwise.
 //
 // Nothing here includes CUDA.
 #include "fusedp/core/config.hpp"
@@ -96,6 +97,13 @@ struct BatchNormSplit {
   /// count_at() (backward; for SyncBatchNorm the replicas' counts added up).
   [[nodiscard]] FUSEDP_HD constexpr std::size_t partial_doubles() const { return 2 * std::size_t(blocks()) + 1; }
   [[nodiscard]] FUSEDP_HD constexpr int count_at() const { return 2 * blocks(); }
+  /// SyncBatchNorm's per-channel totals, which the replicas add up: channel c's two sums at 2 c and
+  /// 2 c + 1, the value count at 2 channels (the layout of partials of one chunk a channel). Two sets
+  /// follow the partials in scratch (the sums, then the squared deviations from the global mean).
+  [[nodiscard]] FUSEDP_HD constexpr std::size_t totals_doubles() const { return 2 * std::size_t(channels) + 1; }
+  [[nodiscard]] FUSEDP_HD constexpr std::size_t scratch_doubles() const {
+    return partial_doubles() + 2 * totals_doubles();
+  }
 
   /// Thread t of block (c, chunk): load(i) for its values i in rounds of `unroll` loads, then
   /// use(value, i) for each in order. A thread's values: k = begin + t + r threads, r = 0, 1, ...
@@ -122,13 +130,11 @@ struct BatchNormSplit {
   }
 };
 
-/// Doubles of Cuda scratch a BatchNorm layer's passes need at this batch: a training pass's partials,
-/// or SyncBatchNorm's sums (batch_norm_sync_doubles), whichever is more.
+/// Doubles of Cuda scratch a BatchNorm layer's training passes need at this batch: the partials, and
+/// SyncBatchNorm's two sets of totals (BatchNormSplit::scratch_doubles).
 FUSEDP_HD constexpr std::size_t batch_norm_scratch_doubles(std::size_t batch, int channels, int plane) {
-  const std::size_t split =
-      2 * std::size_t(channels) * std::size_t(BatchNormSplit::chunks_for(batch * std::size_t(plane))) + 1;
-  const std::size_t sync = batch_norm_sync_doubles(std::size_t(channels));
-  return split > sync ? split : sync;
+  const std::size_t chunks = std::size_t(BatchNormSplit::chunks_for(batch * std::size_t(plane)));
+  return 2 * std::size_t(channels) * chunks + 1 + 2 * (2 * std::size_t(channels) + 1);
 }
 
 /// Thread t's sums over its values of channel c in block `chunk`: of d = x - shift and of d^2. (Shift
@@ -147,15 +153,22 @@ FUSEDP_HD void batch_norm_thread_sums(const BatchNormSplit& sp, int c, int chunk
       });
 }
 
-/// Channel c's two sums over its chunks, added in chunk order from `partials` (two per block).
-FUSEDP_HD inline void batch_norm_channel_totals(const BatchNormSplit& sp, const double* partials, int c, double& a,
-                                                double& b) {
+/// Channel c's two sums over its `chunks` chunks, added in chunk order from `partials` (two per block
+/// of chunk-major channels; one chunk: a set of totals).
+FUSEDP_HD inline void batch_norm_channel_totals(const double* partials, int chunks, int c, double& a, double& b) {
   a = 0;
   b = 0;
-  for (int j = 0; j < sp.chunks; ++j) {
-    a += partials[2 * (c * sp.chunks + j)];
-    b += partials[2 * (c * sp.chunks + j) + 1];
+  for (int j = 0; j < chunks; ++j) {
+    a += partials[2 * (c * chunks + j)];
+    b += partials[2 * (c * chunks + j) + 1];
   }
+}
+/// Channel c's totals (SyncBatchNorm's, before the replicas add them up) from this replica's partials,
+/// and for channel 0 its value count.
+FUSEDP_HD inline void batch_norm_combine_channel(const BatchNormSplit& sp, const double* partials, int c,
+                                                 double* totals) {
+  batch_norm_channel_totals(partials, sp.chunks, c, totals[2 * c], totals[2 * c + 1]);
+  if (c == 0) totals[2 * sp.channels] = double(sp.count);
 }
 
 /// The mean and the biased variance of `count` values from their shifted sums.
