@@ -27,8 +27,9 @@ struct BatchNormState {
   FUSEDP_HD constexpr std::size_t batch_invstd() const { return 3 * aligned + scalar; }
 };
 
-/// Doubles a synchronized (SyncBatchNorm) pass adds over the replicas for `channels` channels: the
-/// sums and the count, then the squared deviations (forward); the two gradient sums and the count.
+/// Doubles a synchronized (SyncBatchNorm) pass on the Host adds over the replicas for `channels`
+/// channels: the sums and the count, then the squared deviations (forward); the two gradient sums and
+/// the count. (Cuda's layout is its own: kernels/cuda/batch_norm_split.hpp.)
 FUSEDP_HD constexpr std::size_t batch_norm_sync_doubles(std::size_t channels) { return 2 * channels + 1; }
 
 /// The per-channel constants of one forward pass.

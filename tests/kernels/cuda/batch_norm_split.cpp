@@ -48,8 +48,10 @@ struct Extents {
 
 // Shapes the split meets: ResNet-18's layer1 at batch 128 (32 chunks), a plane of 49 over chunks whose
 // bounds cut through samples, BatchNorm1d's plane of 1, fewer values than a block has threads, and a
-// count whose chunks cut through a sample, and one value past a multiple of the chunk count.
-const Extents shapes[] = {{128, 2, 1024}, {97, 3, 49}, {300, 5, 1}, {3, 4, 5}, {4097, 1, 2}, {33, 2, 257}, {8193, 1, 1}};
+// count whose chunks cut through a sample, one value past a multiple of the chunk count, and planes
+// of 256 and 16 values (a thread's step of 256 values is one sample, or 16).
+const Extents shapes[] = {{128, 2, 1024}, {97, 3, 49}, {300, 5, 1}, {3, 4, 5}, {4097, 1, 2}, {33, 2, 257}, {8193, 1, 1},
+                          {40, 3, 256}, {300, 3, 16}};
 
 std::vector<float> random_values(std::size_t n, float mean, float spread, unsigned seed) {
   std::mt19937 gen(seed);
@@ -81,9 +83,9 @@ TEST_CASE("BatchNormSplit: the blocks of a channel visit each of its values once
       REQUIRE(c * sp.chunks + j == b);
       REQUIRE((0 <= j && j < sp.chunks && 0 <= c && c < e.channels));
     }
-    CHECK(k::cuda::batch_norm_scratch_doubles(std::size_t(e.batch), e.channels, e.plane) >= sp.partial_doubles());
-    CHECK(k::cuda::batch_norm_scratch_doubles(std::size_t(e.batch), e.channels, e.plane) >=
-          k::batch_norm_sync_doubles(std::size_t(e.channels)));
+    // The partials, then SyncBatchNorm's two sets of totals.
+    CHECK(k::cuda::batch_norm_scratch_doubles(std::size_t(e.batch), e.channels, e.plane) ==
+          sp.partial_doubles() + 2 * (2 * std::size_t(e.channels) + 1));
     for (const auto& s : {sp, BatchNormSplit{e.batch, e.channels, e.plane, 1}}) {
       std::vector<int> seen(e.size(), 0);
       for (int c = 0; c < e.channels; ++c) {
@@ -346,9 +348,9 @@ std::vector<double> added(const std::vector<std::vector<double>>& each) {
 TEST_CASE("SyncBatchNorm's Cuda passes, emulated over replicas split otherwise: the statistics and gradients of "
           "all their values") {
   using Epi = k::Epilogue<k::Relu>;
-  // Shards of 20, 9 and 3 samples of 2 x 32 x 32: 5, 2 and 1 chunks a channel.
+  // Shards of 20, 9, 3 and 0 samples of 2 x 32 x 32: 5, 2, 1 and 1 (empty) chunks a channel.
   const int channels = 2, plane = 1024;
-  const std::vector<int> shards{20, 9, 3};
+  const std::vector<int> shards{20, 9, 3, 0};
   std::vector<BatchNormSplit> splits;
   std::vector<std::vector<float>> xs;
   for (std::size_t r = 0; r < shards.size(); ++r) {
@@ -358,6 +360,7 @@ TEST_CASE("SyncBatchNorm's Cuda passes, emulated over replicas split otherwise: 
   CHECK(splits[0].chunks == 5);
   CHECK(splits[1].chunks == 2);
   CHECK(splits[2].chunks == 1);
+  CHECK((splits[3].chunks == 1 && splits[3].count == 0));
   // Forward: the sums, added; the squared deviations from the global mean, added.
   std::vector<std::vector<double>> each;
   for (std::size_t r = 0; r < shards.size(); ++r)
