@@ -32,7 +32,8 @@
 #      d. the GEMM problems of the seed networks on the tensor-core mainloop and the WMMA one
 #         (benchmarks/gpu/gemm_gpu.cu; also the BF16 mainloop with the CIFAR-10 activations in memory as
 #         fp32 and as BFloat16), and compute-sanitizer memcheck and racecheck on test_gpu_gemm_mma where
-#         the toolkit has it; the table so far (results.txt, results.md);
+#         the toolkit has it; one ResNet-18 BF16 step under ncu, its 15 costliest kernel functions
+#         (BatchNorm's split passes among them); the table so far (results.txt, results.md);
 #      e. the all-reduce benchmark and the examples on the GPU (prebuilt only);
 #   6. prints the table of images/s and ratios last (and writes it as Markdown for RESULTS.md).
 #
@@ -438,12 +439,6 @@ for cfg in "${OTHER_CONFIGS[@]}"; do
 done
 # ResNet-18 in BF16 (its BatchNorm and block tensors in 16 bits, session 35; never run before).
 FUSEDP_CUDA_GEMM=mma step_run "$OUT/train_step_gpu_mma" resnet18 256 --precision bf16
-# And its kernels: BatchNorm's split passes (session 37: two kernels over 32 blocks a channel at layer1,
-# where one block a channel ran before; never measured) beside the convolutions.
-# Some 200 launches a step: three steps (ncu writes its CSV only at the end, so a run cut by the
-# timeout leaves nothing), the 15 kernel functions with the most time, a minute at most.
-FUSEDP_CUDA_GEMM=mma NCU_TIMEOUT=60 NCU_STEPS="--steps 2 --warmup 1" NCU_BATCH=256 KERNEL_TOP=15 ncu_step resnet18-bf16 fusedp-mma-bf16 resnet18 "$OUT/train_step_gpu_mma" --net resnet18 \
-  --batch 256 --precision bf16
 # The ablations: LeNet and the CIFAR-10 CNN once more with one of fusedp's defaults off (the RESULT
 # line's impl names the variant): what each piece of issue 17 gives, in the same run.
 variant_steps() {
@@ -496,6 +491,14 @@ if [[ -n "$GEMM_TEST" && -x "$SANITIZER" ]]; then
     log "compute-sanitizer $tool exit: ${PIPESTATUS[0]} (0: clean; 9: errors found; 124: timed out)"
   done
 fi
+
+# ResNet-18's kernels in BF16, after issue 17's figures while time is left: BatchNorm's split passes
+# (session 37: two kernels over 32 blocks a channel at layer1, where one block a channel ran before;
+# never measured) beside the convolutions. Some 200 launches a step: three steps (ncu writes its CSV
+# only at the end, so a run cut by the timeout leaves nothing), the 15 kernel functions with the most
+# time, a minute at most.
+FUSEDP_CUDA_GEMM=mma NCU_TIMEOUT=60 NCU_STEPS="--steps 2 --warmup 1" NCU_BATCH=256 KERNEL_TOP=15 \
+  ncu_step resnet18-bf16 fusedp-mma-bf16 resnet18 "$OUT/train_step_gpu_mma" --net resnet18 --batch 256 --precision bf16
 
 # The table so far (again at the end): a call cut short after this point still has it.
 "$PY" "$ROOT/benchmarks/gpu/report.py" --fusedp "$OUT/fusedp.txt" --torch-dir "$OUT/torch" --header "$OUT/header.txt" \
