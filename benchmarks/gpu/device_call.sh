@@ -9,7 +9,8 @@
 #                                                      # real data for the examples and the training test:
 #                                                      # 27 MB in xz where the .gz files take 31
 #
-# (2026-12-07, session 36: archive 12.2 MB + Fashion-MNIST 26.5 MB + the tree 3.3 MB = 42.1 MB of the
+# (2026-12-07, session 37 at 854a4e025d60: archive 12.3 MB, build/gpu-carry 38.8 MB with Fashion-MNIST.
+# Session 36: archive 12.2 MB + Fashion-MNIST 26.5 MB + the tree 3.3 MB = 42.1 MB of the
 # 64 MiB = 67.1 MB, since prebuild.sh builds the device code uncompressed and packs one xz block over the
 # whole tar (37.4 MB before); prebuild.sh prints the folder's and the tree's size. Check
 # `du -sb build/gpu-carry` before the call.)
