@@ -66,7 +66,7 @@ struct BatchNormSplit {
     const std::size_t c = count / std::size_t(block_values);
     return c < 1 ? 1 : c > std::size_t(most_chunks) ? most_chunks : int(c);
   }
-  /// A split of `chunk_count` blocks per channel (1: SyncBatchNorm's kernels).
+  /// A split of `chunk_count` blocks per channel.
   FUSEDP_HD constexpr BatchNormSplit(int batch, int channel_count, int plane_size, int chunk_count)
       : channels(channel_count), count(batch * plane_size), chunks(chunk_count), plane(plane_size) {
     const int per = (count + chunks - 1) / chunks;
