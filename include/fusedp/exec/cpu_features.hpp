@@ -9,6 +9,10 @@
 #else
 #define FUSEDP_X86_CPUID 0
 #endif
+#if FUSEDP_X86_CPUID && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace fusedp {
 
@@ -16,7 +20,8 @@ namespace fusedp {
 struct CpuFeatures {
   bool avx512f = false;      ///< AVX-512 Foundation, with the zmm state enabled by the OS
   bool avx512_bf16 = false;  ///< VDPBF16PS: 16 lanes of bf16 pair dot products into fp32
-  bool amx_bf16 = false;     ///< AMX tiles with TDPBF16PS, tile state enabled by the OS (XCR0 bits 17, 18)
+  bool amx_bf16 = false;     ///< AMX tiles with TDPBF16PS, tile state enabled by the OS (XCR0 bits 17, 18) and
+                             ///< granted to this process (Linux: arch_prctl ARCH_REQ_XCOMP_PERM)
 };
 
 namespace detail {
@@ -26,10 +31,25 @@ inline unsigned long long read_xcr0() noexcept {
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
+
+// Linux enables the 8 KiB of tile data per thread only for a process that asks (first use without it
+// is SIGILL): asked once, the answer kept. Elsewhere, XCR0's bits are the whole story.
+inline bool tile_data_granted() noexcept {
+#if defined(__linux__)
+  static const bool granted = [] {
+    constexpr long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;  // asm/prctl.h, the tile data state
+    return syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return granted;
+#else
+  return true;
+#endif
+}
 #endif
 }  // namespace detail
 
-/// This CPU's features (all false where they cannot be read: not x86-64, or not GCC/Clang).
+/// This CPU's features (all false where they cannot be read: not x86-64, or not GCC/Clang). The first
+/// call on Linux asks the kernel for the AMX tile state where the CPU has it.
 [[nodiscard]] inline CpuFeatures cpu_features() noexcept {
   CpuFeatures f;
 #if FUSEDP_X86_CPUID
@@ -44,9 +64,10 @@ inline unsigned long long read_xcr0() noexcept {
   __cpuid_count(7, 0, a, b, c, d);
   f.avx512f = zmm_state && ((b >> 16) & 1u);
   const bool amx_tile = (d >> 24) & 1u, amx_bf16 = (d >> 22) & 1u;
-  f.amx_bf16 = tile_state && amx_tile && amx_bf16;
+  const bool avx512bw = (b >> 30) & 1u;
+  f.amx_bf16 = tile_state && amx_tile && amx_bf16 && f.avx512f && detail::tile_data_granted();
   __cpuid_count(7, 1, a, b, c, d);
-  f.avx512_bf16 = f.avx512f && ((a >> 5) & 1u);
+  f.avx512_bf16 = f.avx512f && avx512bw && ((a >> 5) & 1u);
 #endif
   return f;
 }

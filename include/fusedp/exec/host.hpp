@@ -243,7 +243,8 @@ inline std::atomic<int>& host_fit_notes() noexcept {
 /// Model, what its activations and their gradients are stored as (net/activation_storage.hpp).
 enum class HostPrecision : unsigned char {
   fp32,  ///< fp32 operands and fused multiply-adds (precision::Fp32, the default)
-  bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): VDPBF16PS;
+  bf16,  ///< operands rounded to bfloat16 as they are packed, fp32 sums (precision::Bf16): AMX tiles where
+         ///< the CPU has them (Host::bf16_tiles), else VDPBF16PS;
          ///< a float Model's activations and their gradients stored as bf16 values (activation_storage.hpp)
   /// The bf16 arithmetic computed with fp32 instructions, bit for bit what VDPBF16PS computes on
   /// normal numbers, several times slower, with the same bf16 storage: for testing bf16 results on CPUs
@@ -285,6 +286,22 @@ struct Host {
   [[nodiscard]] Host with_precision(HostPrecision p) const {
     Host h = *this;
     h.precision_ = checked(p);
+    return h;
+  }
+
+  /// Whether this Host's bf16 GEMMs run on AMX tiles (TDPBF16PS) where a product is deep enough (32 or
+  /// more along k): at precision bf16 on a CPU with AMX, unless with_bf16_tiles(false) turned them off.
+  /// The tiles add the products of a row in another order than VDPBF16PS, so their bits differ from
+  /// bf16_emulated's (within the same bound against the exact sum; kernels/host/gemm_bf16.hpp).
+  [[nodiscard]] bool bf16_tiles() const noexcept { return precision_ == HostPrecision::bf16 && tiles_; }
+  /// The same pool of threads with AMX tiles allowed or not: off gives VDPBF16PS's bits on any
+  /// AVX-512 BF16 CPU; on throws InvalidArgument where the CPU or the OS offers no AMX.
+  [[nodiscard]] Host with_bf16_tiles(bool on) const {
+    if (on && !cpu_features().amx_bf16)
+      throw InvalidArgument("Host: AMX tiles (TDPBF16PS) asked for, but this CPU has none or the OS did not grant "
+                            "their state to this process");
+    Host h = *this;
+    h.tiles_ = on;
     return h;
   }
 
@@ -345,6 +362,7 @@ struct Host {
 
   std::shared_ptr<detail::ThreadPool> pool_;
   HostPrecision precision_ = HostPrecision::fp32;
+  bool tiles_ = cpu_features().amx_bf16;
 };
 
 /// The Host space's work is done when its calls return: the host clock times it.

@@ -1,8 +1,9 @@
 // tests include/fusedp/kernels/host/gemm_bf16.hpp: the Host GEMM at precision bf16. The pair layout of
 // the packed panels; the emulated kernel against the double product of the bf16-rounded operands (every
 // tile shape, operand layouts, edges of tiles, pairs and k-blocks, accumulate, epilogue); the AVX-512
-// BF16 kernel bit for bit equal to the emulated one where the CPU has it; the split over threads; the
-// Host's precision checks.
+// BF16 kernel bit for bit equal to the emulated one where the CPU has it; the AMX tiles' packed layouts,
+// and their products against double where the CPU has AMX; the split over threads; the Host's precision
+// checks.
 #include <fusedp/kernels/host/gemm_bf16.hpp>
 
 #include <doctest/doctest.h>
@@ -133,6 +134,76 @@ TEST_CASE("AVX-512 BF16 gives the emulation's bits (where the CPU has it)") {
   check_shape<bf::tile_at<3>>(HostPrecision::bf16);
 }
 
+TEST_CASE("AMX tiles: the A panel's blocks of 16 rows x 16 pairs, whole B tiles of zero pairs past k") {
+  using S = bf::AmxTile<1>;
+  for (const bool ta : {false, true}) {
+    CAPTURE(ta);
+    const std::size_t m = 19, k = 37;  // two panels, the second 3 rows; 19 pairs padded to 32
+    const Operand a(1, m, k, ta);
+    std::vector<bf::Pair> pa(bf::packed_a_size<S>(m, k), 0xdeadbeefu);
+    REQUIRE(pa.size() == 32 * 32);
+    bf::pack_a<S>(a.ref, 0, m, 0, k, pa.data());
+    for (std::size_t p = 0; p < 2; ++p)
+      for (std::size_t i = 0; i < 16; ++i)
+        for (std::size_t q = 0; q < 32; ++q) {
+          const bf::Pair got = pa[p * 32 * 16 + q / 16 * 256 + i * 16 + q % 16];
+          const std::size_t row = p * 16 + i;
+          const double even = row < m && 2 * q < k ? rounded(a.at(row, 2 * q)) : 0.0;
+          const double odd = row < m && 2 * q + 1 < k ? rounded(a.at(row, 2 * q + 1)) : 0.0;
+          CHECK(double(bf::low(got)) == even);
+          CHECK(double(bf::high(got)) == odd);
+        }
+    const Operand b(2, k, 21, ta);
+    std::vector<bf::Pair> pb(bf::packed_b_size<S>(k, 21), 0xdeadbeefu);
+    REQUIRE(pb.size() == 32 * 32);  // two panels of 16 columns, 32 pairs each
+    bf::pack_b<S>(b.ref, 0, k, 0, 21, pb.data());
+    for (std::size_t t = 0; t < 2; ++t)
+      for (std::size_t q = 0; q < 32; ++q)
+        for (std::size_t j = 0; j < 16; ++j) {
+          const bf::Pair got = pb[t * 32 * 16 + q * 16 + j];
+          const std::size_t col = t * 16 + j;
+          CHECK(double(bf::low(got)) == (col < 21 && 2 * q < k ? rounded(b.at(2 * q, col)) : 0.0));
+          CHECK(double(bf::high(got)) == (col < 21 && 2 * q + 1 < k ? rounded(b.at(2 * q + 1, col)) : 0.0));
+        }
+  }
+}
+
+TEST_CASE("choose_tile: AMX shapes only where asked and 32 or more deep") {
+  CHECK(bf::choose_tile(64, 1024, 576, false) < bf::amx_first);
+  CHECK(bf::choose_tile(64, 1024, 31, true) < bf::amx_first);
+  CHECK(bf::choose_tile(64, 1024, 32, true) == bf::amx_first);      // 16 x 64: no padding
+  CHECK(bf::choose_tile(64, 16, 576, true) == bf::amx_first + 1);   // 16 x 16 where n is 16
+  bf::with_tile(bf::amx_first, []<class S>() { CHECK((S::amx && S::nr == 64)); });
+  bf::with_tile(bf::amx_first + 1, []<class S>() { CHECK((S::amx && S::nr == 16)); });
+  bf::with_tile(3, []<class S>() { CHECK(!S::amx); });
+}
+
+TEST_CASE("AMX tiles: the product against double, on every edge of tiles, pairs and k-blocks (where the CPU has them)") {
+  if (!fusedp::cpu_features().amx_bf16) {
+    MESSAGE("this CPU has no AMX (or the OS did not grant it): the tile kernel is not run here");
+    return;
+  }
+  // The tiles add a row's products in their own order (not VDPBF16PS's, so not the emulation's
+  // bits): check() holds them to the same bound against the exact sum.
+  check_shape<bf::AmxTile<4>>(HostPrecision::bf16);
+  check_shape<bf::AmxTile<1>>(HostPrecision::bf16);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) check<bf::AmxTile<4>>(HostPrecision::bf16, 70, 130, 2000, ta, tb, true);
+  // And from operands packed whole (a conv's weights), accumulating and not.
+  using S = bf::AmxTile<4>;
+  const std::size_t m = 40, n = 70, k = 99;
+  const Operand a(6, m, k, false), b(7, k, n, false);
+  std::vector<bf::Pair> pa(bf::packed_a_size<S>(m, k)), pb(bf::packed_b_size<S>(k, n));
+  bf::pack_a<S>(a.ref, 0, m, 0, k, pa.data());
+  bf::pack_b<S>(b.ref, 0, k, 0, n, pb.data());
+  std::vector<float> packed(m * n, 0.5f), plain(m * n, 0.5f);
+  bf::gemm_packed<S>(HostPrecision::bf16, m, n, k, pa.data(), pb.data(), packed.data(), n, true);
+  bf::gemm_with<S>(HostPrecision::bf16, m, n, k, a.ref, b.ref, plain.data(), n, true);
+  CHECK(std::memcmp(packed.data(), plain.data(), packed.size() * sizeof(float)) == 0);
+  CHECK_THROWS_WITH_AS(bf::gemm_with<S>(HostPrecision::bf16_emulated, m, n, k, a.ref, b.ref, plain.data(), n, false),
+                       doctest::Contains("AMX"), fusedp::InvalidArgument);
+}
+
 TEST_CASE("gemm_at_precision: bf16 split over threads gives one thread's bits; fp32 stays gemm()") {
   const std::size_t m = 70, n = 300, k = 257;
   const Operand a(4, m, k, false), b(5, k, n, true);
@@ -157,6 +228,13 @@ TEST_CASE("Host precision: bf16 where the CPU has AVX-512 BF16, else a message t
     const fusedp::Host host{1, fusedp::precision::Bf16{}};
     CHECK(host.precision() == HostPrecision::bf16);
     CHECK(host.with_precision(HostPrecision::fp32).precision() == HostPrecision::fp32);
+    // AMX tiles: on by default where the CPU has them, only at precision bf16, and can be turned off.
+    CHECK(host.bf16_tiles() == fusedp::cpu_features().amx_bf16);
+    CHECK(!host.with_bf16_tiles(false).bf16_tiles());
+    CHECK(!host.with_precision(HostPrecision::bf16_emulated).bf16_tiles());
+    CHECK(!fusedp::Host(1).bf16_tiles());
+    if (!fusedp::cpu_features().amx_bf16)
+      CHECK_THROWS_WITH_AS((void)host.with_bf16_tiles(true), doctest::Contains("AMX"), fusedp::InvalidArgument);
   } else {
     CHECK_THROWS_WITH_AS(fusedp::Host(1, fusedp::precision::Bf16{}), doctest::Contains("AVX-512 BF16"),
                          fusedp::InvalidArgument);

@@ -516,7 +516,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (host.precision() != HostPrecision::fp32) {
-      bf16::with_tile(bf16::choose_tile(outs, pixels), [&]<class S>() {
+      bf16::with_tile(bf16::choose_tile(outs, pixels, patch, host.bf16_tiles()), [&]<class S>() {
         // The pairs live in the float scratch: weights where fp32's packed weights go, each thread's
         // im2col matrix in its col region and its pair panels in the next (both fit: a pair holds two
         // elements).
@@ -614,7 +614,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     const T* cols = g.direct() ? xn : col;
     if constexpr (std::is_same_v<T, float>) {
       if (host.precision() != HostPrecision::fp32) {
-        bf16::gemm(host.precision(), outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels},
+        bf16::gemm(host.precision(), host.bf16_tiles(), outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels},
                    dw_t, patch, true);
         return;
       }
@@ -659,7 +659,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   bool done = false;
   if constexpr (std::is_same_v<T, float>) {
     if (host.precision() != HostPrecision::fp32) {
-      bf16::with_tile(bf16::choose_tile(patch, pixels), [&]<class S>() {
+      bf16::with_tile(bf16::choose_tile(patch, pixels, outs, host.bf16_tiles()), [&]<class S>() {
         auto* packed_wt = reinterpret_cast<bf16::Pair*>(scratch);
         if (dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
         per_thread([&](const T* dzn, T* dz_panels, T* target) {

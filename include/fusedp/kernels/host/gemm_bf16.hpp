@@ -10,6 +10,11 @@
 //                   whatever the build's target); or the same arithmetic in fp32 instructions
 //                   (HostPrecision::bf16_emulated, for checking bf16 results on any CPU)
 //
+//   tiles (AMX)     on CPUs with AMX (Host::bf16_tiles), products 32 or more deep run on TDPBF16PS: a C
+//                   row of 16 x 64 (or 16 x 16) in tile registers, A packed row by row in blocks of 16
+//                   rows x 16 pairs (the layout an A tile loads), B in the same pair panels as above
+//                   with the pairs padded to a multiple of 16 (whole B tiles)
+//
 // Speed, measured on this project's Xeon (Sapphire Rapids class, a KVM guest without AMX): VDPBF16PS
 // retires about one zmm instruction every two cycles where FMA retires two a cycle (1.3 G against
 // 5.35 G a second, 24 independent chains each), so its 64 FLOP an instruction come at half fp32's rate:
@@ -28,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -59,6 +65,18 @@ struct Tile {
   static constexpr std::size_t mr = MR;
   static constexpr std::size_t nv = NV;
   static constexpr std::size_t nr = NV * lanes;
+  static constexpr bool amx = false;
+  static constexpr std::size_t pair_block = 1;  ///< a panel's pairs are a multiple of this
+};
+
+/// A row of AMX tiles: 16 rows of C by NV tiles of 16 columns, each C tile in a tile register.
+template <std::size_t NV>
+struct AmxTile {
+  static constexpr std::size_t mr = 16;
+  static constexpr std::size_t nv = NV;
+  static constexpr std::size_t nr = NV * lanes;
+  static constexpr bool amx = true;
+  static constexpr std::size_t pair_block = 16;  ///< the pairs (rows of a B tile) one TDPBF16PS takes
 };
 
 // The AVX-512 shapes of gemm.hpp (32 zmm registers: MR x NV accumulators, NV B vectors, a broadcast).
@@ -66,37 +84,142 @@ inline constexpr std::array<host::detail::ShapeInfo, 4> shapes{{{12, 2, 1.0}, {8
 template <std::size_t S>
 using tile_at = Tile<shapes[S].mr, shapes[S].nv>;
 
-/// The tile shape for an m x n product, by the padding it wastes (as choose_tile).
-constexpr std::size_t choose_tile(std::size_t m, std::size_t n) {
+// The AMX shapes (indices 4 and 5 of with_tile): four C tiles with one A tile and three B tile registers
+// (a fourth B tile reuses the first's), or one C tile for narrow products. The speeds are guesses to
+// be replaced by gemm_bench's figures.
+inline constexpr std::array<host::detail::ShapeInfo, 2> amx_shapes{{{16, 4, 1.0}, {16, 1, 0.5}}};
+inline constexpr std::size_t amx_first = shapes.size();
+/// The shallowest product the tiles take: below it the padding to 32 along k costs more than the tiles
+/// gain, and the packed operands would outgrow the scratch that callers size for the vector shapes
+/// (ConvScratch: a panel of k/2 pairs padded to 16 stays within k floats for k >= 32).
+inline constexpr std::size_t amx_min_k = 32;
+
+/// The tile shape for an m x n x k product: an AMX shape where `tiles` (Host::bf16_tiles) and k is deep
+/// enough, else a vector one; among them, by the padding it wastes (as choose_tile). A pure function
+/// of its arguments, so packing and multiplying agree on it.
+constexpr std::size_t choose_tile(std::size_t m, std::size_t n, std::size_t k = 0, bool tiles = false) {
+  if (tiles && k >= amx_min_k) return amx_first + host::detail::least_padded(amx_shapes, lanes, m, n);
   return host::detail::least_padded(shapes, lanes, m, n);
 }
 
+/// Calls f.template operator()<S>() for shape `index` of choose_tile.
 template <class F>
 FUSEDP_ALWAYS_INLINE decltype(auto) with_tile(std::size_t index, F&& f) {
+  if (index == amx_first) return f.template operator()<AmxTile<amx_shapes[0].nv>>();
+  if (index > amx_first) return f.template operator()<AmxTile<amx_shapes[1].nv>>();
   return host::detail::with_shape<tile_at>(index, std::forward<F>(f));
 }
 
 constexpr std::size_t pairs(std::size_t k) { return (k + 1) / 2; }
+/// Pairs in each row (A) or column (B) of a panel of k: pairs(k), padded to whole tiles for AMX.
+template <class S>
+constexpr std::size_t panel_pairs(std::size_t k) {
+  return host::detail::round_up(pairs(k), S::pair_block);
+}
 
 /// Pairs of an m x k A packed for shape S.
 template <class S>
 constexpr std::size_t packed_a_size(std::size_t m, std::size_t k) {
-  return host::detail::round_up(m, S::mr) * pairs(k);
+  return host::detail::round_up(m, S::mr) * panel_pairs<S>(k);
 }
 /// Pairs of a k x n B packed for shape S.
 template <class S>
 constexpr std::size_t packed_b_size(std::size_t k, std::size_t n) {
-  return host::detail::round_up(n, S::nr) * pairs(k);
+  return host::detail::round_up(n, S::nr) * panel_pairs<S>(k);
 }
 
+namespace detail {
+#if FUSEDP_HOST_AVX512_BF16
+// GCC 12 takes the self-initialized _mm512_undefined_epi32 inside its shift and conversion intrinsics
+// for an uninitialized read once they are inlined.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The bf16 bits of 16 floats in the low halves of 32-bit lanes, rounded as to_bf16 (to nearest even,
+// NaN kept quiet), so packed pairs are the same whichever path packs them.
+[[gnu::target("avx512f,avx512bw")]] FUSEDP_ALWAYS_INLINE __m512i bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
+// dst[j] = pair(even[j], odd ? odd[j] : 0) for j < cols: B's pairs from two rows.
+[[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_rows(const float* even, const float* odd, std::size_t cols,
+                                                              Pair* dst) {
+  for (std::size_t j = 0; j < cols; j += lanes) {
+    const __mmask16 m = cols - j >= lanes ? __mmask16(0xffff) : __mmask16((1u << (cols - j)) - 1);
+    const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(m, even + j));
+    const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_ps(m, odd + j)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + j, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+// The pairs of a contiguous row of kc floats, 16 pairs (32 floats) a block, block b at dst + b * stride,
+// for `blocks` blocks (zero past kc): an AMX A panel's row.
+[[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_run(const float* src, std::size_t kc, Pair* dst,
+                                                             std::size_t stride, std::size_t blocks) {
+  for (std::size_t b = 0; b < blocks; ++b, src += 2 * lanes, dst += stride) {
+    const std::size_t k = 2 * lanes * b, left = k < kc ? kc - k : 0;
+    const auto mask = [](std::size_t n) { return n >= lanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1); };
+    const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(mask(left), src));
+    const __m512i hi = bf16_bits(_mm512_maskz_loadu_ps(mask(left > lanes ? left - lanes : 0), src + lanes));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+    _mm512_storeu_si512(dst, both);
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+// Whether this process may pack with AVX-512 (the conversions above).
+inline bool vector_packing() {
+#if FUSEDP_HOST_AVX512_BF16
+  static const bool yes = cpu_features().avx512_bf16;
+  return yes;
+#else
+  return false;
+#endif
+}
+}  // namespace detail
+
 /// Packs rows [i0, i0+m) x cols [k0, k0+kc) of A into panels of S::mr rows of k pairs, zero-padded:
-/// panel p at dst + p * pairs(kc) * mr, pair q of row i at [q * mr + i].
+/// panel p at dst + p * panel_pairs<S>(kc) * mr; pair q of row i at [q * mr + i], or for an AMX shape
+/// at [q / 16 * 256 + i * 16 + q % 16] (blocks of 16 rows x 16 pairs, each an A tile).
 template <class S>
 FUSEDP_NO_LIBCALL_LOOPS void pack_a(MatrixRef<float> a, std::size_t i0, std::size_t m, std::size_t k0, std::size_t kc,
                                     Pair* FUSEDP_RESTRICT dst) {
   constexpr std::size_t MR = S::mr;
   const std::size_t kq = pairs(kc), whole = kc / 2;
   const std::size_t rs = a.row_stride, cs = a.col_stride;
+  if constexpr (S::amx) {
+    constexpr std::size_t block = 16 * MR;  // pairs of one A tile
+    const std::size_t kqp = panel_pairs<S>(kc), blocks = kqp / 16;
+    for (std::size_t p = 0; p < m; p += MR, dst += kqp * MR)
+      for (std::size_t i = 0; i < MR; ++i) {
+        Pair* row = dst + i * 16;
+        const float* src = a.data + (i0 + p + i) * rs + k0 * cs;
+        if (p + i >= m) {
+          for (std::size_t q = 0; q < kqp; ++q) row[q / 16 * block + q % 16] = 0;
+          continue;
+        }
+#if FUSEDP_HOST_AVX512_BF16
+        if (cs == 1 && detail::vector_packing()) {
+          detail::pairs_of_run(src, kc, row, block, blocks);
+          continue;
+        }
+#endif
+        for (std::size_t q = 0; q < kqp; ++q)
+          row[q / 16 * block + q % 16] = q < whole ? pair(src[2 * q * cs], src[(2 * q + 1) * cs])
+                                         : q < kq  ? pair(src[(kc - 1) * cs], 0.0f)
+                                                   : 0;
+      }
+    (void)blocks;
+    return;
+  }
   for (std::size_t p = 0; p < m; p += MR, dst += kq * MR) {
     const std::size_t rows = std::min(MR, m - p);
     const float* src = a.data + (i0 + p) * rs + k0 * cs;
@@ -122,18 +245,27 @@ FUSEDP_NO_LIBCALL_LOOPS void pack_a(MatrixRef<float> a, std::size_t i0, std::siz
 }
 
 /// Packs rows [k0, k0+kc) x cols [j0, j0+n) of B into panels of S::nr columns of k pairs, zero-padded:
-/// panel t at dst + t * pairs(kc) * nr, pair q of column j at [q * nr + j].
+/// panel t at dst + t * panel_pairs<S>(kc) * nr, pair q of column j at [q * nr + j].
 template <class S>
 FUSEDP_NO_LIBCALL_LOOPS void pack_b(MatrixRef<float> b, std::size_t k0, std::size_t kc, std::size_t j0, std::size_t n,
                                     Pair* FUSEDP_RESTRICT dst) {
   constexpr std::size_t NR = S::nr;
-  const std::size_t kq = pairs(kc);
+  const std::size_t kq = pairs(kc), kqp = panel_pairs<S>(kc);
   const std::size_t rs = b.row_stride, cs = b.col_stride;
-  for (std::size_t t = 0; t < n; t += NR, dst += kq * NR) {
+  for (std::size_t t = 0; t < n; t += NR, dst += kqp * NR) {
     const std::size_t cols = std::min(NR, n - t);
+    for (std::size_t q = kq; q < kqp; ++q)
+      for (std::size_t j = 0; j < NR; ++j) dst[q * NR + j] = 0;
     for (std::size_t q = 0; q < kq; ++q) {
       const float* even = b.data + (k0 + 2 * q) * rs + (j0 + t) * cs;
       Pair* d = dst + q * NR;
+#if FUSEDP_HOST_AVX512_BF16
+      if (cs == 1 && detail::vector_packing()) {
+        detail::pairs_of_rows(even, 2 * q + 1 < kc ? even + rs : nullptr, cols, d);
+        for (std::size_t j = cols; j < NR; ++j) d[j] = 0;
+        continue;
+      }
+#endif
       if (2 * q + 1 < kc) {
         const float* odd = even + rs;
         if (cs == 1) {
@@ -214,11 +346,95 @@ template <std::size_t MR, std::size_t NV>
 }
 #endif
 
-// The micro-kernel of shape S for `precision` (bf16 or bf16_emulated).
+#if FUSEDP_HOST_AVX512_BF16
+// The tile registers' shapes, loaded once per thread: all eight 16 rows x 64 bytes (C: 16 x 16 fp32; A:
+// 16 rows x 16 pairs; B: 16 pairs x 16 columns). Nothing else in a fusedp process configures tiles.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+[[gnu::target("amx-tile")]] inline void configure_tiles() {
+  thread_local bool configured = false;
+  if (configured) return;
+  static constexpr TileConfig config{};
+  _tile_loadconfig(&config);
+  configured = true;
+}
+
+// The AMX row of tiles: C tiles 0 .. NV-1 (from C when load_c, else zero), per 16 pairs one A tile (4)
+// and NV B tiles (5, 6, 7, then 5 again), NV TDPBF16PS. kq pairs, read up to the next multiple of 16
+// (the packs pad with zeros). An edge tile goes through a local tile, as micro_kernel_avx512's.
+template <std::size_t NV>
+[[gnu::noinline, gnu::target("amx-tile,amx-bf16,avx512f")]] void micro_kernel_amx(
+    std::size_t kq, const Pair* FUSEDP_RESTRICT a, const Pair* FUSEDP_RESTRICT b, float* FUSEDP_RESTRICT c,
+    std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
+  static_assert(NV == 1 || NV == 4, "micro_kernel_amx: a row of 1 or 4 C tiles");
+  constexpr std::size_t NR = NV * lanes, b_stride = NR * sizeof(Pair);
+  configure_tiles();
+  const bool whole = rows == 16 && cols == NR;
+  alignas(64) float edge[16 * NR];
+  float* out = whole ? c : edge;
+  const std::size_t out_stride = (whole ? ldc : NR) * sizeof(float);
+  if (whole && load_c) {
+    _tile_loadd(0, out, out_stride);
+    if constexpr (NV == 4) {
+      _tile_loadd(1, out + 16, out_stride);
+      _tile_loadd(2, out + 32, out_stride);
+      _tile_loadd(3, out + 48, out_stride);
+    }
+  } else {
+    _tile_zero(0);
+    if constexpr (NV == 4) {
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  for (std::size_t q = 0; q < kq; q += 16, a += 16 * 16, b += 16 * NR) {
+    _tile_loadd(4, a, 16 * sizeof(Pair));
+    _tile_loadd(5, b, b_stride);
+    if constexpr (NV == 4) {
+      _tile_loadd(6, b + 16, b_stride);
+      _tile_loadd(7, b + 32, b_stride);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(5, b + 48, b_stride);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 4, 5);
+    } else {
+      _tile_dpbf16ps(0, 4, 5);
+    }
+  }
+  _tile_stored(0, out, out_stride);
+  if constexpr (NV == 4) {
+    _tile_stored(1, out + 16, out_stride);
+    _tile_stored(2, out + 32, out_stride);
+    _tile_stored(3, out + 48, out_stride);
+  }
+  if (!whole) host::detail::store_tile<NR>(edge, c, ldc, rows, cols, load_c);
+}
+#endif
+
+// The micro-kernel of shape S for `precision` (bf16 or bf16_emulated); an AMX shape's runs on AMX.
 template <class S>
 auto micro_for(HostPrecision precision) {
   return [precision](std::size_t kq, const Pair* a, const Pair* b, float* c, std::size_t ldc, std::size_t rows,
                      std::size_t cols, bool load_c) {
+    if constexpr (S::amx) {
+#if FUSEDP_HOST_AVX512_BF16
+      if (precision == HostPrecision::bf16) {
+        micro_kernel_amx<S::nv>(kq, a, b, c, ldc, rows, cols, load_c);
+        return;
+      }
+#endif
+      throw InvalidArgument(std::string("Host: an AMX tile shape needs precision bf16 on a CPU with AMX, not ") +
+                            to_string(precision));
+    }
 #if FUSEDP_HOST_AVX512_BF16
     if (precision == HostPrecision::bf16) {
       micro_kernel_avx512<S::mr, S::nv>(kq, a, b, c, ldc, rows, cols, load_c);
@@ -270,7 +486,7 @@ void gemm_with(HostPrecision precision, std::size_t m, std::size_t n, std::size_
   for (std::size_t j0 = 0; j0 < n; j0 += nb) {
     const std::size_t nc = std::min(nb, n - j0);
     for (std::size_t k0 = 0; k0 < k; k0 += kp) {
-      const std::size_t kpc = std::min(kp, k - k0), kpq = pairs(kpc);
+      const std::size_t kpc = std::min(kp, k - k0), kpq = panel_pairs<S>(kpc);
       pack_b<S>(b, k0, kpc, j0, nc, s.b.data());
       for (std::size_t i0 = 0; i0 < m; i0 += mb) {
         const std::size_t mc = std::min(mb, m - i0);
@@ -292,16 +508,17 @@ template <class S, class Epi = NoEpilogue>
 void gemm_packed(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, const Pair* packed_a,
                  const Pair* packed_b, float* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
   if (m == 0 || n == 0) return;
-  const std::size_t kq = pairs(k);
-  host::detail::macro_tiles<S::mr, S::nr>(m, n, kq, packed_a, kq * S::mr, packed_b, kq * S::nr, c, ldc, accumulate,
+  const std::size_t kq = pairs(k), kqp = panel_pairs<S>(k);
+  host::detail::macro_tiles<S::mr, S::nr>(m, n, kq, packed_a, kqp * S::mr, packed_b, kqp * S::nr, c, ldc, accumulate,
                                           true, 0, 0, epi, detail::micro_for<S>(precision));
 }
 
-/// One thread's bf16 GEMM on the shape choose_tile picks.
+/// One thread's bf16 GEMM on the shape choose_tile picks, an AMX one where `tiles` (Host::bf16_tiles).
 template <class Epi = NoEpilogue>
-void gemm(HostPrecision precision, std::size_t m, std::size_t n, std::size_t k, MatrixRef<float> a,
+void gemm(HostPrecision precision, bool tiles, std::size_t m, std::size_t n, std::size_t k, MatrixRef<float> a,
           MatrixRef<float> b, float* c, std::size_t ldc, bool accumulate, const Epi& epi = {}) {
-  with_tile(choose_tile(m, n), [&]<class S>() { gemm_with<S>(precision, m, n, k, a, b, c, ldc, accumulate, epi); });
+  with_tile(choose_tile(m, n, k, tiles),
+            [&]<class S>() { gemm_with<S>(precision, m, n, k, a, b, c, ldc, accumulate, epi); });
 }
 
 }  // namespace bf16
@@ -313,10 +530,10 @@ void gemm_at_precision(const Host& host, std::size_t m, std::size_t n, std::size
   if constexpr (std::is_same_v<T, float>) {
     if (host.precision() != HostPrecision::fp32) {
       if (host.threads() == 1 || m * n * k < (std::size_t(1) << 17)) {
-        bf16::gemm(host.precision(), m, n, k, a, b, c, ldc, accumulate, epi);
+        bf16::gemm(host.precision(), host.bf16_tiles(), m, n, k, a, b, c, ldc, accumulate, epi);
         return;
       }
-      bf16::with_tile(bf16::choose_tile(m, n), [&]<class S>() {
+      bf16::with_tile(bf16::choose_tile(m, n, k, host.bf16_tiles()), [&]<class S>() {
         detail::split_over_threads<S::mr, S::nr>(
             host, m, n, k, a, b, c, ldc, 2 * bf16::lanes, epi,
             [&](std::size_t mt, std::size_t nt, MatrixRef<float> at, MatrixRef<float> bt, float* ct, const auto& et) {
