@@ -181,6 +181,39 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
       }
 }
 
+TEST_CASE("conv2d at bf16: every tile shape's packed operands fit the regions of ConvScratch (AMX's padding included)") {
+  // conv2d_forward and conv2d_backward put the bf16 pairs in scratch sized for fp32 panels; AMX pads k
+  // to whole tiles of 16 pairs. Checked over every shape choose_tile can pick, tiles on and off.
+  namespace bf = kh::bf16;
+  std::size_t checked = 0;
+  for (int c : {1, 2, 3, 5, 8, 16, 17, 33, 64})
+    for (int kernel : {1, 3, 5})
+      for (int h : {2, 4, 7, 16})
+        for (int o : {1, 6, 15, 16, 17, 31, 32, 33, 64, 70}) {
+          if (kernel > h + 2) continue;
+          const auto g = geometry(c, h, h, kernel, 1, kernel / 2, o);
+          const kh::ConvScratch layout{g};
+          const std::size_t outs = std::size_t(o), patch = g.patch(), pixels = g.out_pixels();
+          for (const bool tiles : {false, true}) {
+            CAPTURE(c);
+            CAPTURE(kernel);
+            CAPTURE(h);
+            CAPTURE(o);
+            CAPTURE(tiles);
+            bf::with_tile(bf::choose_tile(outs, pixels, patch, tiles), [&]<class S>() {
+              CHECK(bf::packed_a_size<S>(outs, patch) <= layout.packed_weights());
+              CHECK(bf::packed_b_size<S>(patch, pixels) <= layout.col());
+            });
+            bf::with_tile(bf::choose_tile(patch, pixels, outs, tiles), [&]<class S>() {
+              CHECK(bf::packed_a_size<S>(patch, outs) <= layout.packed_weights());
+              CHECK(bf::packed_b_size<S>(outs, pixels) <= layout.dz_panels());
+            });
+            ++checked;
+          }
+        }
+  CHECK(checked > 1000);
+}
+
 TEST_CASE_TEMPLATE("conv2d on small planes over larger batches split unevenly over threads", T, float, double) {
   // 16 and 36 output pixels, as ResNet's last stages, and batches of 1, 21 and 37 samples.
   for (const auto& g : {geometry(8, 4, 4, 3, 1, 1, 40), geometry(6, 12, 12, 3, 2, 1, 36)})

@@ -68,7 +68,7 @@ template <class S>
 void check_shape(HostPrecision precision) {
   for (std::size_t m : {std::size_t(1), S::mr - 1, S::mr + 1, 2 * S::mr + 3})
     for (std::size_t n : {std::size_t(1), S::nr - 1, S::nr + 5})
-      for (std::size_t k : {1u, 2u, 7u, 64u, 301u}) check<S>(precision, m, n, k, false, false, false);
+      for (std::size_t k : {1u, 2u, 7u, 16u, 33u, 64u, 301u}) check<S>(precision, m, n, k, false, false, false);
   for (bool ta : {false, true})
     for (bool tb : {false, true}) check<S>(precision, 37, 70, 1111, ta, tb, true);  // several k-blocks
 }
@@ -168,10 +168,10 @@ TEST_CASE("AMX tiles: the A panel's blocks of 16 rows x 16 pairs, whole B tiles 
   }
 }
 
-TEST_CASE("choose_tile: AMX shapes only where asked and 32 or more deep") {
+TEST_CASE("choose_tile: AMX shapes only where asked and 16 or more deep") {
   CHECK(bf::choose_tile(64, 1024, 576, false) < bf::amx_first);
-  CHECK(bf::choose_tile(64, 1024, 31, true) < bf::amx_first);
-  CHECK(bf::choose_tile(64, 1024, 32, true) == bf::amx_first);      // 16 x 64: no padding
+  CHECK(bf::choose_tile(64, 1024, 15, true) < bf::amx_first);
+  CHECK(bf::choose_tile(64, 1024, 16, true) == bf::amx_first);      // 16 x 64: no padding
   CHECK(bf::choose_tile(64, 16, 576, true) == bf::amx_first + 1);   // 16 x 16 where n is 16
   bf::with_tile(bf::amx_first, []<class S>() { CHECK((S::amx && S::nr == 64)); });
   bf::with_tile(bf::amx_first + 1, []<class S>() { CHECK((S::amx && S::nr == 16)); });

@@ -7,7 +7,9 @@
 #include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/dropout.hpp"
 
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 
 namespace fusedp::kernels::host {
 
@@ -59,9 +61,16 @@ void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool acc
 }
 
 /// p[i] = p[i] rounded to the nearest bfloat16 (ties to even) over n floats: a bf16-stored activation.
+/// Bit for bit round_bf16, written without branches so that the loop vectorizes (it was 8% of a bf16
+/// CIFAR-10 step as a scalar loop).
 inline void round_to_bf16(const Host& host, std::size_t n, float* p) {
   host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-    for (std::size_t i = i0; i < i1; ++i) p[i] = round_bf16(p[i]);
+    for (std::size_t i = i0; i < i1; ++i) {
+      const auto v = std::bit_cast<std::uint32_t>(p[i]);
+      const std::uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+      const std::uint32_t quiet = (v | 0x00400000u) & 0xffff0000u;  // a NaN stays a NaN
+      p[i] = std::bit_cast<float>((v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    }
   });
 }
 
