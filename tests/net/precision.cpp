@@ -68,14 +68,18 @@ void check_against_double(const char* name, Bounds bound) {
   CAPTURE(name);
   const Result ref = run<Network, double>(fp::Host{2});
   const Result fp32 = run<Network, float>(fp::Host{2});
-  std::vector<fp::HostPrecision> precisions{fp::HostPrecision::bf16_emulated};
-  if (fp::cpu_features().avx512_bf16) precisions.push_back(fp::HostPrecision::bf16);
-  for (const auto precision : precisions) {
+  // The emulation, VDPBF16PS, and AMX tiles where the CPU has them.
+  std::vector<fp::Host> hosts{fp::Host{2, fp::HostPrecision::bf16_emulated}};
+  if (fp::cpu_features().avx512_bf16) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16}.with_bf16_tiles(false));
+  if (fp::cpu_features().amx_bf16) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16});
+  for (const auto& host : hosts) {
+    const auto precision = host.precision();
     CAPTURE(std::string(fp::to_string(precision)));
-    const Result bf = run<Network, float>(fp::Host{2, precision});
+    CAPTURE(host.bf16_tiles());
+    const Result bf = run<Network, float>(host);
     const double e_logits = rel(bf.logits, ref.logits), e_grads = rel(bf.grads, ref.grads);
     const double e_loss = std::abs(bf.loss - ref.loss) / std::abs(ref.loss);
-    MESSAGE(std::string(name) << ", " << std::string(fp::to_string(precision)) << ": relative error of logits " << e_logits << ", gradients "
+    MESSAGE(std::string(name) << ", " << std::string(fp::to_string(precision)) << std::string(host.bf16_tiles() ? " (AMX)" : "") << ": relative error of logits " << e_logits << ", gradients "
                  << e_grads << ", loss " << e_loss << " (fp32: " << rel(fp32.logits, ref.logits) << ", "
                  << rel(fp32.grads, ref.grads) << ")");
     CHECK(e_logits < bound.logits);
@@ -251,11 +255,18 @@ TEST_CASE("the hardware and the emulated bf16 GEMMs train a network to the same 
     MESSAGE("this CPU has no AVX-512 BF16: only the emulation runs here");
     return;
   }
-  const Result hw = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16});
+  // VDPBF16PS: the AMX tiles add a row's products in another order (their bounds: check_against_double).
+  const Result hw = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16}.with_bf16_tiles(false));
   const Result em = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16_emulated});
   CHECK(hw.loss == em.loss);
   CHECK(hw.logits == em.logits);
   CHECK(hw.grads == em.grads);
+  if (fp::cpu_features().amx_bf16) {
+    // The default bf16 Host here runs its products on the tiles, whose sums round differently
+    // somewhere in the network (and stay within check_against_double's bounds).
+    const Result tiles = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16});
+    CHECK(tiles.grads != em.grads);
+  }
 }
 
 TEST_CASE("a Model of double needs an fp32 Host") {

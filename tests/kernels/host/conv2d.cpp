@@ -43,7 +43,7 @@ struct Mismatches {
 // is a GEMM.
 template <class Epi, class T>
 void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool first_layer,
-                fusedp::HostPrecision precision = fusedp::HostPrecision::fp32) {
+                fusedp::HostPrecision precision = fusedp::HostPrecision::fp32, bool tiles = true) {
   CAPTURE(g.in_channels);
   CAPTURE(g.in_h);
   CAPTURE(g.in_w);
@@ -54,7 +54,8 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   CAPTURE(batch);
   CAPTURE(threads);
   CAPTURE(std::string(fusedp::to_string(precision)));
-  const fusedp::Host host{threads, precision};
+  CAPTURE(tiles);
+  const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::cpu_features().amx_bf16);
   const bool bf16 = precision != fusedp::HostPrecision::fp32;
   const bool rounds = bf16 && !kh::detail::use_direct<T>(g);  // forward and weight gradient
   auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
@@ -173,12 +174,16 @@ TEST_CASE_TEMPLATE("conv2d forward and backward match a double reference", T, fl
 TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the direct path fp32") {
   std::vector<fusedp::HostPrecision> precisions{fusedp::HostPrecision::bf16_emulated};
   if (fusedp::cpu_features().avx512_bf16) precisions.push_back(fusedp::HostPrecision::bf16);
+  // AMX tiles where the CPU has them (the products 16 or more deep), and VDPBF16PS alone.
   for (const auto precision : precisions)
-    for (const auto& g : geometries)
-      for (int threads = 1; threads <= 2; ++threads) {
-        check_conv<k::Epilogue<>, float>(g, 3, threads, false, precision);
-        check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, precision);
-      }
+    for (const bool tiles : {true, false}) {
+      if (!tiles && !fusedp::cpu_features().amx_bf16) continue;
+      for (const auto& g : geometries)
+        for (int threads = 1; threads <= 2; ++threads) {
+          check_conv<k::Epilogue<>, float>(g, 3, threads, false, precision, tiles);
+          check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, precision, tiles);
+        }
+    }
 }
 
 TEST_CASE("conv2d at bf16: every tile shape's packed operands fit the regions of ConvScratch (AMX's padding included)") {

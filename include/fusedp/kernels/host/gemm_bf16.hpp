@@ -85,9 +85,12 @@ template <std::size_t S>
 using tile_at = Tile<shapes[S].mr, shapes[S].nv>;
 
 // The AMX shapes (indices 4 and 5 of with_tile): four C tiles with one A tile and three B tile registers
-// (a fourth B tile reuses the first's), or one C tile for narrow products. The speeds are guesses to
-// be replaced by gemm_bench's figures.
-inline constexpr std::array<host::detail::ShapeInfo, 2> amx_shapes{{{16, 4, 1.0}, {16, 1, 0.5}}};
+// (a fourth B tile reuses the first's), or one C tile for narrow products. Their speeds, one thread on
+// operands packed whole (a throwaway program over gemm_packed, Xeon with AMX, 2026-12-07), GFLOP/s of
+// 16 x 64 against 16 x 16 (AVX-512 BF16's 12 x 2: 107-117): 128 x 256 x 576 680 / 509, 64 x 1024 x 576
+// 1038 / 929, 256 x 64 x 2304 1655 / 787, 128 x 1024 x 1152 1077 / 712, 64 x 1024 x 64 393 / 339;
+// where n is 16 (512 x 16 x 4608) 278 / 466. So 16 x 16 runs at about 0.7 of 16 x 64.
+inline constexpr std::array<host::detail::ShapeInfo, 2> amx_shapes{{{16, 4, 1.0}, {16, 1, 0.7}}};
 inline constexpr std::size_t amx_first = shapes.size();
 /// The shallowest product the tiles take. Padded to 32 along k, a product of 16 still runs several
 /// times faster on the tiles than on VDPBF16PS (ResNet-18's last stage's per-sample weight gradients, k =
