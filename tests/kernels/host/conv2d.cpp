@@ -186,6 +186,33 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
     }
 }
 
+TEST_CASE("im2col_pairs: the pairs of im2col then pack_b, padding included, for vector and AMX panels") {
+  namespace bf = kh::bf16;
+  auto same = [](const k::ConvGeometry& g, auto shape) {
+    using S = decltype(shape);
+    CAPTURE(S::nr);
+    CAPTURE(S::amx);
+    CAPTURE(g.kernel);
+    CAPTURE(g.stride);
+    CAPTURE(g.pad);
+    const kh::ConvScratch layout{g};
+    std::vector<float> x(g.in_size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(9, i));
+    std::vector<float> col(layout.col()), padded(layout.padded() + 1), col2(layout.col()), padded2(layout.padded() + 1);
+    const std::size_t size = bf::packed_b_size<S>(g.patch(), g.out_pixels());
+    std::vector<bf::Pair> want(size, 0xdeadbeefu), got(size, 0x7fc07fc0u);
+    kh::im2col(g, x.data(), col.data(), g.out_pixels(), padded.data());
+    bf::pack_b<S>(kh::row_major<float>(col.data(), g.out_pixels()), 0, g.patch(), 0, g.out_pixels(), want.data());
+    kh::im2col_pairs<S>(g, x.data(), got.data(), col2.data(), padded2.data());
+    CHECK(got == want);
+  };
+  for (const auto& g : geometries) {
+    same(g, bf::AmxTile<4>{});
+    same(g, bf::AmxTile<1>{});
+    same(g, bf::tile_at<1>{});  // 8 x 3: panels of 48 columns
+  }
+}
+
 TEST_CASE("conv2d at bf16: every tile shape's packed operands fit the regions of ConvScratch (AMX's padding included)") {
   // conv2d_forward and conv2d_backward put the bf16 pairs in scratch sized for fp32 panels; AMX pads k
   // to whole tiles of 16 pairs. Checked over every shape choose_tile can pick, tiles on and off.

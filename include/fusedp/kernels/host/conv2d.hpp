@@ -130,6 +130,91 @@ FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTR
       }
 }
 
+namespace detail {
+#if FUSEDP_HOST_AVX512_BF16
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see gemm_bf16.hpp
+#endif
+// One pair of im2col rows written as bf16 pairs into B panels: pixel p of the rows that start at `even`
+// and `odd` (a padded plane, rows wp apart, read every `stride` values; odd null past the patch) goes
+// to dst[p / nr * panel + p % nr], 16 pixels at a time.
+[[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_patch_rows(
+    const float* even, const float* odd, std::size_t wp, std::size_t stride, std::size_t out_h, std::size_t out_w,
+    std::size_t nr, std::size_t panel, bf16::Pair* dst) {
+  const __m512i step = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int(stride)));
+  std::size_t p = 0;
+  for (std::size_t oy = 0; oy < out_h; ++oy) {
+    const float* e = even + oy * stride * wp;
+    const float* o = odd ? odd + oy * stride * wp : nullptr;
+    for (std::size_t ox = 0; ox < out_w;) {
+      const std::size_t j = p % nr, n = std::min({out_w - ox, nr - j, bf16::lanes});
+      const __mmask16 m = __mmask16((1u << n) - 1);
+      __m512 lo, hi = _mm512_setzero_ps();
+      if (stride == 1) {
+        lo = _mm512_maskz_loadu_ps(m, e + ox);
+        if (o) hi = _mm512_maskz_loadu_ps(m, o + ox);
+      } else {
+        lo = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, e + ox * stride, 4);
+        if (o) hi = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, o + ox * stride, 4);
+      }
+      const __m512i pairs = _mm512_or_si512(bf16::detail::bf16_bits(lo), _mm512_slli_epi32(bf16::detail::bf16_bits(hi), 16));
+      _mm512_mask_storeu_epi32(dst + p / nr * panel + j, m, pairs);
+      ox += n;
+      p += n;
+    }
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+}  // namespace detail
+
+/// im2col straight into the bf16 B panels of tile shape S, as im2col into a row-major col followed by
+/// bf16::pack_b<S> (the same pairs, zero padding included) without the fp32 matrix between them: where
+/// the CPU packs with AVX-512; elsewhere it is those two steps, `col` (ConvScratch::col()) in between.
+template <class S>
+void im2col_pairs(const ConvGeometry& g, const float* FUSEDP_RESTRICT x, bf16::Pair* FUSEDP_RESTRICT panels,
+                  float* FUSEDP_RESTRICT col, float* FUSEDP_RESTRICT padded) {
+  const std::size_t patch = g.patch(), pixels = g.out_pixels();
+#if FUSEDP_HOST_AVX512_BF16
+  if (bf16::detail::vector_packing()) {
+    constexpr std::size_t NR = S::nr;
+    const std::size_t kq = bf16::pairs(patch), kqp = bf16::panel_pairs<S>(patch), panel = kqp * NR;
+    const std::size_t panels_n = (pixels + NR - 1) / NR, tail = pixels % NR;
+    const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
+    const float* src = x;
+    if (g.pad > 0) {
+      pad_input(g, x, padded);
+      src = padded;
+    }
+    const std::size_t kk = std::size_t(g.kernel) * std::size_t(g.kernel);
+    auto row = [&](std::size_t k) {
+      const std::size_t c = k / kk, ky = k % kk / std::size_t(g.kernel), kx = k % std::size_t(g.kernel);
+      return src + c * hp * wp + ky * wp + kx;
+    };
+    for (std::size_t q = 0; q < kq; ++q)
+      detail::pairs_of_patch_rows(row(2 * q), 2 * q + 1 < patch ? row(2 * q + 1) : nullptr, wp, std::size_t(g.stride),
+                                  std::size_t(g.out_h), std::size_t(g.out_w), NR, panel, panels + q * NR);
+    for (std::size_t t = 0; t < panels_n; ++t) {
+      bf16::Pair* d = panels + t * panel;
+      for (std::size_t q = kq; q < kqp; ++q)
+        for (std::size_t j = 0; j < NR; ++j) d[q * NR + j] = 0;
+    }
+    if (tail != 0) {
+      bf16::Pair* d = panels + (panels_n - 1) * panel;
+      for (std::size_t q = 0; q < kq; ++q)
+        for (std::size_t j = tail; j < NR; ++j) d[q * NR + j] = 0;
+    }
+    return;
+  }
+#endif
+  im2col(g, x, col, pixels, padded);
+  bf16::pack_b<S>(row_major<float>(col, pixels), 0, patch, 0, pixels, panels);
+}
+
 /// The adjoint of the row-major im2col: dx[c, iy, ix] = sum of the col entries that read it. Sums into
 /// the padded input (`padded`: ConvScratch{g}.padded() elements, used when pad > 0), so every patch row adds
 /// as one run with no bounds checks, then copies the inside out.
@@ -518,8 +603,8 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
     if (host.precision() != HostPrecision::fp32) {
       bf16::with_tile(bf16::choose_tile(outs, pixels, patch, host.bf16_tiles()), [&]<class S>() {
         // The pairs live in the float scratch: weights where fp32's packed weights go, each thread's
-        // im2col matrix in its col region and its pair panels in the next (both fit: a pair holds two
-        // elements).
+        // pair panels in its second col region (im2col_pairs writes them straight from the input; only
+        // without AVX-512 packing does an fp32 im2col matrix go in the first).
         auto* packed_w = reinterpret_cast<bf16::Pair*>(scratch);
         bf16::pack_a<S>(row_major(w, patch), 0, outs, 0, patch, packed_w);
         host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
@@ -528,8 +613,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
           T* padded = scratch + std::size_t(thread + 1) * stride - layout.padded();
           for (std::size_t n = n0; n < n1; ++n) {
             T* yn = y + n * g.out_size();
-            im2col(g, x + n * g.in_size(), col, pixels, padded);
-            bf16::pack_b<S>(row_major<T>(col, pixels), 0, patch, 0, pixels, panels);
+            im2col_pairs<S>(g, x + n * g.in_size(), panels, col, padded);
             bf16::gemm_packed<S>(host.precision(), outs, pixels, patch, packed_w, panels, yn, pixels, false,
                                  epilogue(yn, z ? z + n * g.out_size() : nullptr));
           }
