@@ -90,9 +90,10 @@ FUSEDP_NO_LIBCALL_LOOPS void pad_input(const ConvGeometry& g, const T* FUSEDP_RE
 /// outside the image. Written to col + (p / width) * (K * width) + k * width + p % width: width = P
 /// gives the row-major matrix (K x P); width = a tile's NR gives the B panels of gemm_packed (the
 /// last panel zero-padded). `padded`: ConvScratch{g}.padded() elements of scratch, used when pad > 0.
+/// `row_stride` (width = P only): the rows of col that far apart, a sample's block beside others'.
 template <class T>
 FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTRICT x, T* FUSEDP_RESTRICT col,
-                                    std::size_t width, T* FUSEDP_RESTRICT padded) {
+                                    std::size_t width, T* FUSEDP_RESTRICT padded, std::size_t row_stride = 0) {
   const std::size_t panel = g.patch() * width, stride = std::size_t(g.stride), out_w = std::size_t(g.out_w);
   const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
   const T* src = x;
@@ -105,7 +106,7 @@ FUSEDP_NO_LIBCALL_LOOPS void im2col(const ConvGeometry& g, const T* FUSEDP_RESTR
     for (int ky = 0; ky < g.kernel; ++ky)
       for (int kx = 0; kx < g.kernel; ++kx, ++k) {
         const T* plane = src + std::size_t(c) * hp * wp + std::size_t(ky) * wp + std::size_t(kx);
-        T* out = col + k * width;
+        T* out = col + k * (row_stride != 0 ? row_stride : width);
         std::size_t room = width;  // left in the current panel's row
         for (int oy = 0; oy < g.out_h; ++oy) {
           const T* in = plane + std::size_t(oy) * stride * wp;
@@ -214,6 +215,23 @@ void im2col_pairs(const ConvGeometry& g, const float* FUSEDP_RESTRICT x, bf16::P
   im2col(g, x, col, pixels, padded);
   bf16::pack_b<S>(row_major<float>(col, pixels), 0, patch, 0, pixels, panels);
 }
+
+namespace detail {
+// A bf16 weight gradient over a group of samples (conv2d_backward): the calling thread's im2col
+// matrices side by side (K x group*P) and their dz (O x group*P), reused by every later call. Like
+// the GEMMs' packing buffers, they are not part of ConvScratch or CostModel::host_memory.
+struct SampleGroup {
+  HostBuffer<float> cols, dz;
+};
+inline SampleGroup& sample_group() {
+  thread_local SampleGroup g;
+  return g;
+}
+// Samples a bf16 weight gradient takes at once: enough for 256 values of k on small planes, where a
+// product per sample (k = P) reads and writes all of dW for a few multiply-adds (ResNet-18's layer4:
+// 512 x 4608 x 16 a sample).
+constexpr std::size_t weight_gradient_group(std::size_t pixels) { return pixels < 256 ? 256 / pixels : 1; }
+}  // namespace detail
 
 /// The adjoint of the row-major im2col: dx[c, iy, ix] = sum of the col entries that read it. Sums into
 /// the padded input (`padded`: ConvScratch{g}.padded() elements, used when pad > 0), so every patch row adds
@@ -710,6 +728,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     else gemm(outs, patch, pixels, row_major<T>(dzn, pixels), MatrixRef<T>{cols, 1, pixels}, dw_t, patch, true);
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
+  const bool bf16_groups = !fp32 && !direct && detail::weight_gradient_group(pixels) > 1;
   // Each thread's samples with its own scratch; input_gradient(dz, dz_panels, target) computes
   // dcol (K x P) = W^T (K x O) dz (O x P) into target. One index per thread: parallel_for lets the
   // caller take over the index of a late worker.
@@ -726,10 +745,35 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       simd::zero(db_t, outs);
       const std::size_t n0 = batch * std::size_t(thread) / std::size_t(threads);
       const std::size_t n1 = batch * (std::size_t(thread) + 1) / std::size_t(threads);
+      // At bf16 on small planes, the weight gradient of `group` samples at once: dW += [dz_0 .. dz_g]
+      // [col_0 .. col_g]^T, one pass over dW a group instead of one a sample.
+      const std::size_t group = bf16_groups ? std::min(detail::weight_gradient_group(pixels), n1 - n0) : 1;
+      float* group_cols = nullptr;
+      float* group_dz = nullptr;
+      if (group > 1) {
+        auto& buffers = detail::sample_group();
+        buffers.cols.reserve_discard(patch * group * pixels);
+        buffers.dz.reserve_discard(outs * group * pixels);
+        group_cols = buffers.cols.data();
+        group_dz = buffers.dz.data();
+      }
+      std::size_t grouped = 0;
       for (std::size_t n = n0; n < n1; ++n) {
         T* dzn = detail::sample_dz<Epi>(g, n, y, z, dy, db_t);
         const T* xn = x + n * g.in_size();
-        weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
+        if constexpr (std::is_same_v<T, float>) {
+          if (group > 1) {
+            const std::size_t ld = group * pixels;
+            im2col(g, xn, group_cols + grouped * pixels, pixels, padded, ld);
+            for (std::size_t o = 0; o < outs; ++o) simd::copy(group_dz + o * ld + grouped * pixels, dzn + o * pixels, pixels);
+            if (++grouped == group || n + 1 == n1) {
+              bf16::gemm(host.precision(), host.bf16_tiles(), outs, patch, grouped * pixels, row_major<T>(group_dz, ld),
+                         MatrixRef<T>{group_cols, 1, ld}, dw_t, patch, true);
+              grouped = 0;
+            }
+          }
+        }
+        if (group == 1) weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
         if (dx) {
           T* dxn = dx + n * g.in_size();
           T* target = g.direct() ? dxn : dcol;
