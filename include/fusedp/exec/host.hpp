@@ -289,7 +289,7 @@ struct Host {
     return h;
   }
 
-  /// Whether this Host's bf16 GEMMs run on AMX tiles (TDPBF16PS) where a product is deep enough (32 or
+  /// Whether this Host's bf16 GEMMs run on AMX tiles (TDPBF16PS) where a product is deep enough (16 or
   /// more along k): at precision bf16 on a CPU with AMX, unless with_bf16_tiles(false) turned them off.
   /// The tiles add the products of a row in another order than VDPBF16PS, so their bits differ from
   /// bf16_emulated's (within the same bound against the exact sum; kernels/host/gemm_bf16.hpp).

@@ -73,6 +73,20 @@ void check_shape(HostPrecision precision) {
     for (bool tb : {false, true}) check<S>(precision, 37, 70, 1111, ta, tb, true);  // several k-blocks
 }
 
+#if FUSEDP_HOST_AVX512_BF16
+// Another library's tile shapes on this thread (rows of 4 and 16 bytes), as oneDNN in the same process
+// might leave them between two fusedp GEMMs.
+[[gnu::target("amx-tile")]] void load_foreign_tile_config() {
+  struct alignas(64) Config {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t bytes_per_row[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+    std::uint8_t rows[16] = {4, 4, 4, 4, 4, 4, 4, 4};
+  };
+  static constexpr Config config{};
+  _tile_loadconfig(&config);
+}
+#endif
+
 }  // namespace
 
 TEST_CASE("bf16 pairs: the even k in the low half, rounded to nearest even, odd k padded with zero") {
@@ -187,6 +201,9 @@ TEST_CASE("AMX tiles: the product against double, on every edge of tiles, pairs 
   // bits): check() holds them to the same bound against the exact sum.
   check_shape<bf::AmxTile<4>>(HostPrecision::bf16);
   check_shape<bf::AmxTile<1>>(HostPrecision::bf16);
+#if FUSEDP_HOST_AVX512_BF16
+  load_foreign_tile_config();  // each GEMM loads its own tile shapes
+#endif
   for (bool ta : {false, true})
     for (bool tb : {false, true}) check<bf::AmxTile<4>>(HostPrecision::bf16, 70, 130, 2000, ta, tb, true);
   // And from operands packed whole (a conv's weights), accumulating and not.

@@ -10,7 +10,7 @@
 //                   whatever the build's target); or the same arithmetic in fp32 instructions
 //                   (HostPrecision::bf16_emulated, for checking bf16 results on any CPU)
 //
-//   tiles (AMX)     on CPUs with AMX (Host::bf16_tiles), products 32 or more deep run on TDPBF16PS: a C
+//   tiles (AMX)     on CPUs with AMX (Host::bf16_tiles), products 16 or more deep run on TDPBF16PS: a C
 //                   row of 16 x 64 (or 16 x 16) in tile registers, A packed row by row in blocks of 16
 //                   rows x 16 pairs (the layout an A tile loads), B in the same pair panels as above
 //                   with the pairs padded to a multiple of 16 (whole B tiles)
@@ -415,8 +415,9 @@ template <std::size_t MR, std::size_t NV>
 #endif
 
 #if FUSEDP_HOST_AVX512_BF16
-// The tile registers' shapes, loaded once per thread: all eight 16 rows x 64 bytes (C: 16 x 16 fp32; A:
-// 16 rows x 16 pairs; B: 16 pairs x 16 columns). Nothing else in a fusedp process configures tiles.
+// The tile registers' shapes: all eight 16 rows x 64 bytes (C: 16 x 16 fp32; A: 16 rows x 16 pairs;
+// B: 16 pairs x 16 columns). Loaded at the start of every GEMM on the calling thread (micro_for), so
+// another library's tile configuration in between (oneDNN in the same process) cannot mislead ours.
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
@@ -426,15 +427,12 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-[[gnu::target("amx-tile")]] inline void configure_tiles() {
-  thread_local bool configured = false;
-  if (configured) return;
+[[gnu::noinline, gnu::target("amx-tile")]] inline void configure_tiles() {
   static constexpr TileConfig config{};
   _tile_loadconfig(&config);
-  configured = true;
 }
 
-// The AMX row of tiles: C tiles 0 .. NV-1 (from C when load_c, else zero), per 16 pairs one A tile (4)
+// The AMX row of tiles (the tiles configured by configure_tiles): C tiles 0 .. NV-1 (from C when load_c, else zero), per 16 pairs one A tile (4)
 // and NV B tiles (5, 6, 7, then 5 again), NV TDPBF16PS. kq pairs, read up to the next multiple of 16
 // (the packs pad with zeros). An edge tile goes through a local tile, as micro_kernel_avx512's.
 template <std::size_t NV>
@@ -443,7 +441,6 @@ template <std::size_t NV>
     std::size_t ldc, std::size_t rows, std::size_t cols, bool load_c) {
   static_assert(NV == 1 || NV == 4, "micro_kernel_amx: a row of 1 or 4 C tiles");
   constexpr std::size_t NR = NV * lanes, b_stride = NR * sizeof(Pair);
-  configure_tiles();
   const bool whole = rows == 16 && cols == NR;
   alignas(64) float edge[16 * NR];
   float* out = whole ? c : edge;
@@ -491,6 +488,10 @@ template <std::size_t NV>
 // The micro-kernel of shape S for `precision` (bf16 or bf16_emulated); an AMX shape's runs on AMX.
 template <class S>
 auto micro_for(HostPrecision precision) {
+#if FUSEDP_HOST_AVX512_BF16
+  if constexpr (S::amx)
+    if (precision == HostPrecision::bf16) configure_tiles();
+#endif
   return [precision](std::size_t kq, const Pair* a, const Pair* b, float* c, std::size_t ldc, std::size_t rows,
                      std::size_t cols, bool load_c) {
     if constexpr (S::amx) {
