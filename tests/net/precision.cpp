@@ -71,7 +71,7 @@ void check_against_double(const char* name, Bounds bound) {
   // The emulation, VDPBF16PS, and AMX tiles where the CPU has them.
   std::vector<fp::Host> hosts{fp::Host{2, fp::HostPrecision::bf16_emulated}};
   if (fp::cpu_features().avx512_bf16) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16}.with_bf16_tiles(false));
-  if (fp::cpu_features().amx_bf16) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16});
+  if (fp::amx_usable()) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16});
   for (const auto& host : hosts) {
     const auto precision = host.precision();
     CAPTURE(std::string(fp::to_string(precision)));
@@ -261,7 +261,7 @@ TEST_CASE("the hardware and the emulated bf16 GEMMs train a network to the same 
   CHECK(hw.loss == em.loss);
   CHECK(hw.logits == em.logits);
   CHECK(hw.grads == em.grads);
-  if (fp::cpu_features().amx_bf16) {
+  if (fp::amx_usable()) {
     // The default bf16 Host here runs its products on the tiles, whose sums round differently
     // somewhere in the network (and stay within check_against_double's bounds).
     const Result tiles = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16});

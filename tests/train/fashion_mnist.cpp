@@ -115,7 +115,8 @@ double train_wide_cnn(fp::HostPrecision precision, std::size_t samples, int epoc
 
 TEST_CASE("a CNN trained at precision bf16 reaches the fp32 runs' accuracy within half a point") {
   if (!have_data()) return;
-  // Without AVX-512 BF16 the emulation computes the same bits several times slower: a third of the set.
+  // Without AVX-512 BF16 the emulation computes bf16 several times slower (the bits of VDPBF16PS, not of
+  // the AMX tiles a bf16 Host uses where it can): a third of the set.
   const bool hardware = fp::cpu_features().avx512_bf16;
   const std::size_t samples = hardware ? 60000 : 20000;
   // The mean over three initializations: one run's accuracy moves by a few tenths of a point with the

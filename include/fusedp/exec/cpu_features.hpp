@@ -20,8 +20,8 @@ namespace fusedp {
 struct CpuFeatures {
   bool avx512f = false;      ///< AVX-512 Foundation, with the zmm state enabled by the OS
   bool avx512_bf16 = false;  ///< VDPBF16PS: 16 lanes of bf16 pair dot products into fp32
-  bool amx_bf16 = false;     ///< AMX tiles with TDPBF16PS, tile state enabled by the OS (XCR0 bits 17, 18) and
-                             ///< granted to this process (Linux: arch_prctl ARCH_REQ_XCOMP_PERM)
+  bool amx_bf16 = false;     ///< AMX tiles with TDPBF16PS, tile state enabled by the OS (XCR0 bits 17, 18);
+                             ///< Linux also wants each process to ask for it: amx_usable()
 };
 
 namespace detail {
@@ -48,9 +48,8 @@ inline bool tile_data_granted() noexcept {
 #endif
 }  // namespace detail
 
-/// This CPU's features (all false where they cannot be read: not x86-64, or not GCC/Clang). The first
-/// call on Linux asks the kernel for the AMX tile state where the CPU has it.
-[[nodiscard]] inline CpuFeatures cpu_features() noexcept {
+namespace detail {
+inline CpuFeatures read_cpu_features() noexcept {
   CpuFeatures f;
 #if FUSEDP_X86_CPUID
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -65,11 +64,31 @@ inline bool tile_data_granted() noexcept {
   f.avx512f = zmm_state && ((b >> 16) & 1u);
   const bool amx_tile = (d >> 24) & 1u, amx_bf16 = (d >> 22) & 1u;
   const bool avx512bw = (b >> 30) & 1u;
-  f.amx_bf16 = tile_state && amx_tile && amx_bf16 && f.avx512f && detail::tile_data_granted();
+  f.amx_bf16 = tile_state && amx_tile && amx_bf16 && f.avx512f;
   __cpuid_count(7, 1, a, b, c, d);
   f.avx512_bf16 = f.avx512f && avx512bw && ((a >> 5) & 1u);
 #endif
   return f;
+}
+}  // namespace detail
+
+/// This CPU's features (all false where they cannot be read: not x86-64, or not GCC/Clang), read once
+/// (CPUID is a VM exit under a hypervisor).
+[[nodiscard]] inline CpuFeatures cpu_features() noexcept {
+  static const CpuFeatures f = detail::read_cpu_features();
+  return f;
+}
+
+/// Whether this process may run AMX tiles: the CPU and the OS support them (cpu_features().amx_bf16)
+/// and, on Linux, the kernel granted the process their 8 KiB of state a thread, which the first call
+/// asks for (only then: a granted process gets larger signal frames, and Linux refuses it small
+/// alternate signal stacks). A bf16 Host calls it; nothing else does.
+[[nodiscard]] inline bool amx_usable() noexcept {
+#if FUSEDP_X86_CPUID
+  return cpu_features().amx_bf16 && detail::tile_data_granted();
+#else
+  return false;
+#endif
 }
 
 }  // namespace fusedp

@@ -293,15 +293,18 @@ struct Host {
   /// more along k): at precision bf16 on a CPU with AMX, unless with_bf16_tiles(false) turned them off.
   /// The tiles add the products of a row in another order than VDPBF16PS, so their bits differ from
   /// bf16_emulated's (within the same bound against the exact sum; kernels/host/gemm_bf16.hpp).
-  [[nodiscard]] bool bf16_tiles() const noexcept { return precision_ == HostPrecision::bf16 && tiles_; }
+  [[nodiscard]] bool bf16_tiles() const noexcept {
+    return precision_ == HostPrecision::bf16 && !tiles_off_ && amx_usable();
+  }
   /// The same pool of threads with AMX tiles allowed or not: off gives VDPBF16PS's bits on any
-  /// AVX-512 BF16 CPU; on throws InvalidArgument where the CPU or the OS offers no AMX.
+  /// AVX-512 BF16 CPU; on throws InvalidArgument where the CPU or the OS offers no AMX (amx_usable).
   [[nodiscard]] Host with_bf16_tiles(bool on) const {
-    if (on && !cpu_features().amx_bf16)
-      throw InvalidArgument("Host: AMX tiles (TDPBF16PS) asked for, but this CPU has none or the OS did not grant "
-                            "their state to this process");
+    if (on && !amx_usable())
+      throw InvalidArgument(cpu_features().amx_bf16
+                                ? "Host: AMX tiles (TDPBF16PS) asked for, but the OS did not grant their state to this process"
+                                : "Host: AMX tiles (TDPBF16PS) asked for, but this CPU has none");
     Host h = *this;
-    h.tiles_ = on;
+    h.tiles_off_ = !on;
     return h;
   }
 
@@ -362,7 +365,7 @@ struct Host {
 
   std::shared_ptr<detail::ThreadPool> pool_;
   HostPrecision precision_ = HostPrecision::fp32;
-  bool tiles_ = cpu_features().amx_bf16;
+  bool tiles_off_ = false;  // with_bf16_tiles(false)
 };
 
 /// The Host space's work is done when its calls return: the host clock times it.

@@ -55,7 +55,7 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   CAPTURE(threads);
   CAPTURE(std::string(fusedp::to_string(precision)));
   CAPTURE(tiles);
-  const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::cpu_features().amx_bf16);
+  const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::amx_usable());
   const bool bf16 = precision != fusedp::HostPrecision::fp32;
   const bool rounds = bf16 && !kh::detail::use_direct<T>(g);  // forward and weight gradient
   auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
@@ -177,7 +177,7 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
   // AMX tiles where the CPU has them (the products 16 or more deep), and VDPBF16PS alone.
   for (const auto precision : precisions)
     for (const bool tiles : {true, false}) {
-      if (!tiles && !fusedp::cpu_features().amx_bf16) continue;
+      if (!tiles && !fusedp::amx_usable()) continue;
       for (const auto& g : geometries)
         for (int threads = 1; threads <= 2; ++threads) {
           check_conv<k::Epilogue<>, float>(g, 3, threads, false, precision, tiles);
@@ -188,6 +188,7 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
 
 TEST_CASE("im2col_pairs: the pairs of im2col then pack_b, padding included, for vector and AMX panels") {
   namespace bf = kh::bf16;
+  if (!bf::detail::vector_packing()) MESSAGE("this CPU packs without AVX-512: im2col_pairs is im2col then pack_b here");
   auto same = [](const k::ConvGeometry& g, auto shape) {
     using S = decltype(shape);
     CAPTURE(S::nr);

@@ -182,6 +182,40 @@ TEST_CASE("AMX tiles: the A panel's blocks of 16 rows x 16 pairs, whole B tiles 
   }
 }
 
+TEST_CASE("the AVX-512 packs round as to_bf16: ties, the largest float, infinities, NaN payloads") {
+  if (!bf::detail::vector_packing()) {
+    MESSAGE("this CPU packs without AVX-512: the scalar pair() is all there is");
+    return;
+  }
+  const std::uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                                    0xff800000u, 0x7f800001u, 0x7fbfffffu, 0xffc00001u, 0x00000001u, 0x80008000u,
+                                    0x00018000u, 0x00000000u, 0x80000000u, 0x7f7f8000u};
+  const std::size_t k = 40, n = 40;  // every value at every lane of a row, a column and a run
+  std::vector<float> values(k * n);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = std::bit_cast<float>(specials[(i * 7 + i / 16) % std::size(specials)]);
+  auto same = [](bf::Pair got, float even, float odd) {
+    return got == (std::uint32_t(fusedp::kernels::to_bf16(even)) | (std::uint32_t(fusedp::kernels::to_bf16(odd)) << 16));
+  };
+  using V = bf::tile_at<0>;
+  using A = bf::AmxTile<4>;
+  std::vector<bf::Pair> rows(bf::packed_b_size<V>(k, n)), cols(bf::packed_b_size<V>(k, n)), run(bf::packed_a_size<A>(n, k));
+  bf::pack_b<V>(kh::row_major(values.data(), n), 0, k, 0, n, rows.data());                  // pairs_of_rows
+  bf::pack_b<V>(kh::MatrixRef<float>{values.data(), 1, k}, 0, k, 0, n, cols.data());      // pairs_of_columns
+  bf::pack_a<A>(kh::row_major(values.data(), k), 0, n, 0, k, run.data());                  // pairs_of_run
+  std::size_t checked = 0;
+  for (std::size_t q = 0; q < k / 2; ++q)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t panel = j / V::nr * (k / 2) * V::nr + q * V::nr + j % V::nr;
+      CHECK(same(rows[panel], values[2 * q * n + j], values[(2 * q + 1) * n + j]));
+      CHECK(same(cols[panel], values[j * k + 2 * q], values[j * k + 2 * q + 1]));
+      const std::size_t at = j / 16 * bf::panel_pairs<A>(k) * 16 + q / 16 * 256 + j % 16 * 16 + q % 16;
+      CHECK(same(run[at], values[j * k + 2 * q], values[j * k + 2 * q + 1]));
+      ++checked;
+    }
+  CHECK(checked == 800);
+}
+
 TEST_CASE("choose_tile: AMX shapes only where asked and 16 or more deep") {
   CHECK(bf::choose_tile(64, 1024, 576, false) < bf::amx_first);
   CHECK(bf::choose_tile(64, 1024, 15, true) < bf::amx_first);
@@ -193,7 +227,7 @@ TEST_CASE("choose_tile: AMX shapes only where asked and 16 or more deep") {
 }
 
 TEST_CASE("AMX tiles: the product against double, on every edge of tiles, pairs and k-blocks (where the CPU has them)") {
-  if (!fusedp::cpu_features().amx_bf16) {
+  if (!fusedp::amx_usable()) {
     MESSAGE("this CPU has no AMX (or the OS did not grant it): the tile kernel is not run here");
     return;
   }
@@ -225,6 +259,13 @@ TEST_CASE("gemm_at_precision: bf16 split over threads gives one thread's bits; f
   const std::size_t m = 70, n = 300, k = 257;
   const Operand a(4, m, k, false), b(5, k, n, true);
   std::vector<float> one(m * n), two(m * n), fp32(m * n), plain(m * n);
+  if (fusedp::amx_usable()) {  // the tiles too
+    const fusedp::Host tiles_one{1, HostPrecision::bf16}, tiles_two{2, HostPrecision::bf16};
+    REQUIRE(tiles_two.bf16_tiles());
+    kh::gemm_at_precision(tiles_one, m, n, k, a.ref, b.ref, one.data(), n, false);
+    kh::gemm_at_precision(tiles_two, m, n, k, a.ref, b.ref, two.data(), n, false);
+    CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  }
   const fusedp::Host one_thread{1, HostPrecision::bf16_emulated}, two_threads{2, HostPrecision::bf16_emulated};
   kh::gemm_at_precision(one_thread, m, n, k, a.ref, b.ref, one.data(), n, false);
   kh::gemm_at_precision(two_threads, m, n, k, a.ref, b.ref, two.data(), n, false);
@@ -246,11 +287,12 @@ TEST_CASE("Host precision: bf16 where the CPU has AVX-512 BF16, else a message t
     CHECK(host.precision() == HostPrecision::bf16);
     CHECK(host.with_precision(HostPrecision::fp32).precision() == HostPrecision::fp32);
     // AMX tiles: on by default where the CPU has them, only at precision bf16, and can be turned off.
-    CHECK(host.bf16_tiles() == fusedp::cpu_features().amx_bf16);
+    CHECK(host.bf16_tiles() == fusedp::amx_usable());
     CHECK(!host.with_bf16_tiles(false).bf16_tiles());
+    if (fusedp::amx_usable()) CHECK(host.with_bf16_tiles(false).with_bf16_tiles(true).bf16_tiles());
     CHECK(!host.with_precision(HostPrecision::bf16_emulated).bf16_tiles());
     CHECK(!fusedp::Host(1).bf16_tiles());
-    if (!fusedp::cpu_features().amx_bf16)
+    if (!fusedp::amx_usable())
       CHECK_THROWS_WITH_AS((void)host.with_bf16_tiles(true), doctest::Contains("AMX"), fusedp::InvalidArgument);
   } else {
     CHECK_THROWS_WITH_AS(fusedp::Host(1, fusedp::precision::Bf16{}), doctest::Contains("AVX-512 BF16"),

@@ -92,10 +92,10 @@ using tile_at = Tile<shapes[S].mr, shapes[S].nv>;
 // where n is 16 (512 x 16 x 4608) 278 / 466. So 16 x 16 runs at about 0.7 of 16 x 64.
 inline constexpr std::array<host::detail::ShapeInfo, 2> amx_shapes{{{16, 4, 1.0}, {16, 1, 0.7}}};
 inline constexpr std::size_t amx_first = shapes.size();
-/// The shallowest product the tiles take. Padded to 32 along k, a product of 16 still runs several
-/// times faster on the tiles than on VDPBF16PS (ResNet-18's last stage's per-sample weight gradients, k =
-/// 16 pixels); and from 16 on, a panel of k/2 pairs padded to 16 takes no more than k floats, so the
-/// packed operands fit the scratch that callers size for the vector shapes (ConvScratch).
+/// The shallowest product the tiles take. Padded to 32 along k, a product of 16 still runs faster on
+/// the tiles than on VDPBF16PS (gemm_bench: ResNet-18's 512 x 4608 x 16, 135 against 94 GFLOP/s); and
+/// from 16 on, a panel of k/2 pairs padded to 16 takes no more than k floats, so the packed operands fit
+/// the scratch that callers size for the vector shapes (ConvScratch).
 inline constexpr std::size_t amx_min_k = 16;
 
 /// The tile shape for an m x n x k product: an AMX shape where `tiles` (Host::bf16_tiles) and k >=
@@ -432,9 +432,11 @@ static_assert(sizeof(TileConfig) == 64);
   _tile_loadconfig(&config);
 }
 
-// The AMX row of tiles (the tiles configured by configure_tiles): C tiles 0 .. NV-1 (from C when load_c, else zero), per 16 pairs one A tile (4)
-// and NV B tiles (5, 6, 7, then 5 again), NV TDPBF16PS. kq pairs, read up to the next multiple of 16
-// (the packs pad with zeros). An edge tile goes through a local tile, as micro_kernel_avx512's.
+// The AMX row of tiles (the tiles configured by configure_tiles): C tiles 0 .. NV-1, per 16 pairs one A
+// tile (4) and NV B tiles (5, 6, 7, then 5 again), NV TDPBF16PS. kq pairs, read up to the next multiple
+// of 16 (the packs pad with zeros). A whole tile starts from C when load_c (the tiles add to it); an
+// edge tile starts from zero and goes through a local tile, added to C in fp32 as micro_kernel_avx512's
+// (so an edge's accumulation rounds once more, deterministically).
 template <std::size_t NV>
 [[gnu::noinline, gnu::target("amx-tile,amx-bf16,avx512f")]] void micro_kernel_amx(
     std::size_t kq, const Pair* FUSEDP_RESTRICT a, const Pair* FUSEDP_RESTRICT b, float* FUSEDP_RESTRICT c,
@@ -501,8 +503,10 @@ auto micro_for(HostPrecision precision) {
         return;
       }
 #endif
-      throw InvalidArgument(std::string("Host: an AMX tile shape needs precision bf16 on a CPU with AMX, not ") +
-                            to_string(precision));
+      throw InvalidArgument(FUSEDP_HOST_AVX512_BF16
+                                ? std::string("Host: an AMX tile shape needs precision bf16, not ") + to_string(precision)
+                                : std::string("Host: an AMX tile shape was chosen, but this translation unit was compiled "
+                                              "without AVX-512 and AMX (nvcc's host pass, or not x86-64 GCC/Clang)"));
     }
 #if FUSEDP_HOST_AVX512_BF16
     if (precision == HostPrecision::bf16) {
