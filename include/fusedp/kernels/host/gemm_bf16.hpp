@@ -15,13 +15,14 @@
 //                   rows x 16 pairs (the layout an A tile loads), B in the same pair panels as above
 //                   with the pairs padded to a multiple of 16 (whole B tiles)
 //
-// Speed, measured on this project's Xeon (Sapphire Rapids class, a KVM guest without AMX): VDPBF16PS
+// Speed, measured on this project's Xeon (Sapphire Rapids class) as a KVM guest without AMX: VDPBF16PS
 // retires about one zmm instruction every two cycles where FMA retires two a cycle (1.3 G against
 // 5.35 G a second, 24 independent chains each), so its 64 FLOP an instruction come at half fp32's rate:
 // the register tiles run at 72-79 GFLOP/s against fp32's 122-163 on one core (gemm_bench 1 0.3 --bf16)
-// and a CIFAR-10 CNN step takes 119 ms against 75. Here bf16 buys bf16 numerics (the rounding of a
-// bf16 accelerator, checked on the CPU), not speed; AMX (TDPBF16PS on tiles, 16x the FMA rate) is where
-// bf16 pays on such CPUs, and it reads the same pair layout.
+// and a CIFAR-10 CNN step takes 119 ms against 75: without AMX, bf16 buys bf16 numerics (the rounding
+// of a bf16 accelerator, checked on the CPU), not speed. With AMX exposed (2026-12-07) the tiles run
+// at 645-1655 GFLOP/s on one core (amx_shapes below) and the CIFAR-10 CNN's bf16 step takes 29 ms
+// against 35 in fp32 (benchmarks/RESULTS.md).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/exec/host.hpp"
