@@ -151,7 +151,7 @@ namespace detail {
     const float* o = odd ? odd + oy * stride * wp : nullptr;
     for (std::size_t ox = 0; ox < out_w;) {
       const std::size_t j = p % nr, n = std::min({out_w - ox, nr - j, bf16::lanes});
-      const __mmask16 m = __mmask16((1u << n) - 1);
+      const __mmask16 m = bf16::detail::first_lanes(n);
       __m512 lo, hi = _mm512_setzero_ps();
       if (stride == 1) {
         lo = _mm512_maskz_loadu_ps(m, e + ox);
@@ -160,8 +160,7 @@ namespace detail {
         lo = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, e + ox * stride, 4);
         if (o) hi = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, o + ox * stride, 4);
       }
-      const __m512i pairs = _mm512_or_si512(bf16::detail::bf16_bits(lo), _mm512_slli_epi32(bf16::detail::bf16_bits(hi), 16));
-      _mm512_mask_storeu_epi32(dst + p / nr * panel + j, m, pairs);
+      _mm512_mask_storeu_epi32(dst + p / nr * panel + j, m, bf16::detail::pairs_of(lo, hi));
       ox += n;
       p += n;
     }

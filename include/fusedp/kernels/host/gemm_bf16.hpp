@@ -151,14 +151,31 @@ namespace detail {
   return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
+// The first min(n, 16) lanes.
+FUSEDP_ALWAYS_INLINE __mmask16 first_lanes(std::size_t n) {
+  return n >= lanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// 16 pairs, lane j = pair(even lane j, odd lane j).
+[[gnu::target("avx512f,avx512bw")]] FUSEDP_ALWAYS_INLINE __m512i pairs_of(__m512 even, __m512 odd) {
+  return _mm512_or_si512(bf16_bits(even), _mm512_slli_epi32(bf16_bits(odd), 16));
+}
+
+// The 16 pairs of 32 contiguous floats (those from `left` on read as zero): lane j = pair(src[2j],
+// src[2j + 1]).
+[[gnu::target("avx512f,avx512bw")]] FUSEDP_ALWAYS_INLINE __m512i pairs_of_adjacent(const float* src, std::size_t left) {
+  const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(first_lanes(left), src));
+  const __m512i hi = bf16_bits(_mm512_maskz_loadu_ps(first_lanes(left > lanes ? left - lanes : 0), src + lanes));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+}
+
 // dst[j] = pair(even[j], odd ? odd[j] : 0) for j < cols: B's pairs from two rows.
 [[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_rows(const float* even, const float* odd, std::size_t cols,
                                                               Pair* dst) {
   for (std::size_t j = 0; j < cols; j += lanes) {
-    const __mmask16 m = cols - j >= lanes ? __mmask16(0xffff) : __mmask16((1u << (cols - j)) - 1);
-    const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(m, even + j));
-    const __m512i hi = odd ? bf16_bits(_mm512_maskz_loadu_ps(m, odd + j)) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(dst + j, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    const __mmask16 m = first_lanes(cols - j);
+    const __m512 e = _mm512_maskz_loadu_ps(m, even + j), o = odd ? _mm512_maskz_loadu_ps(m, odd + j) : _mm512_setzero_ps();
+    _mm512_mask_storeu_epi32(dst + j, m, pairs_of(e, o));
   }
 }
 
@@ -167,12 +184,8 @@ namespace detail {
 [[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_run(const float* src, std::size_t kc, Pair* dst,
                                                              std::size_t stride, std::size_t blocks) {
   for (std::size_t b = 0; b < blocks; ++b, src += 2 * lanes, dst += stride) {
-    const std::size_t k = 2 * lanes * b, left = k < kc ? kc - k : 0;
-    const auto mask = [](std::size_t n) { return n >= lanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1); };
-    const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(mask(left), src));
-    const __m512i hi = bf16_bits(_mm512_maskz_loadu_ps(mask(left > lanes ? left - lanes : 0), src + lanes));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
-    _mm512_storeu_si512(dst, both);
+    const std::size_t k = 2 * lanes * b;
+    _mm512_storeu_si512(dst, pairs_of_adjacent(src, k < kc ? kc - k : 0));
   }
 }
 
@@ -211,7 +224,6 @@ namespace detail {
                                                                                 std::size_t kc, std::size_t cols,
                                                                                 Pair* dst, std::size_t nr) {
   const std::size_t kq = pairs(kc);
-  const auto mask = [](std::size_t n) { return n >= lanes ? __mmask16(0xffff) : __mmask16((1u << n) - 1); };
   for (std::size_t j0 = 0; j0 < cols; j0 += lanes)
     for (std::size_t q0 = 0; q0 < kq; q0 += lanes) {
       const std::size_t k = 2 * q0, left = kc - k;
@@ -221,10 +233,7 @@ namespace detail {
           r[j] = _mm512_setzero_si512();
           continue;
         }
-        const float* col = src + (j0 + j) * cs + k;
-        const __m512i lo = bf16_bits(_mm512_maskz_loadu_ps(mask(left), col));
-        const __m512i hi = bf16_bits(_mm512_maskz_loadu_ps(mask(left > lanes ? left - lanes : 0), col + lanes));
-        r[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+        r[j] = pairs_of_adjacent(src + (j0 + j) * cs + k, left);
       }
       transpose16(r);
       const std::size_t rows = std::min(lanes, kq - q0);
