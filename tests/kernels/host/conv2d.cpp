@@ -57,7 +57,8 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   CAPTURE(tiles);
   const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::amx_usable());
   const bool bf16 = precision != fusedp::HostPrecision::fp32;
-  const bool rounds = bf16 && !kh::detail::use_direct<T>(g);  // forward and weight gradient
+  // forward and weight gradient: the direct path's stay fp32, unless AMX takes the conv
+  const bool rounds = bf16 && (!kh::detail::use_direct<T>(g) || kh::detail::amx_conv_runs<T>(host, g));
   auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   auto r_dx = [&](T v) { return bf16 ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   const std::size_t O = std::size_t(g.out_channels), K = g.patch(), P = g.out_pixels();
@@ -184,6 +185,31 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
           check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, precision, tiles);
         }
     }
+}
+
+TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im2col") {
+  if (!fusedp::amx_usable()) {
+    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+    return;
+  }
+  // Planes whose grid rows end inside a register block (17 x 19: 357 positions in blocks of 32),
+  // 16 wide (the narrowest taken), several blocks of channels in and out, 32 output channels (where
+  // fp32 would take the direct path).
+  const k::ConvGeometry amx[] = {geometry(32, 16, 16, 3, 1, 1, 32), geometry(64, 17, 19, 3, 1, 1, 96),
+                                 geometry(96, 20, 16, 3, 1, 1, 64)};
+  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
+  for (const auto& g : amx) {
+    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
+    for (int threads = 1; threads <= 3; ++threads) {
+      check_conv<k::Epilogue<>, float>(g, 3, threads, false, fusedp::HostPrecision::bf16);
+      check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, fusedp::HostPrecision::bf16);
+    }
+  }
+  // Not taken: 8 wide, 3 input channels (CIFAR's first conv), stride 2, and bf16 without tiles.
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 8, 8, 3, 1, 1, 64)));
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(3, 32, 32, 3, 1, 1, 64)));
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 2, 1, 64)));
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
 }
 
 TEST_CASE("im2col_pairs: the pairs of im2col then pack_b, padding included, for vector and AMX panels") {

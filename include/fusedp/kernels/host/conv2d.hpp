@@ -19,6 +19,7 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
+#include "fusedp/kernels/host/conv3x3_amx.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
@@ -61,9 +62,16 @@ struct ConvScratch {
   [[nodiscard]] constexpr std::size_t per_thread() const {
     const std::size_t gemms =
         packed_weights() + 2 * col() + dz_panels() + dw() + align_elements(std::size_t(g.out_channels)) + padded();
-    if (!winograd::applies(g)) return gemms;
-    const winograd::Plan forward{g}, input_gradient{winograd::transposed(g)};
-    return std::max({gemms, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
+    std::size_t most = gemms;
+    if (winograd::applies(g)) {
+      const winograd::Plan forward{g}, input_gradient{winograd::transposed(g)};
+      most = std::max({most, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
+    }
+    if (amx_conv::applies(g)) {
+      const amx_conv::Plan forward{g}, input_gradient{winograd::transposed(g)};
+      most = std::max({most, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
+    }
+    return most;
   }
 };
 
@@ -358,6 +366,13 @@ bool winograd_runs(const Host& host, const ConvGeometry& g) {
   return winograd::applies(g);
 }
 
+// True where a 3x3 conv runs directly on AMX tiles (conv3x3_amx.hpp): its geometry, at bf16 with tiles.
+template <class T>
+bool amx_conv_runs(const Host& host, const ConvGeometry& g) {
+  if constexpr (std::is_same_v<T, float>) return host.bf16_tiles() && bf16::detail::vector_packing() && amx_conv::applies(g);
+  return false;
+}
+
 // --- Direct convolution with the output channels in the vector lanes -----------------------------
 // For few output channels (LeNet: 6 and 16) im2col writes K values per output pixel to be used by only
 // O multiply-adds, and costs more than the product (65% of LeNet's second conv forward). Here each
@@ -595,6 +610,14 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
     });
     return;
   }
+  if constexpr (std::is_same_v<T, float>) {
+    if (detail::amx_conv_runs<T>(host, g)) {
+      amx_conv::conv3x3(host, g, batch, w, false, x, y, scratch, [&](std::size_t n) {
+        return epilogue(y + n * g.out_size(), z ? z + n * g.out_size() : nullptr);
+      });
+      return;
+    }
+  }
   if constexpr (FUSEDP_VECTOR_EXTENSIONS) {
     if (detail::use_direct<T>(g)) {
       detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() {
@@ -663,9 +686,10 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread(), weights = layout.packed_weights();
-  if (detail::winograd_runs<T>(host, g)) {
-    // By Winograd over the whole batch: dz and the bias gradient per sample first, then the weight
-    // and input gradients over blocks of tiles.
+  const bool amx = detail::amx_conv_runs<T>(host, g);
+  if (amx || detail::winograd_runs<T>(host, g)) {
+    // By Winograd (or AMX tiles, directly) over the whole batch: dz and the bias gradient per sample
+    // first, then the weight and input gradients.
     const auto threads = std::size_t(host.threads());
     host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
       T* db_t = scratch + std::size_t(thread) * stride;
@@ -675,6 +699,15 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       }
     });
     if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx) {
+        amx_conv::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
+        if (dx)
+          amx_conv::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
+                            [](std::size_t) { return NoEpilogue{}; });
+        return;
+      }
+    }
     winograd::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
     if (dx)
       winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,

@@ -1,0 +1,320 @@
+#pragma once
+// 3x3 convolutions with stride 1 and padding 1 at precision bf16 on AMX tiles, directly: no im2col
+// matrix, no packed copy of it. What winograd.hpp is to fp32, this is to bf16 with tiles.
+//
+// The padded grid. A sample's input, with its zero border, is a plane of (H + 2) x Wp values, Wp =
+// W + 2. Output pixel (y, x) reads the plane at (y + ky) Wp + x + kx for tap (ky, kx): with j = y Wp +
+// x its grid position, at j + shift(tap). So over the grid positions j = 0, 1, 2, ... every tap reads a
+// contiguous run of the plane, and a run of 16 positions is a row of 16 values an AMX tile loads with
+// no gather; the positions x = W, W + 1 of each row are computed too and thrown away (Wp / W more
+// work: 6% on 32 x 32 planes, 12% on 16 x 16).
+//
+//   forward, and the input gradient (the same product with the weights rotated and their channels
+//   swapped): C tiles of 16 output channels x 16 grid positions; A = the weights of one tap and 32
+//   input channels (16 x 16 pairs, packed once a call); B = 16 channel pairs x 16 positions, loaded
+//   straight from the input's pair planes ("NC/2HW2": pair (c, c + 1) of each position, the plane of
+//   each pair of channels `plane` pairs long).
+//   weight gradient: C tiles of 16 input x 16 output channels per tap, summed over grid positions
+//   (the product's k): A = 16 input channels x 32 positions, loaded straight from the bf16 input planes
+//   at the tap's shift; B = 16 position pairs x 16 output channels, dz on the grid (zero at the thrown
+//   positions) paired along positions.
+//
+// Each register block is 2 x 2 C tiles (32 x 32), from 2 A and 2 B tiles: four tile loads per four
+// TDPBF16PS. Numerics as the bf16 GEMMs: operands rounded to bf16 (to nearest even), exact products,
+// fp32 sums; only the order of the sums differs (pairs of channels here, pairs of the patch there).
+#include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
+#include "fusedp/core/shape.hpp"
+#include "fusedp/exec/host.hpp"
+#include "fusedp/kernels/conv_geometry.hpp"
+#include "fusedp/kernels/host/gemm_bf16.hpp"
+#include "fusedp/kernels/host/simd.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace fusedp::kernels::host::amx_conv {
+
+using bf16::Pair;
+
+/// Output channels and grid positions of one register block (2 x 2 C tiles); channels come in blocks
+/// of this many.
+inline constexpr std::size_t block = 32;
+/// The narrowest plane the direct path takes. Narrower, the thrown positions cost more than im2col
+/// saves (8 x 8 planes: Wp / W = 1.25, and k = 288 a sample): im2col's GEMM takes them.
+inline constexpr int min_width = 16;
+
+/// True where a conv may run here: 3x3, stride 1, padding 1, channels in and out multiples of 32, planes
+/// at least min_width wide; and a build with AVX-512 and AMX code (not nvcc's host pass).
+constexpr bool applies(const ConvGeometry& g) {
+  return FUSEDP_HOST_AVX512_BF16 && g.kernel == 3 && g.stride == 1 && g.pad == 1 && g.in_channels % block == 0 &&
+         g.out_channels % block == 0 && g.out_w >= min_width;
+}
+
+/// The grid and one thread's scratch for conv `g`, in floats (a pair, or two bf16, a float).
+struct Plan {
+  ConvGeometry g;
+  [[nodiscard]] constexpr std::size_t wp() const { return std::size_t(g.in_w) + 2; }
+  /// Grid positions of one sample's outputs, the thrown ones included.
+  [[nodiscard]] constexpr std::size_t grid() const { return std::size_t(g.out_h) * wp(); }
+  /// Grid positions computed: grid() rounded up to whole blocks (the weight gradient's k a sample).
+  [[nodiscard]] constexpr std::size_t span() const { return host::detail::round_up(grid(), block); }
+  /// Values of one channel's (or pair's) plane: every position a tap reads from span(), border included.
+  [[nodiscard]] constexpr std::size_t plane() const { return host::detail::round_up(span() + 2 * wp() + 2, 16); }
+  /// Pair of grid position j's value of tap t: j + shift(t).
+  [[nodiscard]] constexpr std::size_t shift(std::size_t t) const { return t / 3 * wp() + t % 3; }
+
+  // conv3x3: the packed weights (thread 0's, read by all), then the input's pair planes.
+  [[nodiscard]] constexpr std::size_t weights() const {
+    return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels) / 2);
+  }
+  [[nodiscard]] constexpr std::size_t input() const { return align_elements(std::size_t(g.in_channels) / 2 * plane()); }
+  [[nodiscard]] constexpr std::size_t per_thread() const { return weights() + input(); }
+
+  // weight_gradient3x3: the input's bf16 planes, dz on the grid (fp32), dz's pairs along positions, the
+  // thread's sums dW^T per tap (9, C, O).
+  [[nodiscard]] constexpr std::size_t image() const { return align_elements(std::size_t(g.in_channels) * plane() / 2); }
+  [[nodiscard]] constexpr std::size_t gradient() const { return align_elements(std::size_t(g.out_channels) * span()); }
+  [[nodiscard]] constexpr std::size_t gradient_pairs() const {
+    return align_elements(span() / 2 * std::size_t(g.out_channels));
+  }
+  [[nodiscard]] constexpr std::size_t sums() const {
+    return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels));
+  }
+  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const {
+    return image() + gradient() + gradient_pairs() + sums();
+  }
+};
+
+#if FUSEDP_HOST_AVX512_BF16
+// As in gemm_bf16.hpp: GCC 12 takes _mm512_undefined's self-initialization inside the conversion
+// intrinsics for an uninitialized read.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace detail {
+using bf16::detail::bf16_bits;
+using bf16::detail::first_lanes;
+
+// 32 outputs x 32 grid positions: out (32 x 32 floats) = the sum over taps and blocks of 32 input
+// channels of A B. a: this block's weights, [tap][channel block][half][16 rows x 16 pairs]; in: the
+// input's pair planes at the first position, channel pairs `plane` pairs apart.
+[[gnu::noinline, gnu::target("amx-tile,amx-bf16")]] inline void conv_block(const Pair* a, const Pair* in, std::size_t plane,
+                                                                          std::size_t channel_blocks, std::size_t wp,
+                                                                          float* out) {
+  const std::size_t b_stride = plane * sizeof(Pair);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (std::size_t t = 0; t < 9; ++t) {
+    const Pair* b = in + t / 3 * wp + t % 3;
+    for (std::size_t cb = 0; cb < channel_blocks; ++cb, a += 2 * 256, b += 16 * plane) {
+      _tile_loadd(4, a, 64);
+      _tile_loadd(5, a + 256, 64);
+      _tile_loadd(6, b, b_stride);
+      _tile_loadd(7, b + 16, b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, block * sizeof(float));
+  _tile_stored(1, out + 16, block * sizeof(float));
+  _tile_stored(2, out + 16 * block, block * sizeof(float));
+  _tile_stored(3, out + 16 * block + 16, block * sizeof(float));
+}
+
+// sums (32 input x 32 output channels, rows `outs` apart) += image (32 channels' bf16 planes at the
+// tap's shift, `plane` apart) times dz's pairs (from position 0, rows of `outs` pairs), over `span`
+// positions.
+[[gnu::noinline, gnu::target("amx-tile,amx-bf16")]] inline void weight_block(const std::uint16_t* image, std::size_t plane,
+                                                                            const Pair* pairs, std::size_t outs,
+                                                                            std::size_t span, float* sums) {
+  const std::size_t s_stride = outs * sizeof(float), a_stride = plane * sizeof(std::uint16_t);
+  _tile_loadd(0, sums, s_stride);
+  _tile_loadd(1, sums + 16, s_stride);
+  _tile_loadd(2, sums + 16 * outs, s_stride);
+  _tile_loadd(3, sums + 16 * outs + 16, s_stride);
+  for (std::size_t j = 0; j < span; j += block, image += block, pairs += 16 * outs) {
+    _tile_loadd(4, image, a_stride);
+    _tile_loadd(5, image + 16 * plane, a_stride);
+    _tile_loadd(6, pairs, s_stride);
+    _tile_loadd(7, pairs + 16, s_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, sums, s_stride);
+  _tile_stored(1, sums + 16, s_stride);
+  _tile_stored(2, sums + 16 * outs, s_stride);
+  _tile_stored(3, sums + 16 * outs + 16, s_stride);
+}
+
+// dst[j] = bf16 of src[j] (to_bf16's rounding) for j < n.
+[[gnu::target("avx512f,avx512bw,avx512vl")]] inline void bf16_of(const float* src, std::size_t n, std::uint16_t* dst) {
+  for (std::size_t j = 0; j < n; j += bf16::lanes) {
+    const __mmask16 m = first_lanes(n - j);
+    _mm256_mask_storeu_epi16(dst + j, m, _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m, src + j))));
+  }
+}
+
+// The padded plane (Plan::plane() values, of type V) of an h x w image: row y at (y + 1) wp + 1, zero
+// elsewhere; row(y, dst) writes the w values of row y.
+template <class V, class Row>
+void padded_plane(std::size_t h, std::size_t w, std::size_t wp, std::size_t plane, V* dst, const Row& row) {
+  std::fill(dst, dst + wp + 1, V(0));
+  for (std::size_t y = 0; y < h; ++y) {
+    V* r = dst + (y + 1) * wp + 1;
+    row(y, r);
+    r[w] = V(0);      // this row's right border
+    r[w + 1] = V(0);  // the next row's left border
+  }
+  std::fill(dst + (h + 1) * wp, dst + plane, V(0));
+}
+}  // namespace detail
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+/// y = epi(conv(x, w)) for `batch` samples of a conv that `applies`: x (N, C, H, W), w as stored
+/// (O, C, 3, 3), or, with `input_gradient`, w of the conv whose input gradient this is (C_out = its C,
+/// so its (C', O', 3, 3) rotated and swapped), as winograd::conv3x3. make_epi(n) gives sample n's
+/// epilogue, called as epi(o, p0, &y[n][o][p0], count) on runs of one row. scratch: host.threads() x
+/// Plan{g}.per_thread(). Only where Host::bf16_tiles().
+template <class MakeEpi>
+void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* w, bool input_gradient,
+             const float* x, float* y, float* scratch, const MakeEpi& make_epi) {
+#if FUSEDP_HOST_AVX512_BF16
+  const Plan plan{g};
+  const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels), H = std::size_t(g.in_h);
+  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), wp = plan.wp(), L = plan.plane();
+  const std::size_t channel_blocks = C / block, per_block = 9 * channel_blocks * 2 * 256;
+  auto* a = reinterpret_cast<Pair*>(scratch);  // thread 0's, read by all
+  // Weight (r, k, tap) of this product: forward w(r, k) at w + (r C + k) 9; input gradient at
+  // w + (k O + r) 9, the taps rotated (as winograd::conv3x3).
+  host.parallel_for(O / block, [&](std::size_t b0, std::size_t b1, int) {
+    for (std::size_t ob = b0; ob < b1; ++ob) {
+      Pair* dst = a + ob * per_block;
+      for (std::size_t t = 0; t < 9; ++t)
+        for (std::size_t cb = 0; cb < channel_blocks; ++cb)
+          for (std::size_t r = 0; r < block; ++r)
+            for (std::size_t q = 0; q < 16; ++q, ++dst) {
+              const std::size_t o = ob * block + r, k = cb * block + 2 * q;
+              auto at = [&](std::size_t kk) {
+                return input_gradient ? w[(kk * O + o) * 9 + 8 - t] : w[(o * C + kk) * 9 + t];
+              };
+              *dst = bf16::pair(at(k), at(k + 1));
+            }
+    }
+  });
+  host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
+    bf16::detail::configure_tiles();  // per thread, per call: see gemm_bf16.hpp
+    auto* in = reinterpret_cast<Pair*>(scratch + std::size_t(thread) * plan.per_thread() + plan.weights());
+    alignas(64) float out[block * block];
+    for (std::size_t n = n0; n < n1; ++n) {
+      const float* xn = x + n * g.in_size();
+      for (std::size_t cp = 0; cp < C / 2; ++cp) {
+        const float* even = xn + 2 * cp * H * W;
+        detail::padded_plane(H, W, wp, L, in + cp * L, [&](std::size_t r, Pair* dst) {
+          bf16::detail::pairs_of_rows(even + r * W, even + H * W + r * W, W, dst);
+        });
+      }
+      const auto epi = make_epi(n);
+      float* yn = y + n * g.out_size();
+      for (std::size_t j0 = 0; j0 < plan.span(); j0 += block) {
+        for (std::size_t ob = 0; ob < O / block; ++ob) {
+          detail::conv_block(a + ob * per_block, in + j0, L, channel_blocks, wp, out);
+          // The block's positions that are outputs, as runs of one row.
+          for (std::size_t j = j0, end = std::min(j0 + block, plan.grid()); j < end;) {
+            const std::size_t oy = j / wp, ox = j % wp;
+            if (ox >= W) {
+              j += wp - ox;
+              continue;
+            }
+            const std::size_t count = std::min(W - ox, end - j), p = oy * W + ox;
+            for (std::size_t r = 0; r < block; ++r) {
+              const std::size_t o = ob * block + r;
+              float* dst = yn + o * P + p;
+              simd::copy(dst, out + r * block + (j - j0), count);
+              epi(o, p, dst, count);
+            }
+            j += count;
+          }
+        }
+      }
+    }
+  });
+#else
+  (void)host, (void)g, (void)batch, (void)w, (void)input_gradient, (void)x, (void)y, (void)scratch, (void)make_epi;
+  throw InvalidArgument("Host: the AMX 3x3 conv was called in a translation unit compiled without AVX-512 and AMX");
+#endif
+}
+
+/// dw (O, C, 3, 3) = the weight gradient of conv `g` (one that `applies`) over `batch` samples: x its
+/// input, dz the gradient of its output (before any epilogue). Each thread sums over its samples; the
+/// sums are added in thread order, so the result depends on the thread count only. scratch:
+/// host.threads() x Plan{g}.weight_gradient_per_thread(). Only where Host::bf16_tiles().
+inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* x,
+                               const float* dz, float* dw, float* scratch) {
+#if FUSEDP_HOST_AVX512_BF16
+  const Plan plan{g};
+  const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels), H = std::size_t(g.in_h);
+  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), wp = plan.wp(), L = plan.plane(), J = plan.span();
+  const std::size_t stride = plan.weight_gradient_per_thread();
+  const auto threads = std::size_t(host.threads());
+  host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
+    float* own = scratch + std::size_t(thread) * stride;
+    auto* image = reinterpret_cast<std::uint16_t*>(own);
+    float* grid = own + plan.image();
+    auto* pairs = reinterpret_cast<Pair*>(grid + plan.gradient());
+    float* sums = grid + plan.gradient() + plan.gradient_pairs();
+    simd::zero(sums, 9 * C * O);
+    bf16::detail::configure_tiles();
+    for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
+      const float* xn = x + n * g.in_size();
+      for (std::size_t c = 0; c < C; ++c)
+        detail::padded_plane(H, W, wp, L, image + c * L, [&](std::size_t r, std::uint16_t* dst) {
+          detail::bf16_of(xn + (c * H + r) * W, W, dst);
+        });
+      // dz on the grid: row y at y wp, zero at the thrown positions and past the last row.
+      const float* dzn = dz + n * g.out_size();
+      for (std::size_t o = 0; o < O; ++o) {
+        float* dst = grid + o * J;
+        for (std::size_t r = 0; r < H; ++r) {
+          simd::copy(dst + r * wp, dzn + o * P + r * W, W);
+          dst[r * wp + W] = dst[r * wp + W + 1] = 0.0f;
+        }
+        std::fill(dst + H * wp, dst + J, 0.0f);
+      }
+      bf16::detail::pairs_of_columns(grid, J, J, O, pairs, O);
+      for (std::size_t t = 0; t < 9; ++t)
+        for (std::size_t cb = 0; cb < C / block; ++cb)
+          for (std::size_t ob = 0; ob < O / block; ++ob)
+            detail::weight_block(image + cb * block * L + plan.shift(t), L, pairs + ob * block, O, J,
+                                 sums + (t * C + cb * block) * O + ob * block);
+    }
+  });
+  // dw (O, C, 3, 3) = the threads' sums (9, C, O) in thread order.
+  host.parallel_for(O, [&](std::size_t o0, std::size_t o1, int) {
+    for (std::size_t o = o0; o < o1; ++o)
+      for (std::size_t c = 0; c < C; ++c)
+        for (std::size_t t = 0; t < 9; ++t) {
+          float s = 0.0f;
+          for (std::size_t th = 0; th < threads; ++th)
+            s += scratch[th * stride + plan.image() + plan.gradient() + plan.gradient_pairs() + (t * C + c) * O + o];
+          dw[(o * C + c) * 9 + t] = s;
+        }
+  });
+#else
+  (void)host, (void)g, (void)batch, (void)x, (void)dz, (void)dw, (void)scratch;
+  throw InvalidArgument("Host: the AMX 3x3 conv was called in a translation unit compiled without AVX-512 and AMX");
+#endif
+}
+
+}  // namespace fusedp::kernels::host::amx_conv
