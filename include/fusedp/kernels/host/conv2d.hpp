@@ -15,6 +15,7 @@
 // (gemm_bf16.hpp): im2col writes the row-major matrix, which is packed into pairs; the direct path
 // (few output channels, no GEMM) stays fp32.
 #include "fusedp/core/config.hpp"
+#include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
@@ -147,13 +148,13 @@ namespace detail {
 #endif
 // One pair of im2col rows written as bf16 pairs into B panels: pixel p of the rows that start at `even`
 // and `odd` (a padded plane, rows wp apart, read every `stride` values; odd null past the patch) goes
-// to dst[p / nr * panel + p % nr], 16 pixels at a time.
+// to dst[(first + p) / nr * panel + (first + p) % nr], 16 pixels at a time.
 [[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void pairs_of_patch_rows(
     const float* even, const float* odd, std::size_t wp, std::size_t stride, std::size_t out_h, std::size_t out_w,
-    std::size_t nr, std::size_t panel, bf16::Pair* dst) {
+    std::size_t nr, std::size_t panel, bf16::Pair* dst, std::size_t first) {
   const __m512i step = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                           _mm512_set1_epi32(int(stride)));
-  std::size_t p = 0;
+  std::size_t p = first;
   for (std::size_t oy = 0; oy < out_h; ++oy) {
     const float* e = even + oy * stride * wp;
     const float* o = odd ? odd + oy * stride * wp : nullptr;
@@ -183,15 +184,20 @@ namespace detail {
 /// im2col straight into the bf16 B panels of tile shape S, as im2col into a row-major col followed by
 /// bf16::pack_b<S> (the same pairs, zero padding included) without the fp32 matrix between them: where
 /// the CPU packs with AVX-512; elsewhere it is those two steps, `col` (ConvScratch::col()) in between.
+/// Samples side by side (conv2d_forward's groups, where the CPU packs with AVX-512): this sample's
+/// pixels go to columns [first, first + P) of a product `columns` wide, whose padding the call for its
+/// last sample writes.
 template <class S>
 void im2col_pairs(const ConvGeometry& g, const float* FUSEDP_RESTRICT x, bf16::Pair* FUSEDP_RESTRICT panels,
-                  float* FUSEDP_RESTRICT col, float* FUSEDP_RESTRICT padded) {
+                  float* FUSEDP_RESTRICT col, float* FUSEDP_RESTRICT padded, std::size_t first = 0,
+                  std::size_t columns = 0) {
   const std::size_t patch = g.patch(), pixels = g.out_pixels();
+  if (columns == 0) columns = pixels;
 #if FUSEDP_HOST_AVX512_BF16
   if (bf16::detail::vector_packing()) {
     constexpr std::size_t NR = S::nr;
     const std::size_t kq = bf16::pairs(patch), kqp = bf16::panel_pairs<S>(patch), panel = kqp * NR;
-    const std::size_t panels_n = (pixels + NR - 1) / NR, tail = pixels % NR;
+    const std::size_t panels_n = (columns + NR - 1) / NR, tail = columns % NR;
     const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
     const float* src = x;
     if (g.pad > 0) {
@@ -205,7 +211,8 @@ void im2col_pairs(const ConvGeometry& g, const float* FUSEDP_RESTRICT x, bf16::P
     };
     for (std::size_t q = 0; q < kq; ++q)
       detail::pairs_of_patch_rows(row(2 * q), 2 * q + 1 < patch ? row(2 * q + 1) : nullptr, wp, std::size_t(g.stride),
-                                  std::size_t(g.out_h), std::size_t(g.out_w), NR, panel, panels + q * NR);
+                                  std::size_t(g.out_h), std::size_t(g.out_w), NR, panel, panels + q * NR, first);
+    if (first + pixels != columns) return;
     for (std::size_t t = 0; t < panels_n; ++t) {
       bf16::Pair* d = panels + t * panel;
       for (std::size_t q = kq; q < kqp; ++q)
@@ -219,6 +226,8 @@ void im2col_pairs(const ConvGeometry& g, const float* FUSEDP_RESTRICT x, bf16::P
     return;
   }
 #endif
+  if (first != 0 || columns != pixels)
+    throw InvalidArgument("im2col_pairs: samples side by side need AVX-512 packing, which this CPU or build lacks");
   im2col(g, x, col, pixels, padded);
   bf16::pack_b<S>(row_major<float>(col, pixels), 0, patch, 0, pixels, panels);
 }
@@ -238,14 +247,20 @@ inline SampleGroup& sample_group() {
 // product per sample (k = P) reads and writes all of dW for a few multiply-adds (ResNet-18's layer4:
 // 512 x 4608 x 16 a sample).
 constexpr std::size_t weight_gradient_group(std::size_t pixels) { return pixels < 256 ? 256 / pixels : 1; }
+// Samples a bf16 forward and input gradient take at once on AMX tiles: on planes under 64 pixels a
+// sample's product is at most 16 columns wide, which only the single 16 x 16 tile takes, so 64 / P
+// samples side by side make one product for the 16 x 64 row of tiles (ResNet-18's layer4: 512 x 16 x
+// 4608 a sample, or 512 x 64 x 4608 for four).
+constexpr std::size_t tile_group(std::size_t pixels) { return pixels < 64 ? 64 / pixels : 1; }
 }  // namespace detail
 
 /// The adjoint of the row-major im2col: dx[c, iy, ix] = sum of the col entries that read it. Sums into
 /// the padded input (`padded`: ConvScratch{g}.padded() elements, used when pad > 0), so every patch row adds
-/// as one run with no bounds checks, then copies the inside out.
+/// as one run with no bounds checks, then copies the inside out. `row_stride`: the rows of col that far
+/// apart (a sample's block beside others'), else P.
 template <class T>
 FUSEDP_NO_LIBCALL_LOOPS void col2im(const ConvGeometry& g, const T* FUSEDP_RESTRICT col, T* FUSEDP_RESTRICT dx,
-                                    T* FUSEDP_RESTRICT padded) {
+                                    T* FUSEDP_RESTRICT padded, std::size_t row_stride = 0) {
   const std::size_t pixels = g.out_pixels(), stride = std::size_t(g.stride), out_w = std::size_t(g.out_w);
   const std::size_t wp = std::size_t(g.in_w) + 2 * std::size_t(g.pad), hp = std::size_t(g.in_h) + 2 * std::size_t(g.pad);
   T* dst = g.pad > 0 ? padded : dx;
@@ -254,7 +269,7 @@ FUSEDP_NO_LIBCALL_LOOPS void col2im(const ConvGeometry& g, const T* FUSEDP_RESTR
   for (int c = 0; c < g.in_channels; ++c)
     for (int ky = 0; ky < g.kernel; ++ky)
       for (int kx = 0; kx < g.kernel; ++kx, ++k) {
-        const T* row = col + k * pixels;
+        const T* row = col + k * (row_stride != 0 ? row_stride : pixels);
         T* plane = dst + std::size_t(c) * hp * wp + std::size_t(ky) * wp + std::size_t(kx);
         for (std::size_t oy = 0; oy < std::size_t(g.out_h); ++oy) {
           T* out = plane + oy * stride * wp;
@@ -641,7 +656,14 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (host.precision() != HostPrecision::fp32) {
-      bf16::with_tile(bf16::choose_tile(outs, pixels, patch, host.bf16_tiles()), [&]<class S>() {
+      // On AMX, small planes' samples side by side (tile_group): their product goes to the first col
+      // region, then to each sample's y through its epilogue.
+      const bool tiles = host.bf16_tiles();
+      const std::size_t group = tiles && bf16::detail::vector_packing() &&
+                                        outs * detail::tile_group(pixels) * pixels <= layout.col()
+                                    ? detail::tile_group(pixels)
+                                    : 1;
+      bf16::with_tile(bf16::choose_tile(outs, group * pixels, patch, tiles), [&]<class S>() {
         // The pairs live in the float scratch: weights where fp32's packed weights go, each thread's
         // pair panels in its second col region (im2col_pairs writes them straight from the input; only
         // without AVX-512 packing does an fp32 im2col matrix go in the first).
@@ -651,11 +673,28 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
           T* col = scratch + std::size_t(thread) * stride + layout.packed_weights();
           auto* panels = reinterpret_cast<bf16::Pair*>(col + layout.col());
           T* padded = scratch + std::size_t(thread + 1) * stride - layout.padded();
-          for (std::size_t n = n0; n < n1; ++n) {
-            T* yn = y + n * g.out_size();
-            im2col_pairs<S>(g, x + n * g.in_size(), panels, col, padded);
-            bf16::gemm_packed<S>(host.precision(), outs, pixels, patch, packed_w, panels, yn, pixels, false,
-                                 epilogue(yn, z ? z + n * g.out_size() : nullptr));
+          if (group == 1) {
+            for (std::size_t n = n0; n < n1; ++n) {
+              T* yn = y + n * g.out_size();
+              im2col_pairs<S>(g, x + n * g.in_size(), panels, col, padded);
+              bf16::gemm_packed<S>(host.precision(), outs, pixels, patch, packed_w, panels, yn, pixels, false,
+                                   epilogue(yn, z ? z + n * g.out_size() : nullptr));
+            }
+            return;
+          }
+          for (std::size_t n = n0; n < n1; n += group) {
+            const std::size_t count = std::min(group, n1 - n), columns = count * pixels;
+            for (std::size_t s = 0; s < count; ++s)
+              im2col_pairs<S>(g, x + (n + s) * g.in_size(), panels, col, padded, s * pixels, columns);
+            bf16::gemm_packed<S>(host.precision(), outs, columns, patch, packed_w, panels, col, columns, false);
+            for (std::size_t s = 0; s < count; ++s) {
+              T* yn = y + (n + s) * g.out_size();
+              const auto epi = epilogue(yn, z ? z + (n + s) * g.out_size() : nullptr);
+              for (std::size_t o = 0; o < outs; ++o) {
+                simd::copy(yn + o * pixels, col + o * columns + s * pixels, pixels);
+                epi(o, 0, yn + o * pixels, pixels);
+              }
+            }
           }
         });
       });
@@ -761,9 +800,15 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   };
   if (direct) detail::with_direct_width<T>(outs, [&]<std::size_t W, std::size_t NV>() { width = NV * W; });
   const bool bf16_groups = !fp32 && !direct && detail::weight_gradient_group(pixels) > 1;
-  // Each thread's samples with its own scratch; input_gradient(dz, dz_panels, target) computes
-  // dcol (K x P) = W^T (K x O) dz (O x P) into target. One index per thread: parallel_for lets the
-  // caller take over the index of a late worker.
+  // On AMX the input gradients of a weight gradient's group too, tile_group samples at a time (a
+  // product of up to 64 columns, whose dcol the region of one sample's holds: P + max_tile_cols).
+  bool tiles = false;
+  if constexpr (std::is_same_v<T, float>) tiles = !fp32 && host.bf16_tiles();
+  const std::size_t dx_group =
+      bf16_groups && tiles ? std::min(detail::tile_group(pixels), detail::weight_gradient_group(pixels)) : 1;
+  // Each thread's samples with its own scratch; input_gradient(dz, ld, columns, dz_panels, target)
+  // computes dcol (K x columns) = W^T (K x O) dz (O x columns, rows ld apart) into target. One index per
+  // thread: parallel_for lets the caller take over the index of a late worker.
   auto per_thread = [&](const auto& input_gradient) {
     host.parallel_for(std::size_t(threads), [&](std::size_t, std::size_t, int thread) {
       T* own = scratch + std::size_t(thread) * stride;
@@ -801,15 +846,29 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
             if (++grouped == group || n + 1 == n1) {
               bf16::gemm(host.precision(), host.bf16_tiles(), outs, patch, grouped * pixels, row_major<T>(group_dz, ld),
                          MatrixRef<T>{group_cols, 1, ld}, dw_t, patch, true);
+              // The group's input gradients, dx_group samples a product: dcol (K x count P), then each
+              // sample's block of columns into its dx.
+              for (std::size_t s0 = 0; dx && dx_group > 1 && s0 < grouped; s0 += dx_group) {
+                const std::size_t count = std::min(dx_group, grouped - s0), columns = count * pixels;
+                input_gradient(group_dz + s0 * pixels, ld, columns, dz_panels, dcol);
+                for (std::size_t s = 0; s < count; ++s) {
+                  T* dxs = dx + (n + 1 - grouped + s0 + s) * g.in_size();
+                  if (!g.direct()) {
+                    col2im(g, dcol + s * pixels, dxs, padded, columns);
+                    continue;
+                  }
+                  for (std::size_t c = 0; c < patch; ++c) simd::copy(dxs + c * pixels, dcol + c * columns + s * pixels, pixels);
+                }
+              }
               grouped = 0;
             }
           }
         }
         if (group == 1) weight_gradient(dzn, xn, col, dz_panels, padded, dw_t);
-        if (dx) {
+        if (dx && (group == 1 || dx_group == 1)) {
           T* dxn = dx + n * g.in_size();
           T* target = g.direct() ? dxn : dcol;
-          input_gradient(dzn, dz_panels, target);
+          input_gradient(dzn, pixels, pixels, dz_panels, target);
           if (!g.direct()) col2im(g, dcol, dxn, padded);
         }
       }
@@ -819,13 +878,13 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   bool done = false;
   if constexpr (std::is_same_v<T, float>) {
     if (host.precision() != HostPrecision::fp32) {
-      bf16::with_tile(bf16::choose_tile(patch, pixels, outs, host.bf16_tiles()), [&]<class S>() {
+      bf16::with_tile(bf16::choose_tile(patch, dx_group * pixels, outs, host.bf16_tiles()), [&]<class S>() {
         auto* packed_wt = reinterpret_cast<bf16::Pair*>(scratch);
         if (dx) bf16::pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
-        per_thread([&](const T* dzn, T* dz_panels, T* target) {
+        per_thread([&](const T* dzn, std::size_t ld, std::size_t columns, T* dz_panels, T* target) {
           auto* panels = reinterpret_cast<bf16::Pair*>(dz_panels);
-          bf16::pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, panels);
-          bf16::gemm_packed<S>(host.precision(), patch, pixels, outs, packed_wt, panels, target, pixels, false);
+          bf16::pack_b<S>(row_major<T>(dzn, ld), 0, outs, 0, columns, panels);
+          bf16::gemm_packed<S>(host.precision(), patch, columns, outs, packed_wt, panels, target, columns, false);
         });
       });
       done = true;
@@ -835,9 +894,9 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     with_tile(choose_tile<T>(patch, pixels), [&]<class S>() {
       T* packed_wt = scratch;
       if (dx) pack_a<S>(MatrixRef<T>{w, 1, patch}, 0, patch, 0, outs, packed_wt);
-      per_thread([&](const T* dzn, T* dz_panels, T* target) {
-        pack_b<S>(row_major<T>(dzn, pixels), 0, outs, 0, pixels, dz_panels);
-        gemm_packed<S>(patch, pixels, outs, packed_wt, dz_panels, target, pixels, false);
+      per_thread([&](const T* dzn, std::size_t ld, std::size_t columns, T* dz_panels, T* target) {
+        pack_b<S>(row_major<T>(dzn, ld), 0, outs, 0, columns, dz_panels);
+        gemm_packed<S>(patch, columns, outs, packed_wt, dz_panels, target, columns, false);
       });
     });
   if (width > 0) detail::reduce_threads_transposed(host, scratch, stride, dw_at, width, outs, patch, dw);
