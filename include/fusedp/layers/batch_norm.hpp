@@ -83,6 +83,8 @@ struct BatchNorm {
   /// In evaluation, the running statistics and affine parameters for the epilogue of the layer before
   /// (StageArgs::fold): that layer's pass then computes this one's output.
   static constexpr bool folds_into_previous = true;
+  /// The Host kernels store y and dx as bf16 values themselves (as Conv2d's).
+  static constexpr bool host_rounds_stored = true;
   template <class In, class T, class Space>
   static kernels::BatchNormFold<T> eval_fold(const StageArgs<Space, T>& a) {
     constexpr kernels::BatchNormState s = state_offsets<In>;
@@ -103,14 +105,15 @@ struct BatchNorm {
     host_sums<In> sums;  // SyncBatchNorm's per-channel sums: on the stack, so no step allocates
     kernels::host::batch_norm_forward<Epi>(a.space, g, state_offsets<In>, a.training, double(Momentum),
                                            double(Eps), Affine ? a.w : nullptr, Affine ? a.b : nullptr, a.state,
-                                           a.x, a.y, a.z, a.sync, sums.data(), a.add);
+                                           a.x, a.y, a.z, a.sync, sums.data(), a.add, a.bf16_y);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
     host_sums<In> sums;
     kernels::host::batch_norm_backward<Epi>(a.space, geometry<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
-                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync, sums.data());
+                                            Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync, sums.data(),
+                                            a.bf16_dx);
   }
   template <class In>
   using host_sums = std::array<double, kernels::batch_norm_sync_doubles(std::size_t(In::channels))>;

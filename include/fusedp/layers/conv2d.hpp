@@ -61,16 +61,19 @@ struct Conv2d {
   }();
   template <class In>
   static constexpr std::size_t host_scratch = kernels::host::ConvScratch{geometry<In>}.per_thread();
+  /// The Host kernels store y and dx as bf16 values themselves (bf16_y, bf16_dx), rounding each run while
+  /// it is in cache rather than in a pass of their own after the stage (net/activation_storage.hpp).
+  static constexpr bool host_rounds_stored = true;
 
   template <class In, class Epi, class T>
   static void forward(const StageArgs<Host, T>& a) {
     kernels::host::conv2d_forward<Epi>(a.space, geometry<In>, a.batch, a.w, Bias ? a.b : nullptr, a.x, a.y, a.z,
-                                       a.scratch, a.fold, a.add);
+                                       a.scratch, a.fold, a.add, a.bf16_y);
   }
   template <class In, class Epi, class T>
   static void backward(const StageArgs<Host, T>& a) {
     kernels::host::conv2d_backward<Epi>(a.space, geometry<In>, a.batch, a.w, a.x, a.y, a.z, a.dy, a.dx, a.dw,
-                                        Bias ? a.db : nullptr, a.scratch);
+                                        Bias ? a.db : nullptr, a.scratch, a.bf16_dx);
   }
 
   /// Whether the Cuda backward of this conv with epilogue Epi forms its dz densely in the scratch before

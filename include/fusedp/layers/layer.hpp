@@ -167,6 +167,8 @@ concept HasParams = requires { L::template params<Shape<1, 1, 1>>; };
 ///   forward/backward (anchors)       per space, with StageArgs; on Cuda its kernels store y (forward)
 ///                                    and dx (backward) as bf16 values where bf16_y / bf16_dx say so
 ///                                    (kernels::stored_value; the Host binding rounds after the stage)
+///   host_rounds_stored (optional)    true: its Host kernels do so too, each run as they write it (the
+///                                    binding then rounds nothing after it: net/activation_storage.hpp)
 ///   cuda_reads_16bit<In>, cuda_writes_16bit<In, Epi> (optional)  its Cuda forward and backward take
 ///                                    <In, Epi, X, Y>: the input (X) and, with epilogue Epi, the output
 ///                                    (Y) stored as kernels::BFloat16 (reads_16bit_input,

@@ -344,7 +344,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           } else {
             stage_backward<S, typename S::epilogue, X, Y, SY, SX>(s);
           }
-          round_stored(a.space, s.dx, a.batch * S::in::size, s.bf16_dx);
+          round_stored<typename S::layer>(a.space, s.dx, a.batch * S::in::size, s.bf16_dx);
           current = s.dx;
         }(),
         ...);

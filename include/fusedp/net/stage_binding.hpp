@@ -223,14 +223,15 @@ void forward_folding(const ArgsOf& args_of, bool training) {
       a.bf16_y = next.bf16_y;
       using E = stage_elements<Layout, I + 1>;
       stage_forward<S, epilogue_at<Net, I + 1, LastEpi>, X, typename E::output, typename E::add>(a);
-      round_stored(a.space, a.y, a.batch * N::out::size, a.bf16_y);
+      round_stored<typename S::layer>(a.space, a.y, a.batch * N::out::size, a.bf16_y);
       return;
     }
   }
   const StageArgs<Space, T> a = args_of.template operator()<I>();
   using E = stage_elements<Layout, I>;
   stage_forward<S, epilogue_at<Net, I, LastEpi>, X, typename E::output, typename E::add>(a);
-  if constexpr (!Net::stage_plan[I].aliases_input) round_stored(a.space, a.y, a.batch * S::out::size, a.bf16_y);
+  if constexpr (!Net::stage_plan[I].aliases_input)
+    round_stored<typename S::layer>(a.space, a.y, a.batch * S::out::size, a.bf16_y);
 }
 }  // namespace detail
 
@@ -380,7 +381,7 @@ class StageBinding {
         using E = detail::stage_elements<Layout, I>;
         detail::stage_backward<S, typename S::epilogue, typename E::input, typename E::output, typename E::dy,
                                typename E::dx>(a);
-        detail::round_stored(space, a.dx, batch * S::in::size, a.bf16_dx);
+        detail::round_stored<typename S::layer>(space, a.dx, batch * S::in::size, a.bf16_dx);
       }
     }
     on_stage_done(I);

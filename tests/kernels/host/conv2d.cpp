@@ -212,6 +212,48 @@ TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
 }
 
+TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to bf16, on every path") {
+  std::vector<fusedp::Host> hosts{fusedp::Host{2, fusedp::HostPrecision::bf16_emulated}};
+  if (fusedp::cpu_features().avx512_bf16) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16}.with_bf16_tiles(false));
+  if (fusedp::amx_usable()) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16});
+  std::vector<k::ConvGeometry> all(std::begin(geometries), std::end(geometries));
+  all.push_back(geometry(32, 16, 16, 3, 1, 1, 32));  // the AMX path where the CPU has it
+  for (const auto& host : hosts)
+    for (const auto& g : all) {
+      CAPTURE(std::string(fusedp::to_string(host.precision())));
+      CAPTURE(host.bf16_tiles());
+      CAPTURE(g.in_channels);
+      CAPTURE(g.out_channels);
+      CAPTURE(g.kernel);
+      CAPTURE(g.stride);
+      const std::size_t batch = 5, O = std::size_t(g.out_channels), K = g.patch();
+      std::vector<float> w(O * K), b(O), x(batch * g.in_size()), dy(batch * g.out_size());
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(value(2, i));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(3, i));
+      for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(value(4, i));
+      std::vector<float> scratch(2 * kh::ConvScratch{g}.per_thread());
+      std::vector<float> y[2], dx[2];
+      for (const bool bf16 : {false, true}) {
+        std::vector<float> yb(batch * g.out_size()), z(yb.size()), dyb = dy, dxb(batch * g.in_size()), dw(O * K), db(O);
+        // ReLU: its derivative (y > 0) is the same on the rounded y, so dz and dx agree too.
+        using Epi = k::Epilogue<k::Relu>;
+        kh::conv2d_forward<Epi>(host, g, batch, w.data(), b.data(), x.data(), yb.data(), z.data(), scratch.data(),
+                                static_cast<const k::BatchNormFold<float>*>(nullptr), static_cast<const float*>(nullptr),
+                                bf16);
+        kh::conv2d_backward<Epi>(host, g, batch, w.data(), x.data(), yb.data(), z.data(), dyb.data(), dxb.data(), dw.data(),
+                                 db.data(), scratch.data(), bf16);
+        y[bf16] = yb;
+        dx[bf16] = dxb;
+      }
+      std::size_t y_bad = 0, dx_bad = 0;
+      for (std::size_t i = 0; i < y[0].size(); ++i) y_bad += fusedp::kernels::round_bf16(y[0][i]) != y[1][i];
+      for (std::size_t i = 0; i < dx[0].size(); ++i) dx_bad += fusedp::kernels::round_bf16(dx[0][i]) != dx[1][i];
+      CHECK(y_bad == 0);
+      CHECK(dx_bad == 0);
+    }
+}
+
 TEST_CASE("im2col_pairs: the pairs of im2col then pack_b, padding included, for vector and AMX panels") {
   namespace bf = kh::bf16;
   if (!bf::detail::vector_packing()) MESSAGE("this CPU packs without AVX-512: im2col_pairs is im2col then pack_b here");

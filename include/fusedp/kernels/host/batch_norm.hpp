@@ -11,6 +11,7 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/replica_sum.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/kernels/host/simd.hpp"
 
 #include <array>
@@ -118,10 +119,11 @@ double channel_squares(const BatchNormGeometry& g, const T* x, std::size_t c, do
         sums[0] += d * d;
       })[0];
 }
-// y = Epi(normalize(x) [+ add]) over channel c; z the values before the epilogue when it saves them.
+// y = Epi(normalize(x) [+ add]) over channel c; z the values before the epilogue when it saves them;
+// each plane of y rounded to bf16 values as it is written where bf16_y.
 template <class Epi, class T>
 void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch, std::size_t c, const T* x, T* y,
-                       T* z, const T* add) {
+                       T* z, const T* add, bool bf16_y) {
   for (std::size_t n = 0; n < g.batch; ++n) {
     const std::size_t at = g.at(n, c);
     if (add == nullptr) {
@@ -137,6 +139,7 @@ void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch
         y[at + i] = Epi::apply(v);
       }
     }
+    round_run_if(bf16_y, y + at, g.plane);
   }
 }
 // Applies the epilogue's derivative to dy in place; returns the channel's sums of dz and dz xhat.
@@ -168,12 +171,13 @@ std::pair<double, double> channel_gradient_sums(const BatchNormGeometry& g, std:
 }
 template <class T>
 void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T invstd, T gamma, double sum_dz,
-                            double sum_dz_xhat, double count, const T* x, const T* dy, T* dx) {
+                            double sum_dz_xhat, double count, const T* x, const T* dy, T* dx, bool bf16_dx) {
   for (std::size_t n = 0; n < g.batch; ++n) {
     const std::size_t at = g.at(n, c);
     for (std::size_t i = 0; i < g.plane; ++i)
       dx[at + i] = batch_norm_input_gradient(dy[at + i], (x[at + i] - mean) * invstd, gamma, invstd, sum_dz,
                                              sum_dz_xhat, count);
+    round_run_if(bf16_dx, dx + at, g.plane);
   }
 }
 }  // namespace detail
@@ -183,11 +187,13 @@ void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T
 /// Training: the batch's statistics, left in the state for backward, and the running statistics
 /// updated; evaluation: the running statistics. gamma and beta are null without affine parameters.
 /// With `sync`, the batch is every replica's shard together (`sums`: batch_norm_sync_doubles(channels)).
-/// Backward is the same with or without `add`: the gradient of the sum is normalize(x)'s.
+/// Backward is the same with or without `add`: the gradient of the sum is normalize(x)'s. With `bf16_y`
+/// (float), y is stored as bf16 values, rounded as written (net/activation_storage.hpp).
 template <class Epi, class T>
 void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, bool training,
                         double momentum, double eps, const T* gamma, const T* beta, T* state, const T* x, T* y,
-                        T* z, const ReplicaSum& sync = {}, double* sums = nullptr, const T* add = nullptr) {
+                        T* z, const ReplicaSum& sync = {}, double* sums = nullptr, const T* add = nullptr,
+                        bool bf16_y = false) {
   auto channel = [&](std::size_t c) {
     return BatchNormChannel<T>{T(0), T(0), gamma ? gamma[c] : T(1), beta ? beta[c] : T(0)};
   };
@@ -199,7 +205,7 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
     state[s.batch_mean() + c] = ch.mean;
     state[s.batch_invstd() + c] = ch.invstd;
     batch_norm_update_running(state[s.running_mean() + c], state[s.running_var() + c], mean, var, count, momentum);
-    detail::normalize_channel<Epi>(g, ch, c, x, y, z, add);
+    detail::normalize_channel<Epi>(g, ch, c, x, y, z, add, bf16_y);
   };
   if (training) state[s.batches_tracked()] += T(1);
   if (!training) {
@@ -208,7 +214,7 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
         BatchNormChannel<T> ch = channel(c);
         ch.mean = state[s.running_mean() + c];
         ch.invstd = batch_norm_invstd<T>(double(state[s.running_var() + c]), eps);
-        detail::normalize_channel<Epi>(g, ch, c, x, y, z, add);
+        detail::normalize_channel<Epi>(g, ch, c, x, y, z, add, bf16_y);
       }
     });
   } else if (!sync) {
@@ -239,12 +245,13 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
 }
 
 /// Backward of a training forward. dy is overwritten with the gradient before the epilogue; dgamma
-/// and dbeta are set to this batch's part (null without affine parameters), dx skipped when null.
-/// With `sync` as in forward (`sums`: batch_norm_sync_doubles(channels)).
+/// and dbeta are set to this batch's part (null without affine parameters), dx skipped when null (and
+/// stored as bf16 values with `bf16_dx`). With `sync` as in forward (`sums`:
+/// batch_norm_sync_doubles(channels)).
 template <class Epi, class T>
 void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, const T* gamma,
                          const T* state, const T* x, const T* y, const T* z, T* dy, T* dx, T* dgamma, T* dbeta,
-                         const ReplicaSum& sync = {}, double* sums = nullptr) {
+                         const ReplicaSum& sync = {}, double* sums = nullptr, bool bf16_dx = false) {
   auto mean_of = [&](std::size_t c) { return state[s.batch_mean() + c]; };
   auto invstd_of = [&](std::size_t c) { return state[s.batch_invstd() + c]; };
   auto gamma_of = [&](std::size_t c) { return gamma ? gamma[c] : T(1); };
@@ -261,7 +268,7 @@ void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const Bat
         parameter_gradients(c, sum_dz, sum_dz_xhat);
         if (dx)
           detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sum_dz, sum_dz_xhat, count, x,
-                                         dy, dx);
+                                         dy, dx, bf16_dx);
       }
     });
     return;
@@ -282,7 +289,7 @@ void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const Bat
   host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
     for (std::size_t c = c0; c < c1; ++c)
       detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sums[c], sums[g.channels + c],
-                                     count, x, dy, dx);
+                                     count, x, dy, dx, bf16_dx);
   });
 }
 

@@ -25,6 +25,7 @@
 #include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
 #include "fusedp/kernels/host/instances.hpp"
+#include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/kernels/host/winograd.hpp"
 
 #include <algorithm>
@@ -588,11 +589,12 @@ FUSEDP_BROADCAST_LOADS void direct_dw_sample(const ConvGeometry& g, const T* src
 /// epilogue needs them in backward (else null). scratch: threads x ConvScratch{g}.per_thread() elements.
 /// Evaluation of a conv and the BatchNorm after it: with `fold`, each value is normalized as that
 /// BatchNorm would, then `add` (when given: values of y's layout, a residual block's shortcut) added,
-/// before the epilogue.
+/// before the epilogue. With `bf16_y` (float), y is stored as bf16 values (net/activation_storage.hpp):
+/// each run rounded as it is written.
 template <class Epi, class T>
 void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* b,
                     const T* x, T* y, T* z, T* scratch, const BatchNormFold<T>* fold = nullptr,
-                    const T* add = nullptr) {
+                    const T* add = nullptr, bool bf16_y = false) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread();
@@ -617,6 +619,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
       } else {
         for (std::size_t j = 0; j < cnt; ++j) p[j] = Epi::apply(p[j] + bias);
       }
+      round_run_if(bf16_y, p, cnt);
     };
   };
   if (detail::winograd_runs<T>(host, g)) {
@@ -718,13 +721,18 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
 }
 
 /// Backward of conv2d_forward. dy is overwritten with the gradient before the epilogue. dw and db are
-/// set (not accumulated); dx is skipped when null (the first layer of a network).
+/// set (not accumulated); dx is skipped when null (the first layer of a network), and with `bf16_dx`
+/// (float) stored as bf16 values, each sample's rounded as it is written.
 template <class Epi, class T>
 void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch, const T* w, const T* x, const T* y,
-                     const T* z, T* dy, T* dx, T* dw, T* db, T* scratch) {
+                     const T* z, T* dy, T* dx, T* dw, T* db, T* scratch, bool bf16_dx = false) {
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread(), weights = layout.packed_weights();
+  // Each sample's dx as the Winograd and AMX products write it: rounded run by run where bf16_dx.
+  const auto stores_dx = [bf16_dx](std::size_t) {
+    return [bf16_dx](std::size_t, std::size_t, T* p, std::size_t count) { round_run_if(bf16_dx, p, count); };
+  };
   const bool amx = detail::amx_conv_runs<T>(host, g);
   if (amx || detail::winograd_runs<T>(host, g)) {
     // By Winograd (or AMX tiles, directly) over the whole batch: dz and the bias gradient per sample
@@ -742,15 +750,12 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       if (amx) {
         amx_conv::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
         if (dx)
-          amx_conv::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
-                            [](std::size_t) { return NoEpilogue{}; });
+          amx_conv::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch, stores_dx);
         return;
       }
     }
     winograd::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
-    if (dx)
-      winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch,
-                        [](std::size_t) { return NoEpilogue{}; });
+    if (dx) winograd::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch, stores_dx);
     return;
   }
   const std::size_t col_at = weights, dcol_at = col_at + layout.col(), dz_at = dcol_at + layout.col();
@@ -853,11 +858,11 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
                 input_gradient(group_dz + s0 * pixels, ld, columns, dz_panels, dcol);
                 for (std::size_t s = 0; s < count; ++s) {
                   T* dxs = dx + (n + 1 - grouped + s0 + s) * g.in_size();
-                  if (!g.direct()) {
-                    col2im(g, dcol + s * pixels, dxs, padded, columns);
-                    continue;
-                  }
-                  for (std::size_t c = 0; c < patch; ++c) simd::copy(dxs + c * pixels, dcol + c * columns + s * pixels, pixels);
+                  if (!g.direct()) col2im(g, dcol + s * pixels, dxs, padded, columns);
+                  else
+                    for (std::size_t c = 0; c < patch; ++c)
+                      simd::copy(dxs + c * pixels, dcol + c * columns + s * pixels, pixels);
+                  round_run_if(bf16_dx, dxs, g.in_size());
                 }
               }
               grouped = 0;
@@ -870,6 +875,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
           T* target = g.direct() ? dxn : dcol;
           input_gradient(dzn, pixels, pixels, dz_panels, target);
           if (!g.direct()) col2im(g, dcol, dxn, padded);
+          round_run_if(bf16_dx, dxn, g.in_size());
         }
       }
     });
@@ -907,9 +913,9 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
 // The instances a build may compile once (kernels/host/instances.hpp).
 #define FUSEDP_HOST_CONV2D_INSTANCE(prefix, Epi, T)                                                          \
   prefix template void conv2d_forward<Epi, T>(const Host&, const ConvGeometry&, std::size_t, const T*, const T*, \
-                                              const T*, T*, T*, T*, const BatchNormFold<T>*, const T*);        \
+                                              const T*, T*, T*, T*, const BatchNormFold<T>*, const T*, bool);  \
   prefix template void conv2d_backward<Epi, T>(const Host&, const ConvGeometry&, std::size_t, const T*, const T*, \
-                                               const T*, const T*, T*, T*, T*, T*, T*);
+                                               const T*, const T*, T*, T*, T*, T*, T*, bool);
 #if FUSEDP_HOST_KERNELS_PREBUILT
 FUSEDP_HOST_KERNEL_INSTANCES(FUSEDP_HOST_CONV2D_INSTANCE, extern)
 #endif

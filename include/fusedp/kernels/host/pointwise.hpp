@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace fusedp::kernels::host {
 
@@ -60,18 +61,27 @@ void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool acc
   });
 }
 
-/// p[i] = p[i] rounded to the nearest bfloat16 (ties to even) over n floats: a bf16-stored activation.
-/// Bit for bit round_bf16, written without branches so that the loop vectorizes (it was 8% of a bf16
-/// CIFAR-10 step as a scalar loop).
+/// p[i] = p[i] rounded to the nearest bfloat16 (ties to even) for i < n, on the calling thread: a run
+/// of bf16-stored values, rounded by the kernel that wrote it while it is in cache. Bit for bit
+/// round_bf16, written without branches so that the loop vectorizes (it was 8% of a bf16 CIFAR-10 step
+/// as a scalar loop).
+inline void round_run(float* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto v = std::bit_cast<std::uint32_t>(p[i]);
+    const std::uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
+    const std::uint32_t quiet = (v | 0x00400000u) & 0xffff0000u;  // a NaN stays a NaN
+    p[i] = std::bit_cast<float>((v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+/// round_run over n floats on the Host's threads: a bf16-stored activation that its writer left in fp32.
 inline void round_to_bf16(const Host& host, std::size_t n, float* p) {
-  host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
-    for (std::size_t i = i0; i < i1; ++i) {
-      const auto v = std::bit_cast<std::uint32_t>(p[i]);
-      const std::uint32_t rounded = (v + 0x7fffu + ((v >> 16) & 1u)) & 0xffff0000u;
-      const std::uint32_t quiet = (v | 0x00400000u) & 0xffff0000u;  // a NaN stays a NaN
-      p[i] = std::bit_cast<float>((v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-    }
-  });
+  host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) { round_run(p + i0, i1 - i0); });
+}
+/// round_run where `round` and T is float (a kernel's bf16 stores); nothing otherwise.
+template <class T>
+void round_run_if(bool round, T* p, std::size_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (round) round_run(p, n);
 }
 
 /// y = x * keep / (1 - p) in training, y = x otherwise. The mask is a function of (seed, stream, i),
