@@ -313,7 +313,7 @@ T sum(const T* FUSEDP_RESTRICT p, std::size_t n) {
 }
 
 // Sample n's gradient before the epilogue, in place of dy's (dy * Epi'(z or y)), its channel sums
-// added to db (the bias gradient); returns it.
+// added to db (the bias gradient; null for a conv without bias); returns it.
 template <class Epi, class T>
 T* sample_dz(const ConvGeometry& g, std::size_t n, const T* y, const T* z, T* dy, T* db) {
   const std::size_t outs = std::size_t(g.out_channels), pixels = g.out_pixels();
@@ -323,7 +323,8 @@ T* sample_dz(const ConvGeometry& g, std::size_t n, const T* y, const T* z, T* dy
     const T* zn = z ? z + n * g.out_size() : yn;
     for (std::size_t i = 0; i < outs * pixels; ++i) dzn[i] *= Epi::derivative(zn[i], yn[i]);
   }
-  for (std::size_t o = 0; o < outs; ++o) db[o] += sum(dzn + o * pixels, pixels);
+  if (db != nullptr)
+    for (std::size_t o = 0; o < outs; ++o) db[o] += sum(dzn + o * pixels, pixels);
   return dzn;
 }
 
@@ -742,7 +743,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       T* db_t = scratch + std::size_t(thread) * stride;
       simd::zero(db_t, outs);
       for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
-        detail::sample_dz<Epi>(g, n, y, z, dy, db_t);
+        detail::sample_dz<Epi>(g, n, y, z, dy, db ? db_t : nullptr);
       }
     });
     if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
@@ -841,7 +842,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
       }
       std::size_t grouped = 0;
       for (std::size_t n = n0; n < n1; ++n) {
-        T* dzn = detail::sample_dz<Epi>(g, n, y, z, dy, db_t);
+        T* dzn = detail::sample_dz<Epi>(g, n, y, z, dy, db ? db_t : nullptr);
         const T* xn = x + n * g.in_size();
         if constexpr (std::is_same_v<T, float>) {
           if (group > 1) {
