@@ -247,11 +247,12 @@ struct layout_precision<CudaSpace<P>> {
 #endif
 
 // The block's own elementwise steps on each space.
-// y and dx are stored as the block's bf16_y and bf16_dx say (the Host binding rounds them after the
-// block, the Cuda kernels as they write).
+// y and dx are stored as the block's bf16_y and bf16_dx say, rounded as they are written on both spaces:
+// y by the add, or with the add fused by the body's last stage (its layer, or the inner binding after
+// it); dx by the copy that finishes it (into_dx), which every backward ends with.
 template <class Epi, class T>
 void residual_add(const StageArgs<Host, T>& a, std::size_t n, const T* body, const T* shortcut, T* sum) {
-  kernels::host::add_forward<Epi>(a.space, n, body, shortcut, sum, a.y);
+  kernels::host::add_forward<Epi>(a.space, n, body, shortcut, sum, a.y, a.bf16_y);
 }
 template <class Epi, class T>
 void residual_epilogue_backward(const StageArgs<Host, T>& a, std::size_t n, const T* sum) {
@@ -261,8 +262,7 @@ void residual_epilogue_backward(const StageArgs<Host, T>& a, std::size_t n, cons
 template <class S = float, class D = float, class T>
 void residual_copy(const StageArgs<Host, T>& a, std::size_t n, const T* src, T* dst, bool accumulate, bool into_dx) {
   static_assert(std::is_same_v<S, float> && std::is_same_v<D, float>, "Residual on the Host: gradients in T");
-  (void)into_dx;
-  kernels::host::copy_values(a.space, n, src, dst, accumulate);
+  kernels::host::copy_values(a.space, n, src, dst, accumulate, into_dx && a.bf16_dx);
 }
 #if FUSEDP_HAS_CUDA
 template <class Epi, class T, class P>
@@ -528,6 +528,8 @@ struct Residual {
   /// that takes StageArgs::add (BatchNorm: ResNet's blocks), with nothing after it inside the body.
   template <class In>
   static constexpr bool fused_add = detail::last_stage_adds<body<In>>();
+  /// The block stores y and dx as bf16 values itself on the Host too (residual_add, residual_copy).
+  static constexpr bool host_rounds_stored = true;
 
   /// Under Bf16 a model may store the block's input in 16 bits where every reader inside takes it: the
   /// first layer of the body and of the projection, and with the identity the add, which a fused add
