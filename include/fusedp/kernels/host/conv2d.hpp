@@ -12,8 +12,11 @@
 // multiply-adds; ResNet-18's train step on 2 cores -40%, benchmarks/RESULTS.md), in fp32 and double. The weights are packed once per call and shared
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
 // im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
-// (gemm_bf16.hpp): im2col writes the row-major matrix, which is packed into pairs; the direct path
-// (few output channels, no GEMM) stays fp32.
+// (gemm_bf16.hpp): the forward's im2col writes pairs into the panels, the backward's the row-major
+// matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. With
+// AMX tiles, those 3x3 convs on planes 16 or more wide with channels in multiples of 32 run directly on
+// the tiles from the padded input, no im2col (conv3x3_amx.hpp), and on planes under 64 pixels the
+// forward and input-gradient products take 64 / P samples side by side (tile_group).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
