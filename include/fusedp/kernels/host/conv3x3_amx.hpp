@@ -98,6 +98,28 @@ namespace detail {
 using bf16::detail::bf16_bits;
 using bf16::detail::first_lanes;
 
+// One step of the 2 x 2 register block: C tiles 0, 1 (rows of A tile `a`) and 2, 3 (of `a_low`) += A
+// times B tiles `b` (columns of C tiles 0, 2) and `b_right` (1, 3).
+[[gnu::target("amx-tile,amx-bf16")]] FUSEDP_ALWAYS_INLINE void block_step(const void* a, const void* a_low,
+                                                                          std::size_t a_stride, const void* b,
+                                                                          const void* b_right, std::size_t b_stride) {
+  _tile_loadd(4, a, a_stride);
+  _tile_loadd(5, a_low, a_stride);
+  _tile_loadd(6, b, b_stride);
+  _tile_loadd(7, b_right, b_stride);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+// The block's C tiles to c (32 x 32 floats, rows ld apart).
+[[gnu::target("amx-tile")]] FUSEDP_ALWAYS_INLINE void store_block(float* c, std::size_t ld) {
+  _tile_stored(0, c, ld * sizeof(float));
+  _tile_stored(1, c + 16, ld * sizeof(float));
+  _tile_stored(2, c + 16 * ld, ld * sizeof(float));
+  _tile_stored(3, c + 16 * ld + 16, ld * sizeof(float));
+}
+
 // 32 outputs x 32 grid positions: out (32 x 32 floats) = the sum over taps and blocks of 32 input
 // channels of A B. a: this block's weights, [tap][channel block][half][16 rows x 16 pairs]; in: the
 // input's pair planes at the first position, channel pairs `plane` pairs apart.
@@ -111,21 +133,10 @@ using bf16::detail::first_lanes;
   _tile_zero(3);
   for (std::size_t t = 0; t < 9; ++t) {
     const Pair* b = in + t / 3 * wp + t % 3;
-    for (std::size_t cb = 0; cb < channel_blocks; ++cb, a += 2 * 256, b += 16 * plane) {
-      _tile_loadd(4, a, 64);
-      _tile_loadd(5, a + 256, 64);
-      _tile_loadd(6, b, b_stride);
-      _tile_loadd(7, b + 16, b_stride);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    for (std::size_t cb = 0; cb < channel_blocks; ++cb, a += 2 * 256, b += 16 * plane)
+      block_step(a, a + 256, 64, b, b + 16, b_stride);
   }
-  _tile_stored(0, out, block * sizeof(float));
-  _tile_stored(1, out + 16, block * sizeof(float));
-  _tile_stored(2, out + 16 * block, block * sizeof(float));
-  _tile_stored(3, out + 16 * block + 16, block * sizeof(float));
+  store_block(out, block);
 }
 
 // sums (32 input x 32 output channels, rows `outs` apart) += image (32 channels' bf16 planes at the
@@ -139,20 +150,9 @@ using bf16::detail::first_lanes;
   _tile_loadd(1, sums + 16, s_stride);
   _tile_loadd(2, sums + 16 * outs, s_stride);
   _tile_loadd(3, sums + 16 * outs + 16, s_stride);
-  for (std::size_t j = 0; j < span; j += block, image += block, pairs += 16 * outs) {
-    _tile_loadd(4, image, a_stride);
-    _tile_loadd(5, image + 16 * plane, a_stride);
-    _tile_loadd(6, pairs, s_stride);
-    _tile_loadd(7, pairs + 16, s_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, sums, s_stride);
-  _tile_stored(1, sums + 16, s_stride);
-  _tile_stored(2, sums + 16 * outs, s_stride);
-  _tile_stored(3, sums + 16 * outs + 16, s_stride);
+  for (std::size_t j = 0; j < span; j += block, image += block, pairs += 16 * outs)
+    block_step(image, image + 16 * plane, a_stride, pairs, pairs + 16, s_stride);
+  store_block(sums, outs);
 }
 
 // dst[j] = bf16 of src[j] (to_bf16's rounding) for j < n.
