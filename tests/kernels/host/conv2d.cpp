@@ -325,6 +325,22 @@ TEST_CASE_TEMPLATE("conv2d on small planes over larger batches split unevenly ov
       }
 }
 
+TEST_CASE("conv2d at bf16 on small planes over larger batches: whole and partial sample groups") {
+  // On AMX, planes of 32 pixels or fewer put 64 / P samples side by side in the forward and input
+  // gradient (4 of 16 pixels, 2 of 25), inside the weight gradient's groups of 256 / P: batches of 21 and
+  // 37 over 1-3 threads give whole groups, several a thread, partial ones at the end and dx chunks past
+  // a group's first; a 1x1 conv copies its dx out of the product instead of col2im.
+  std::vector<fusedp::HostPrecision> precisions{fusedp::HostPrecision::bf16_emulated};
+  if (fusedp::cpu_features().avx512_bf16) precisions.push_back(fusedp::HostPrecision::bf16);
+  for (const auto precision : precisions)
+    for (const auto& g : {geometry(24, 4, 4, 3, 1, 1, 40), geometry(16, 5, 5, 3, 1, 1, 36), geometry(24, 4, 4, 1, 1, 0, 48)})
+      for (int threads = 1; threads <= 3; ++threads)
+        for (std::size_t batch : {std::size_t(21), std::size_t(37)}) {
+          check_conv<k::Epilogue<>, float>(g, batch, threads, false, precision);
+          check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, precision);
+        }
+}
+
 TEST_CASE("conv2d at the CIFAR-10 CNN's second layer (float, 2 threads)") {
   check_conv<k::Epilogue<k::Tanh>, float>(geometry(64, 16, 16, 3, 1, 1, 128), 3, 2, false);
   check_conv<k::Epilogue<k::Tanh>, float>(geometry(64, 16, 16, 3, 1, 1, 128), 2, 2, false,

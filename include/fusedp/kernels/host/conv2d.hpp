@@ -251,10 +251,10 @@ inline SampleGroup& sample_group() {
 // product per sample (k = P) reads and writes all of dW for a few multiply-adds (ResNet-18's layer4:
 // 512 x 4608 x 16 a sample).
 constexpr std::size_t weight_gradient_group(std::size_t pixels) { return pixels < 256 ? 256 / pixels : 1; }
-// Samples a bf16 forward and input gradient take at once on AMX tiles: on planes under 64 pixels a
-// sample's product is at most 16 columns wide, which only the single 16 x 16 tile takes, so 64 / P
-// samples side by side make one product for the 16 x 64 row of tiles (ResNet-18's layer4: 512 x 16 x
-// 4608 a sample, or 512 x 64 x 4608 for four).
+// Samples a bf16 forward and input gradient take at once on AMX tiles: on planes of 32 pixels or fewer,
+// 64 / P samples side by side make one product for the 16 x 64 row of tiles, where one sample's would
+// waste most of it or take the single 16 x 16 tile (ResNet-18's layer4: 512 x 16 x 4608 a sample, or
+// 512 x 64 x 4608 for four).
 constexpr std::size_t tile_group(std::size_t pixels) { return pixels < 64 ? 64 / pixels : 1; }
 }  // namespace detail
 
@@ -386,10 +386,12 @@ bool winograd_runs(const Host& host, const ConvGeometry& g) {
   return winograd::applies(g);
 }
 
-// True where a 3x3 conv runs directly on AMX tiles (conv3x3_amx.hpp): its geometry, at bf16 with tiles.
+// True where a 3x3 conv runs directly on AMX tiles (conv3x3_amx.hpp): its geometry, at bf16 with tiles,
+// in a translation unit compiled with their code.
 template <class T>
 bool amx_conv_runs(const Host& host, const ConvGeometry& g) {
-  if constexpr (std::is_same_v<T, float>) return host.bf16_tiles() && bf16::detail::vector_packing() && amx_conv::applies(g);
+  if constexpr (std::is_same_v<T, float> && FUSEDP_HOST_AVX512_BF16)
+    return host.bf16_tiles() && bf16::detail::vector_packing() && amx_conv::applies(g);
   return false;
 }
 
@@ -817,8 +819,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   // product of up to 64 columns, whose dcol the region of one sample's holds: P + max_tile_cols).
   bool tiles = false;
   if constexpr (std::is_same_v<T, float>) tiles = !fp32 && host.bf16_tiles();
-  const std::size_t dx_group =
-      bf16_groups && tiles ? std::min(detail::tile_group(pixels), detail::weight_gradient_group(pixels)) : 1;
+  const std::size_t dx_group = bf16_groups && tiles ? detail::tile_group(pixels) : 1;  // <= the dW group
   // Each thread's samples with its own scratch; input_gradient(dz, ld, columns, dz_panels, target)
   // computes dcol (K x columns) = W^T (K x O) dz (O x columns, rows ld apart) into target. One index per
   // thread: parallel_for lets the caller take over the index of a late worker.

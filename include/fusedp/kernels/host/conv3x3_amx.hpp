@@ -37,6 +37,7 @@
 namespace fusedp::kernels::host::amx_conv {
 
 using bf16::Pair;
+static_assert(sizeof(Pair) == sizeof(float), "amx_conv: a pair is one float of scratch, and B's rows are strided alike");
 
 /// Output channels and grid positions of one register block (2 x 2 C tiles); channels come in blocks
 /// of this many.
@@ -45,11 +46,13 @@ inline constexpr std::size_t block = 32;
 /// saves (8 x 8 planes: Wp / W = 1.25, and k = 288 a sample): im2col's GEMM takes them.
 inline constexpr int min_width = 16;
 
-/// True where a conv may run here: 3x3, stride 1, padding 1, channels in and out multiples of 32, planes
-/// at least min_width wide; and a build with AVX-512 and AMX code (not nvcc's host pass).
+/// True where a conv's geometry suits this path: 3x3, stride 1, padding 1, channels in and out multiples of
+/// 32, planes at least min_width wide. (Whether it runs also takes a Host with AMX tiles and a translation
+/// unit compiled with their code, FUSEDP_HOST_AVX512_BF16: conv2d.hpp's amx_conv_runs. The geometry
+/// alone sizes the scratch, so every unit, nvcc's host pass included, sizes it alike.)
 constexpr bool applies(const ConvGeometry& g) {
-  return FUSEDP_HOST_AVX512_BF16 && g.kernel == 3 && g.stride == 1 && g.pad == 1 && g.in_channels % block == 0 &&
-         g.out_channels % block == 0 && g.out_w >= min_width;
+  return g.kernel == 3 && g.stride == 1 && g.pad == 1 && g.in_channels % block == 0 && g.out_channels % block == 0 &&
+         g.out_w >= min_width;
 }
 
 /// The grid and one thread's scratch for conv `g`, in floats (a pair, or two bf16, a float).
@@ -62,7 +65,7 @@ struct Plan {
   [[nodiscard]] constexpr std::size_t span() const { return host::detail::round_up(grid(), block); }
   /// Values of one channel's (or pair's) plane: every position a tap reads from span(), border included.
   [[nodiscard]] constexpr std::size_t plane() const { return host::detail::round_up(span() + 2 * wp() + 2, 16); }
-  /// Pair of grid position j's value of tap t: j + shift(t).
+  /// Where tap t of grid position j reads the padded plane: j + shift(t).
   [[nodiscard]] constexpr std::size_t shift(std::size_t t) const { return t / 3 * wp() + t % 3; }
 
   // conv3x3: the packed weights (thread 0's, read by all), then the input's pair planes.

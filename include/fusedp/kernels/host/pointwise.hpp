@@ -78,9 +78,9 @@ void epilogue_backward(const Host& host, std::size_t n, const T* z, const T* y, 
     });
 }
 
-/// dst = src, or dst += src when `accumulate`; dst stored as bf16 values where bf16.
+/// dst = src, or dst += src when `accumulate`; dst stored as bf16 values where bf16_dst.
 template <class T>
-void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool accumulate, bool bf16 = false) {
+void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool accumulate, bool bf16_dst = false) {
   host.parallel_for(n, [&](std::size_t i0, std::size_t i1, int) {
     for (std::size_t r = i0; r < i1; r += rounded_run) {
       const std::size_t end = std::min(i1, r + rounded_run);
@@ -88,7 +88,7 @@ void copy_values(const Host& host, std::size_t n, const T* src, T* dst, bool acc
         for (std::size_t i = r; i < end; ++i) dst[i] += src[i];
       else
         for (std::size_t i = r; i < end; ++i) dst[i] = src[i];
-      round_run_if(bf16, dst + r, end - r);
+      round_run_if(bf16_dst, dst + r, end - r);
     }
   });
 }
