@@ -85,9 +85,9 @@ struct Plan {
   [[nodiscard]] constexpr std::size_t sums() const {
     return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels));
   }
-  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const {
-    return image() + gradient() + gradient_pairs() + sums();
-  }
+  /// Where the thread's sums start in its weight-gradient region.
+  [[nodiscard]] constexpr std::size_t sums_at() const { return image() + gradient() + gradient_pairs(); }
+  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const { return sums_at() + sums(); }
 };
 
 #if FUSEDP_HOST_AVX512_BF16
@@ -276,7 +276,7 @@ inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::siz
     auto* image = reinterpret_cast<std::uint16_t*>(own);
     float* grid = own + plan.image();
     auto* pairs = reinterpret_cast<Pair*>(grid + plan.gradient());
-    float* sums = grid + plan.gradient() + plan.gradient_pairs();
+    float* sums = own + plan.sums_at();
     simd::zero(sums, 9 * C * O);
     bf16::detail::configure_tiles();
     for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
@@ -310,7 +310,7 @@ inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::siz
         for (std::size_t t = 0; t < 9; ++t) {
           float s = 0.0f;
           for (std::size_t th = 0; th < threads; ++th)
-            s += scratch[th * stride + plan.image() + plan.gradient() + plan.gradient_pairs() + (t * C + c) * O + o];
+            s += scratch[th * stride + plan.sums_at() + (t * C + c) * O + o];
           dw[(o * C + c) * 9 + t] = s;
         }
   });
