@@ -205,11 +205,34 @@ TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im
       check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, fusedp::HostPrecision::bf16);
     }
   }
-  // Not taken: 8 wide, 3 input channels (CIFAR's first conv), stride 2, and bf16 without tiles.
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 8, 8, 3, 1, 1, 64)));
+  // Not taken: 3 wide, 3 input channels (CIFAR's first conv), stride 2, and bf16 without tiles.
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 8, 3, 3, 1, 1, 64)));
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(3, 32, 32, 3, 1, 1, 64)));
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 2, 1, 64)));
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
+}
+
+TEST_CASE("conv2d at bf16 on AMX, small planes: several samples side by side on one grid") {
+  if (!fusedp::amx_usable()) {
+    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+    return;
+  }
+  // Planes under 16 wide put up to 64 / W samples in a row of one grid (ResNet-18's 8 x 8 and 4 x 4 in
+  // small; 7 wide with rows of 5, 12 wide), a group size per thread, the weight gradient over several
+  // groups a pass: batches of 2, 13 and 37 over 1-3 threads give groups whole and partial, a thread's
+  // samples in one pass or in several (8 x 8: two groups of 8 a pass), and a thread with one sample.
+  const k::ConvGeometry small[] = {geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32),
+                                   geometry(32, 5, 7, 3, 1, 1, 32), geometry(32, 6, 12, 3, 1, 1, 64)};
+  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
+  for (const auto& g : small) {
+    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
+    REQUIRE(kh::amx_conv::max_samples(g) > 1);
+    for (int threads = 1; threads <= 3; ++threads)
+      for (std::size_t batch : {std::size_t(2), std::size_t(13), std::size_t(37)}) {
+        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
+        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
+      }
+  }
 }
 
 TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to bf16, on every path") {
@@ -218,6 +241,7 @@ TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to b
   if (fusedp::amx_usable()) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16});
   std::vector<k::ConvGeometry> all(std::begin(geometries), std::end(geometries));
   all.push_back(geometry(32, 16, 16, 3, 1, 1, 32));  // the AMX path where the CPU has it
+  all.push_back(geometry(32, 4, 4, 3, 1, 1, 32));    // and its samples side by side
   for (const auto& host : hosts)
     for (const auto& g : all) {
       CAPTURE(std::string(fusedp::to_string(host.precision())));

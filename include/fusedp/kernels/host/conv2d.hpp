@@ -14,9 +14,10 @@
 // im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
 // (gemm_bf16.hpp): the forward's im2col writes pairs into the panels, the backward's the row-major
 // matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. With
-// AMX tiles, those 3x3 convs on planes 16 or more wide with channels in multiples of 32 run directly on
-// the tiles from the padded input, no im2col (conv3x3_amx.hpp), and on planes under 64 pixels the
-// forward and input-gradient products take 64 / P samples side by side (tile_group).
+// AMX tiles, those 3x3 convs on planes 4 or more wide with channels in multiples of 32 run directly on
+// the tiles from the padded input, no im2col (conv3x3_amx.hpp; small planes several samples a grid),
+// and elsewhere on planes under 64 pixels the forward and input-gradient products take 64 / P samples
+// side by side (tile_group).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
@@ -73,8 +74,8 @@ struct ConvScratch {
       most = std::max({most, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
     }
     if (amx_conv::applies(g)) {
-      const amx_conv::Plan forward{g}, input_gradient{winograd::transposed(g)};
-      most = std::max({most, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
+      most = std::max({most, amx_conv::per_thread(g), amx_conv::weight_gradient_per_thread(g),
+                       amx_conv::per_thread(winograd::transposed(g))});
     }
     return most;
   }

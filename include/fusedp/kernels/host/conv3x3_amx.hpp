@@ -9,6 +9,13 @@
 // no gather; the positions x = W, W + 1 of each row are computed too and thrown away (Wp / W more
 // work: 6% on 32 x 32 planes, 12% on 16 x 16).
 //
+// Small planes side by side. Under min_width, a grid holds several images in a row, sharing their
+// borders (Wp = S (W + 1) + 1; image s's columns from 1 + s (W + 1)): the same shifts, and a thrown
+// column per image instead of two per image and a span rounded up per image (ResNet-18's 8 x 8
+// planes: 12% thrown at 8 images, 33% alone; 4 x 4: 25%, 50% alone). Each thread picks the group size
+// that computes the fewest positions over its samples (Plan::for_count), and the weight gradient sums
+// several groups (k of 1024 positions or more) in each pass over its sums.
+//
 //   forward, and the input gradient (the same product with the weights rotated and their channels
 //   swapped): C tiles of 16 output channels x 16 grid positions; A = the weights of one tap and 32
 //   input channels (16 x 16 pairs, packed once a call); B = 16 channel pairs x 16 positions, loaded
@@ -42,26 +49,37 @@ static_assert(sizeof(Pair) == sizeof(float), "amx_conv: a pair is one float of s
 /// Output channels and grid positions of one register block (2 x 2 C tiles); channels come in blocks
 /// of this many.
 inline constexpr std::size_t block = 32;
-/// The narrowest plane the direct path takes. Narrower, the thrown positions cost more than im2col
-/// saves (8 x 8 planes: Wp / W = 1.25, and k = 288 a sample): im2col's GEMM takes them.
+/// Planes narrower than this put several images side by side on one grid (Plan::samples): alone, their
+/// thrown positions cost what im2col saves (8 x 8 planes: Wp / W = 1.25, a span of 80 rounded up to 96,
+/// and k = 96 a sample in the weight gradient, whose sums went back to memory each sample).
 inline constexpr int min_width = 16;
+/// The narrowest plane the direct path takes (4 wide: a quarter of its grid is thrown).
+inline constexpr int narrowest = 4;
 
 /// True where a conv's geometry suits this path: 3x3, stride 1, padding 1, channels in and out multiples of
-/// 32, planes at least min_width wide. (Whether it runs also takes a Host with AMX tiles and a translation
+/// 32, planes at least `narrowest` wide. (Whether it runs also takes a Host with AMX tiles and a translation
 /// unit compiled with their code, FUSEDP_HOST_AVX512_BF16: conv2d.hpp's amx_conv_runs. The geometry
 /// alone sizes the scratch, so every unit, nvcc's host pass included, sizes it alike.)
 constexpr bool applies(const ConvGeometry& g) {
   return g.kernel == 3 && g.stride == 1 && g.pad == 1 && g.in_channels % block == 0 && g.out_channels % block == 0 &&
-         g.out_w >= min_width;
+         g.out_w >= narrowest;
 }
 
-/// The grid and one thread's scratch for conv `g`, in floats (a pair, or two bf16, a float).
+/// Images side by side on one grid, at most: one on planes min_width or wider, else 64 / W.
+constexpr std::size_t max_samples(const ConvGeometry& g) {
+  return g.out_w >= min_width ? 1 : 64 / std::size_t(g.out_w);
+}
+
+/// The grid and one thread's scratch for conv `g`, in floats (a pair, or two bf16, a float), with
+/// `samples` images side by side: image s's row y at padded row y + 1, columns 1 + s (W + 1) onwards,
+/// the images' borders shared (Wp = samples (W + 1) + 1).
 struct Plan {
   ConvGeometry g;
-  [[nodiscard]] constexpr std::size_t wp() const { return std::size_t(g.in_w) + 2; }
-  /// Grid positions of one sample's outputs, the thrown ones included.
+  std::size_t samples = 1;
+  [[nodiscard]] constexpr std::size_t wp() const { return samples * (std::size_t(g.in_w) + 1) + 1; }
+  /// Grid positions of one group's outputs, the thrown ones included.
   [[nodiscard]] constexpr std::size_t grid() const { return std::size_t(g.out_h) * wp(); }
-  /// Grid positions computed: grid() rounded up to whole blocks (the weight gradient's k a sample).
+  /// Grid positions computed: grid() rounded up to whole blocks (the weight gradient's k a group).
   [[nodiscard]] constexpr std::size_t span() const { return host::detail::round_up(grid(), block); }
   /// Values of one channel's (or pair's) plane: every position a tap reads from span(), border included.
   [[nodiscard]] constexpr std::size_t plane() const { return host::detail::round_up(span() + 2 * wp() + 2, 16); }
@@ -75,20 +93,49 @@ struct Plan {
   [[nodiscard]] constexpr std::size_t input() const { return align_elements(std::size_t(g.in_channels) / 2 * plane()); }
   [[nodiscard]] constexpr std::size_t per_thread() const { return weights() + input(); }
 
-  // weight_gradient3x3: the input's bf16 planes, dz on the grid (fp32), dz's pairs along positions, the
-  // thread's sums dW^T per tap (9, C, O).
+  // weight_gradient3x3: the thread's sums dW^T per tap (9, C, O) first (where the threads' sums are
+  // added up, whatever each thread's plan), then for each of chunk() groups the input's bf16 planes,
+  // dz on the grid (fp32, one group's), and for each group dz's pairs along positions.
+  /// Groups whose products run in one pass over the sums: k of 1024 positions or more (the sums of
+  /// ResNet-18's last stage are 9.4 MB a thread, read and written once a pass).
+  [[nodiscard]] constexpr std::size_t chunk() const { return (1024 + span() - 1) / span(); }
+  [[nodiscard]] constexpr std::size_t sums() const {
+    return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels));
+  }
   [[nodiscard]] constexpr std::size_t image() const { return align_elements(std::size_t(g.in_channels) * plane() / 2); }
   [[nodiscard]] constexpr std::size_t gradient() const { return align_elements(std::size_t(g.out_channels) * span()); }
   [[nodiscard]] constexpr std::size_t gradient_pairs() const {
     return align_elements(span() / 2 * std::size_t(g.out_channels));
   }
-  [[nodiscard]] constexpr std::size_t sums() const {
-    return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels));
+  [[nodiscard]] constexpr std::size_t image_at(std::size_t group) const { return sums() + group * image(); }
+  [[nodiscard]] constexpr std::size_t gradient_at() const { return image_at(chunk()); }
+  [[nodiscard]] constexpr std::size_t pairs_at(std::size_t group) const {
+    return gradient_at() + gradient() + group * gradient_pairs();
   }
-  /// Where the thread's sums start in its weight-gradient region.
-  [[nodiscard]] constexpr std::size_t sums_at() const { return image() + gradient() + gradient_pairs(); }
-  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const { return sums_at() + sums(); }
+  [[nodiscard]] constexpr std::size_t weight_gradient_per_thread() const { return pairs_at(chunk()); }
+
+  /// The plan for `count` images of one thread: the group size up to max_samples that computes the
+  /// fewest grid positions over them (ties: fewer images a group).
+  [[nodiscard]] static constexpr Plan for_count(const ConvGeometry& g, std::size_t count) {
+    Plan best{g, 1};
+    std::size_t least = ~std::size_t(0);
+    for (std::size_t s = 1; s <= std::min(max_samples(g), std::max<std::size_t>(count, 1)); ++s) {
+      const Plan p{g, s};
+      const std::size_t work = (count + s - 1) / s * p.span();
+      if (work < least) least = work, best = p;
+    }
+    return best;
+  }
 };
+
+/// One thread's scratch for conv3x3 on `g`, whatever its plan (input() grows with the images a group).
+constexpr std::size_t per_thread(const ConvGeometry& g) { return Plan{g, max_samples(g)}.per_thread(); }
+/// One thread's scratch for weight_gradient3x3 on `g`, whatever its plan.
+constexpr std::size_t weight_gradient_per_thread(const ConvGeometry& g) {
+  std::size_t most = 0;
+  for (std::size_t s = 1; s <= max_samples(g); ++s) most = std::max(most, Plan{g, s}.weight_gradient_per_thread());
+  return most;
+}
 
 #if FUSEDP_HOST_AVX512_BF16
 // As in gemm_bf16.hpp: GCC 12 takes _mm512_undefined's self-initialization inside the conversion
@@ -96,6 +143,7 @@ struct Plan {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"  // the same, where it inlines them next to a gather
 #endif
 namespace detail {
 using bf16::detail::bf16_bits;
@@ -144,18 +192,38 @@ using bf16::detail::first_lanes;
 
 // sums (32 input x 32 output channels, rows `outs` apart) += image (32 channels' bf16 planes at the
 // tap's shift, `plane` apart) times dz's pairs (from position 0, rows of `outs` pairs), over `span`
-// positions.
+// positions of each of `groups` groups (the next group's image `image_step` values on, its pairs
+// `pairs_step` pairs on).
 [[gnu::noinline, gnu::target("amx-tile,amx-bf16")]] inline void weight_block(const std::uint16_t* image, std::size_t plane,
-                                                                            const Pair* pairs, std::size_t outs,
-                                                                            std::size_t span, float* sums) {
+                                                                            std::size_t image_step, const Pair* pairs,
+                                                                            std::size_t outs, std::size_t pairs_step,
+                                                                            std::size_t span, std::size_t groups,
+                                                                            float* sums) {
   const std::size_t s_stride = outs * sizeof(float), a_stride = plane * sizeof(std::uint16_t);
   _tile_loadd(0, sums, s_stride);
   _tile_loadd(1, sums + 16, s_stride);
   _tile_loadd(2, sums + 16 * outs, s_stride);
   _tile_loadd(3, sums + 16 * outs + 16, s_stride);
-  for (std::size_t j = 0; j < span; j += block, image += block, pairs += 16 * outs)
-    block_step(image, image + 16 * plane, a_stride, pairs, pairs + 16, s_stride);
+  for (std::size_t q = 0; q < groups; ++q, image += image_step, pairs += pairs_step) {
+    const std::uint16_t* a = image;
+    const Pair* b = pairs;
+    for (std::size_t j = 0; j < span; j += block, a += block, b += 16 * outs)
+      block_step(a, a + 16 * plane, a_stride, b, b + 16, s_stride);
+  }
   store_block(sums, outs);
+}
+
+// One tap's weights for 32 rows and 32 channels as A tiles' rows (32 rows of 16 pairs): row r's pair q
+// = pair(src[r row_step + 2q step], src[r row_step + (2q + 1) step]), rounded as pair() rounds.
+[[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void strided_pairs(const float* src, std::size_t row_step,
+                                                                           int step, Pair* dst) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                                        _mm512_set1_epi32(step));
+  // (The masked gathers from zero: the plain ones start from _mm512_undefined_ps, which GCC 12 calls an
+  // uninitialized use.)
+  auto gather = [&](const float* p) { return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), __mmask16(0xffff), at, p, 4); };
+  for (std::size_t r = 0; r < block; ++r, src += row_step, dst += 16)
+    _mm512_storeu_si512(dst, bf16::detail::pairs_of(gather(src), gather(src + step)));
 }
 
 // dst[j] = bf16 of src[j] (to_bf16's rounding) for j < n.
@@ -166,18 +234,24 @@ using bf16::detail::first_lanes;
   }
 }
 
-// The padded plane (Plan::plane() values, of type V) of an h x w image: row y at (y + 1) wp + 1, zero
-// elsewhere; row(y, dst) writes the w values of row y.
+// The padded plane (Plan::plane() values, of type V) of `count` (at most p.samples) h x w images side by
+// side: image s's row y at (y + 1) wp + 1 + s (w + 1), zero elsewhere (the absent images' columns too);
+// row(s, y, dst) writes the w values of image s's row y.
 template <class V, class Row>
-void padded_plane(std::size_t h, std::size_t w, std::size_t wp, std::size_t plane, V* dst, const Row& row) {
-  std::fill(dst, dst + wp + 1, V(0));
+void padded_plane(const Plan& p, std::size_t count, V* dst, const Row& row) {
+  const std::size_t h = std::size_t(p.g.in_h), w = std::size_t(p.g.in_w), wp = p.wp();
+  std::fill(dst, dst + wp, V(0));
   for (std::size_t y = 0; y < h; ++y) {
-    V* r = dst + (y + 1) * wp + 1;
-    row(y, r);
-    r[w] = V(0);      // this row's right border
-    r[w + 1] = V(0);  // the next row's left border
+    V* r = dst + (y + 1) * wp;
+    r[0] = V(0);  // the row's left border
+    for (std::size_t s = 0; s < p.samples; ++s) {
+      V* image = r + 1 + s * (w + 1);
+      if (s < count) row(s, y, image);
+      else std::fill(image, image + w, V(0));
+      image[w] = V(0);  // the border after image s (the next one's left border, or the row's right one)
+    }
   }
-  std::fill(dst + (h + 1) * wp, dst + plane, V(0));
+  std::fill(dst + (h + 1) * wp, dst + p.plane(), V(0));
 }
 }  // namespace detail
 #if defined(__GNUC__) && !defined(__clang__)
@@ -189,68 +263,70 @@ void padded_plane(std::size_t h, std::size_t w, std::size_t wp, std::size_t plan
 /// (O, C, 3, 3), or, with `input_gradient`, w of the conv whose input gradient this is (C_out = its C,
 /// so its (C', O', 3, 3) rotated and swapped), as winograd::conv3x3. make_epi(n) gives sample n's
 /// epilogue, called as epi(o, p0, &y[n][o][p0], count) on runs of one row. scratch: host.threads() x
-/// Plan{g}.per_thread(). Only where Host::bf16_tiles().
+/// amx_conv::per_thread(g). Only where Host::bf16_tiles().
 template <class MakeEpi>
 void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* w, bool input_gradient,
              const float* x, float* y, float* scratch, const MakeEpi& make_epi) {
 #if FUSEDP_HOST_AVX512_BF16
-  const Plan plan{g};
   const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels), H = std::size_t(g.in_h);
-  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), wp = plan.wp(), L = plan.plane();
+  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), stride = per_thread(g);
   const std::size_t channel_blocks = C / block, per_block = 9 * channel_blocks * 2 * 256;
   auto* a = reinterpret_cast<Pair*>(scratch);  // thread 0's, read by all
   // Weight (r, k, tap) of this product: forward w(r, k) at w + (r C + k) 9; input gradient at
-  // w + (k O + r) 9, the taps rotated (as winograd::conv3x3).
+  // w + (k O + r) 9, the taps rotated (as winograd::conv3x3). Gathered 16 at a time (one at a time, the
+  // packing was 5% of ResNet-18's bf16 step: 4.7 M weights a call in its last stage).
   host.parallel_for(O / block, [&](std::size_t b0, std::size_t b1, int) {
     for (std::size_t ob = b0; ob < b1; ++ob) {
       Pair* dst = a + ob * per_block;
       for (std::size_t t = 0; t < 9; ++t)
-        for (std::size_t cb = 0; cb < channel_blocks; ++cb)
-          for (std::size_t r = 0; r < block; ++r)
-            for (std::size_t q = 0; q < 16; ++q, ++dst) {
-              const std::size_t o = ob * block + r, k = cb * block + 2 * q;
-              auto at = [&](std::size_t kk) {
-                return input_gradient ? w[(kk * O + o) * 9 + 8 - t] : w[(o * C + kk) * 9 + t];
-              };
-              *dst = bf16::pair(at(k), at(k + 1));
-            }
+        for (std::size_t cb = 0; cb < channel_blocks; ++cb, dst += block * 16) {
+          const std::size_t o = ob * block, k = cb * block;
+          if (input_gradient) detail::strided_pairs(w + (k * O + o) * 9 + 8 - t, 9, int(O * 9), dst);
+          else detail::strided_pairs(w + (o * C + k) * 9 + t, C * 9, 9, dst);
+        }
     }
   });
   host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
     bf16::detail::configure_tiles();  // per thread, per call: see gemm_bf16.hpp
-    auto* in = reinterpret_cast<Pair*>(scratch + std::size_t(thread) * plan.per_thread() + plan.weights());
+    const Plan plan = Plan::for_count(g, n1 - n0);
+    const std::size_t S = plan.samples, wp = plan.wp(), L = plan.plane();
+    auto* in = reinterpret_cast<Pair*>(scratch + std::size_t(thread) * stride + plan.weights());
     alignas(64) float out[block * block];
-    for (std::size_t n = n0; n < n1; ++n) {
-      const float* xn = x + n * g.in_size();
-      for (std::size_t cp = 0; cp < C / 2; ++cp) {
-        const float* even = xn + 2 * cp * H * W;
-        detail::padded_plane(H, W, wp, L, in + cp * L, [&](std::size_t r, Pair* dst) {
-          bf16::detail::pairs_of_rows(even + r * W, even + H * W + r * W, W, dst);
+    for (std::size_t n = n0; n < n1; n += S) {
+      const std::size_t count = std::min(S, n1 - n);
+      for (std::size_t cp = 0; cp < C / 2; ++cp)
+        detail::padded_plane(plan, count, in + cp * L, [&](std::size_t s, std::size_t r, Pair* dst) {
+          const float* even = x + (n + s) * g.in_size() + (2 * cp * H + r) * W;
+          bf16::detail::pairs_of_rows(even, even + H * W, W, dst);
         });
-      }
-      const auto epi = make_epi(n);
-      float* yn = y + n * g.out_size();
-      for (std::size_t j0 = 0; j0 < plan.span(); j0 += block) {
-        for (std::size_t ob = 0; ob < O / block; ++ob) {
+      // Output blocks outermost: one block's weights (9 C 32 pairs; 288 KB at 512 channels) stay in
+      // cache over the group's positions.
+      for (std::size_t ob = 0; ob < O / block; ++ob)
+        for (std::size_t j0 = 0; j0 < plan.span(); j0 += block) {
           detail::conv_block(a + ob * per_block, in + j0, L, channel_blocks, wp, out);
-          // The block's positions that are outputs, as runs of one row.
+          // The block's positions that are outputs, as runs of one image's row.
           for (std::size_t j = j0, end = std::min(j0 + block, plan.grid()); j < end;) {
-            const std::size_t oy = j / wp, ox = j % wp;
-            if (ox >= W) {
-              j += wp - ox;
+            const std::size_t oy = j / wp, col = j % wp, s = col / (W + 1), ox = col % (W + 1);
+            if (s >= count) {  // past the group's last image: the row's rest
+              j += wp - col;
               continue;
             }
-            const std::size_t count = std::min(W - ox, end - j), p = oy * W + ox;
+            if (ox == W) {  // a border
+              ++j;
+              continue;
+            }
+            const std::size_t run = std::min(W - ox, end - j), p = oy * W + ox;
+            const auto epi = make_epi(n + s);
+            float* yn = y + (n + s) * g.out_size();
             for (std::size_t r = 0; r < block; ++r) {
               const std::size_t o = ob * block + r;
               float* dst = yn + o * P + p;
-              simd::copy(dst, out + r * block + (j - j0), count);
-              epi(o, p, dst, count);
+              simd::copy(dst, out + r * block + (j - j0), run);
+              epi(o, p, dst, run);
             }
-            j += count;
+            j += run;
           }
         }
-      }
     }
   });
 #else
@@ -262,57 +338,82 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const f
 /// dw (O, C, 3, 3) = the weight gradient of conv `g` (one that `applies`) over `batch` samples: x its
 /// input, dz the gradient of its output (before any epilogue). Each thread sums over its samples; the
 /// sums are added in thread order, so the result depends on the thread count only. scratch:
-/// host.threads() x Plan{g}.weight_gradient_per_thread(). Only where Host::bf16_tiles().
+/// host.threads() x amx_conv::weight_gradient_per_thread(g). Only where Host::bf16_tiles().
 inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* x,
                                const float* dz, float* dw, float* scratch) {
 #if FUSEDP_HOST_AVX512_BF16
-  const Plan plan{g};
   const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels), H = std::size_t(g.in_h);
-  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), wp = plan.wp(), L = plan.plane(), J = plan.span();
-  const std::size_t stride = plan.weight_gradient_per_thread();
+  const std::size_t W = std::size_t(g.in_w), P = g.out_pixels(), stride = weight_gradient_per_thread(g);
   const auto threads = std::size_t(host.threads());
   host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
+    const std::size_t n0 = batch * std::size_t(thread) / threads, n1 = batch * (std::size_t(thread) + 1) / threads;
+    const Plan plan = Plan::for_count(g, n1 - n0);
+    const std::size_t S = plan.samples, wp = plan.wp(), L = plan.plane(), J = plan.span();
     float* own = scratch + std::size_t(thread) * stride;
-    auto* image = reinterpret_cast<std::uint16_t*>(own);
-    float* grid = own + plan.image();
-    auto* pairs = reinterpret_cast<Pair*>(grid + plan.gradient());
-    float* sums = own + plan.sums_at();
+    float* sums = own;  // (9, C, O): Plan puts them first
+    float* grid = own + plan.gradient_at();
     simd::zero(sums, 9 * C * O);
     bf16::detail::configure_tiles();
-    for (std::size_t n = batch * std::size_t(thread) / threads; n < batch * (std::size_t(thread) + 1) / threads; ++n) {
-      const float* xn = x + n * g.in_size();
-      for (std::size_t c = 0; c < C; ++c)
-        detail::padded_plane(H, W, wp, L, image + c * L, [&](std::size_t r, std::uint16_t* dst) {
-          detail::bf16_of(xn + (c * H + r) * W, W, dst);
-        });
-      // dz on the grid: row y at y wp, zero at the thrown positions and past the last row.
-      const float* dzn = dz + n * g.out_size();
-      for (std::size_t o = 0; o < O; ++o) {
-        float* dst = grid + o * J;
-        for (std::size_t r = 0; r < H; ++r) {
-          simd::copy(dst + r * wp, dzn + o * P + r * W, W);
-          dst[r * wp + W] = dst[r * wp + W + 1] = 0.0f;
+    for (std::size_t c0 = n0; c0 < n1; c0 += plan.chunk() * S) {
+      const std::size_t groups = (std::min(plan.chunk() * S, n1 - c0) + S - 1) / S;
+      for (std::size_t q = 0; q < groups; ++q) {
+        const std::size_t n = c0 + q * S, count = std::min(S, n1 - n);
+        auto* image = reinterpret_cast<std::uint16_t*>(own + plan.image_at(q));
+        for (std::size_t c = 0; c < C; ++c)
+          detail::padded_plane(plan, count, image + c * L, [&](std::size_t s, std::size_t r, std::uint16_t* dst) {
+            detail::bf16_of(x + (n + s) * g.in_size() + (c * H + r) * W, W, dst);
+          });
+        // dz on the grid: image s's row y at y wp + s (W + 1), zero at the thrown positions, the absent
+        // images' and past the last row.
+        for (std::size_t o = 0; o < O; ++o) {
+          float* dst = grid + o * J;
+          for (std::size_t r = 0; r < H; ++r) {
+            float* row = dst + r * wp;
+            for (std::size_t s = 0; s < S; ++s) {
+              float* image_row = row + s * (W + 1);
+              if (s < count) simd::copy(image_row, dz + (n + s) * g.out_size() + o * P + r * W, W);
+              else simd::zero(image_row, W);
+              image_row[W] = 0.0f;
+            }
+            row[wp - 1] = 0.0f;
+          }
+          std::fill(dst + H * wp, dst + J, 0.0f);
         }
-        std::fill(dst + H * wp, dst + J, 0.0f);
+        bf16::detail::pairs_of_columns(grid, J, J, O, reinterpret_cast<Pair*>(own + plan.pairs_at(q)), O);
       }
-      bf16::detail::pairs_of_columns(grid, J, J, O, pairs, O);
+      const auto* image = reinterpret_cast<const std::uint16_t*>(own + plan.image_at(0));
+      const auto* pairs = reinterpret_cast<const Pair*>(own + plan.pairs_at(0));
       for (std::size_t t = 0; t < 9; ++t)
         for (std::size_t cb = 0; cb < C / block; ++cb)
           for (std::size_t ob = 0; ob < O / block; ++ob)
-            detail::weight_block(image + cb * block * L + plan.shift(t), L, pairs + ob * block, O, J,
-                                 sums + (t * C + cb * block) * O + ob * block);
+            detail::weight_block(image + cb * block * L + plan.shift(t), L, 2 * plan.image(), pairs + ob * block, O,
+                                 plan.gradient_pairs(), J, groups, sums + (t * C + cb * block) * O + ob * block);
     }
   });
-  // dw (O, C, 3, 3) = the threads' sums (9, C, O) in thread order.
-  host.parallel_for(O, [&](std::size_t o0, std::size_t o1, int) {
-    for (std::size_t o = o0; o < o1; ++o)
-      for (std::size_t c = 0; c < C; ++c)
-        for (std::size_t t = 0; t < 9; ++t) {
-          float s = 0.0f;
-          for (std::size_t th = 0; th < threads; ++th)
-            s += scratch[th * stride + plan.sums_at() + (t * C + c) * O + o];
-          dw[(o * C + c) * 9 + t] = s;
+  // dw (O, C, 3, 3) = the threads' sums (9, C, O) added in thread order, 32 input channels at a time:
+  // first the other threads' rows (t, c) added into thread 0's along o (streams), which brings the
+  // block's 9 x 32 rows into cache, then dw's rows written one o at a time from there. (Summing and
+  // transposing in one pass, 32 x 32 channels at a time, each read was a miss of its own: 5.5% of
+  // ResNet-18's bf16 step, its last stage's 2.4 M sums a thread; along o with dw written across rows,
+  // 8%.)
+  host.parallel_for(C / block, [&](std::size_t b0, std::size_t b1, int) {
+    for (std::size_t c0 = b0 * block; c0 < b1 * block; c0 += block) {
+      for (std::size_t t = 0; t < 9; ++t)
+        for (std::size_t c = c0; c < c0 + block; ++c) {
+          float* FUSEDP_RESTRICT row = scratch + (t * C + c) * O;
+          if (threads == 1)
+            for (std::size_t o = 0; o < O; o += 16) __builtin_prefetch(row + o);
+          for (std::size_t th = 1; th < threads; ++th) {
+            const float* FUSEDP_RESTRICT other = row + th * stride;
+            for (std::size_t o = 0; o < O; ++o) row[o] += other[o];
+          }
         }
+      for (std::size_t o = 0; o < O; ++o) {
+        float* out = dw + (o * C + c0) * 9;
+        for (std::size_t c = c0; c < c0 + block; ++c)
+          for (std::size_t t = 0; t < 9; ++t) *out++ = scratch[(t * C + c) * O + o];
+      }
+    }
   });
 #else
   (void)host, (void)g, (void)batch, (void)x, (void)dz, (void)dw, (void)scratch;
