@@ -205,10 +205,11 @@ TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im
       check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, fusedp::HostPrecision::bf16);
     }
   }
-  // Not taken: 3 wide, 3 input channels (CIFAR's first conv), stride 2, and bf16 without tiles.
+  // Not taken: 3 wide, 3 input channels (CIFAR's first conv), stride 3, padding 0, and bf16 without tiles.
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 8, 3, 3, 1, 1, 64)));
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(3, 32, 32, 3, 1, 1, 64)));
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 2, 1, 64)));
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 3, 1, 64)));
+  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 1, 0, 64)));
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
 }
 
@@ -235,6 +236,27 @@ TEST_CASE("conv2d at bf16 on AMX, small planes: several samples side by side on 
   }
 }
 
+TEST_CASE("conv2d at bf16 on AMX, stride 2: the input's four phases on one grid") {
+  if (!fusedp::amx_usable()) {
+    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+    return;
+  }
+  // ResNet's strided convs in small (32 -> 16 and 16 -> 8, the second with samples side by side), odd
+  // planes whose last phase row and column fall outside the input (9 x 11 -> 5 x 6; 8 x 9 -> 4 x 5), over
+  // batches of 1, 5 and 19 and 1-3 threads.
+  const k::ConvGeometry strided[] = {geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64),
+                                     geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)};
+  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
+  for (const auto& g : strided) {
+    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
+    for (int threads = 1; threads <= 3; ++threads)
+      for (std::size_t batch : {std::size_t(1), std::size_t(5), std::size_t(19)}) {
+        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
+        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
+      }
+  }
+}
+
 TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to bf16, on every path") {
   std::vector<fusedp::Host> hosts{fusedp::Host{2, fusedp::HostPrecision::bf16_emulated}};
   if (fusedp::cpu_features().avx512_bf16) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16}.with_bf16_tiles(false));
@@ -242,6 +264,7 @@ TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to b
   std::vector<k::ConvGeometry> all(std::begin(geometries), std::end(geometries));
   all.push_back(geometry(32, 16, 16, 3, 1, 1, 32));  // the AMX path where the CPU has it
   all.push_back(geometry(32, 4, 4, 3, 1, 1, 32));    // and its samples side by side
+  all.push_back(geometry(32, 9, 8, 3, 2, 1, 32));    // and stride 2
   for (const auto& host : hosts)
     for (const auto& g : all) {
       CAPTURE(std::string(fusedp::to_string(host.precision())));

@@ -14,8 +14,9 @@
 // im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
 // (gemm_bf16.hpp): the forward's im2col writes pairs into the panels, the backward's the row-major
 // matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. With
-// AMX tiles, those 3x3 convs on planes 4 or more wide with channels in multiples of 32 run directly on
-// the tiles from the padded input, no im2col (conv3x3_amx.hpp; small planes several samples a grid),
+// AMX tiles, 3x3 convs with stride 1 or 2 on planes 4 or more wide with channels in multiples of 32 run
+// directly on the tiles from the padded input, no im2col (conv3x3_amx.hpp; small planes several samples
+// a grid, strided ones over the input's four phases),
 // and elsewhere on planes under 64 pixels the forward and input-gradient products take 64 / P samples
 // side by side (tile_group).
 #include "fusedp/core/config.hpp"
@@ -75,7 +76,7 @@ struct ConvScratch {
     }
     if (amx_conv::applies(g)) {
       most = std::max({most, amx_conv::per_thread(g), amx_conv::weight_gradient_per_thread(g),
-                       amx_conv::per_thread(winograd::transposed(g))});
+                       amx_conv::per_thread(amx_conv::input_gradient_geometry(g))});
     }
     return most;
   }
@@ -640,7 +641,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (detail::amx_conv_runs<T>(host, g)) {
-      amx_conv::conv3x3(host, g, batch, w, false, x, y, scratch, [&](std::size_t n) {
+      amx_conv::conv3x3(host, g, batch, w, x, y, scratch, [&](std::size_t n) {
         return epilogue(y + n * g.out_size(), z ? z + n * g.out_size() : nullptr, bf16_y);
       });
       return;
@@ -760,8 +761,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     if constexpr (std::is_same_v<T, float>) {
       if (amx) {
         amx_conv::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
-        if (dx)
-          amx_conv::conv3x3(host, winograd::transposed(g), batch, w, true, dy, dx, scratch, stores_dx);
+        if (dx) amx_conv::input_gradient3x3(host, g, batch, w, dy, dx, scratch, bf16_dx);
         return;
       }
     }
