@@ -10,8 +10,10 @@
 
 #include "test_values.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -213,27 +215,37 @@ TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im
   CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
 }
 
+namespace {
+// The direct AMX path on `geometries` against double, over `batches` and 1-3 threads.
+void check_direct_amx(std::initializer_list<k::ConvGeometry> geometries, std::initializer_list<std::size_t> batches) {
+  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
+  for (const auto& g : geometries) {
+    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
+    for (int threads = 1; threads <= 3; ++threads)
+      for (std::size_t batch : batches) {
+        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
+        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
+      }
+  }
+}
+}  // namespace
+
 TEST_CASE("conv2d at bf16 on AMX, small planes: several samples side by side on one grid") {
   if (!fusedp::amx_usable()) {
     MESSAGE("skipped: this CPU or OS offers no AMX tiles");
     return;
   }
   // Planes under 16 wide put up to 64 / W samples in a row of one grid (ResNet-18's 8 x 8 and 4 x 4 in
-  // small; 7 wide with rows of 5, 12 wide), a group size per thread, the weight gradient over several
-  // groups a pass: batches of 2, 13 and 37 over 1-3 threads give groups whole and partial, a thread's
-  // samples in one pass or in several (8 x 8: two groups of 8 a pass), and a thread with one sample.
-  const k::ConvGeometry small[] = {geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32),
-                                   geometry(32, 5, 7, 3, 1, 1, 32), geometry(32, 6, 12, 3, 1, 1, 64)};
-  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
-  for (const auto& g : small) {
-    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
+  // small; 7 wide with rows of 5, 12 and 15 wide, three blocks of input channels), a group size per
+  // thread, the weight gradient over several groups a pass: batches of 2, 13 and 37 over 1-3 threads
+  // give groups whole and partial, a thread's samples in one pass or in several (8 x 8: two groups of 8
+  // a pass), and a thread with one sample.
+  for (const auto& g : {geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
+                        geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)})
     REQUIRE(kh::amx_conv::max_samples(g) > 1);
-    for (int threads = 1; threads <= 3; ++threads)
-      for (std::size_t batch : {std::size_t(2), std::size_t(13), std::size_t(37)}) {
-        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
-        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
-      }
-  }
+  check_direct_amx({geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
+                    geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)},
+                   {2, 13, 37});
 }
 
 TEST_CASE("conv2d at bf16 on AMX, stride 2: the input's four phases on one grid") {
@@ -241,19 +253,108 @@ TEST_CASE("conv2d at bf16 on AMX, stride 2: the input's four phases on one grid"
     MESSAGE("skipped: this CPU or OS offers no AMX tiles");
     return;
   }
-  // ResNet's strided convs in small (32 -> 16 and 16 -> 8, the second with samples side by side), odd
-  // planes whose last phase row and column fall outside the input (9 x 11 -> 5 x 6; 8 x 9 -> 4 x 5), over
-  // batches of 1, 5 and 19 and 1-3 threads.
-  const k::ConvGeometry strided[] = {geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64),
-                                     geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)};
-  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
-  for (const auto& g : strided) {
-    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
-    for (int threads = 1; threads <= 3; ++threads)
-      for (std::size_t batch : {std::size_t(1), std::size_t(5), std::size_t(19)}) {
-        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
-        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
+  // ResNet's strided convs in small (32 -> 16, 16 -> 8 and 8 -> 4, the last two with samples side by
+  // side), odd planes whose last phase row and column fall outside the input (9 x 11 -> 5 x 6; 8 x 9 ->
+  // 4 x 5), over batches of 1, 5 and 19 and 1-3 threads.
+  check_direct_amx({geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64), geometry(32, 8, 8, 3, 2, 1, 32),
+                    geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)},
+                   {1, 5, 19});
+}
+
+TEST_CASE("amx_conv plans: each output once, every read inside its plane, scratch for the largest plan") {
+  // Integer bookkeeping of conv3x3_amx.hpp, checked on any CPU: for each group size a thread may take
+  // and each count of images in a group, for_each_run visits each pixel of each present image once,
+  // within its block of 32 positions; the farthest read (span + 2 wp + 2: stride 1's last tap, and the
+  // stride-2 input gradient's) stays inside a plane; each plan's scratch fits the per-thread sizes.
+  namespace amx = kh::amx_conv;
+  std::vector<k::ConvGeometry> all;
+  for (int w = 4; w <= 17; ++w) all.push_back(geometry(32, w % 5 + 3, w, 3, 1, 1, 64));
+  for (int w = 7; w <= 32; w += 5) all.push_back(geometry(64, w + 1, w, 3, 2, 1, 32));
+  for (const auto& g : all) {
+    CAPTURE(g.in_h);
+    CAPTURE(g.in_w);
+    CAPTURE(g.stride);
+    REQUIRE(amx::applies(g));
+    const std::size_t P = g.out_pixels();
+    for (std::size_t s = 1; s <= amx::max_samples(g); ++s) {
+      CAPTURE(s);
+      const amx::Plan plan{g, s};
+      CHECK(plan.span() + 2 * plan.wp() + 2 <= plan.plane());
+      CHECK(plan.per_thread() <= amx::per_thread(g));
+      CHECK(plan.weight_gradient_per_thread() <= amx::weight_gradient_per_thread(g));
+      const amx::Plan gradient{amx::input_gradient_geometry(g), s};
+      CHECK(gradient.per_thread() <= amx::per_thread(amx::input_gradient_geometry(g)));
+      for (std::size_t count = 1; count <= s; ++count) {
+        std::vector<int> seen(count * P, 0);
+        bool inside = true;
+        for (std::size_t j0 = 0; j0 < plan.span(); j0 += amx::block)
+          amx::detail::for_each_run(plan, count, j0, [&](std::size_t image, std::size_t p, std::size_t at, std::size_t length) {
+            inside = inside && image < count && p + length <= P && at + length <= amx::block &&
+                     p / std::size_t(g.out_w) == (p + length - 1) / std::size_t(g.out_w);
+            for (std::size_t i = 0; i < length && image < count && p + i < P; ++i) ++seen[image * P + p + i];
+          });
+        CHECK(inside);
+        CHECK(std::count(seen.begin(), seen.end(), 1) == std::ptrdiff_t(seen.size()));
       }
+    }
+    for (std::size_t n = 0; n <= 40; ++n) {
+      const amx::Plan plan = amx::Plan::for_count(g, n);
+      CHECK(plan.samples >= 1);
+      CHECK(plan.samples <= amx::max_samples(g));
+    }
+  }
+}
+
+TEST_CASE("amx_conv: the products within exactly their scratch, and as conv2d computes them") {
+  if (!fusedp::amx_usable()) {
+    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+    return;
+  }
+  // Each product called alone with host.threads() times its own per-thread size and a canary after it:
+  // nothing written past it, and the bits conv2d gets with its larger scratch. 4 x 4 with 16 samples on
+  // one thread takes the largest group (16 side by side); 2 threads split 13 samples unevenly.
+  namespace amx = kh::amx_conv;
+  struct Case {
+    k::ConvGeometry g;
+    std::size_t batch;
+    int threads;
+  };
+  for (const Case& c : {Case{geometry(64, 4, 4, 3, 1, 1, 32), 16, 1}, Case{geometry(32, 8, 8, 3, 1, 1, 64), 13, 2},
+                        Case{geometry(32, 16, 16, 3, 2, 1, 64), 13, 2}, Case{geometry(32, 9, 7, 3, 2, 1, 32), 5, 3}}) {
+    const k::ConvGeometry& g = c.g;
+    CAPTURE(g.in_w);
+    CAPTURE(g.stride);
+    CAPTURE(c.threads);
+    const fusedp::Host host{c.threads, fusedp::HostPrecision::bf16};
+    const std::size_t O = std::size_t(g.out_channels), K = g.patch(), T = std::size_t(c.threads), canary = 4096;
+    std::vector<float> w(O * K), x(c.batch * g.in_size()), dz(c.batch * g.out_size());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(3, i));
+    for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = float(value(4, i));
+    // conv2d's results (no bias, no epilogue: the same products).
+    std::vector<float> y_ref(dz.size()), dx_ref(x.size()), dw_ref(w.size()), dy = dz;
+    std::vector<float> big(T * kh::ConvScratch{g}.per_thread());
+    kh::conv2d_forward<k::Epilogue<>>(host, g, c.batch, w.data(), static_cast<const float*>(nullptr), x.data(),
+                                      y_ref.data(), static_cast<float*>(nullptr), big.data());
+    kh::conv2d_backward<k::Epilogue<>>(host, g, c.batch, w.data(), x.data(), y_ref.data(), static_cast<const float*>(nullptr),
+                                       dy.data(), dx_ref.data(), dw_ref.data(), static_cast<float*>(nullptr), big.data());
+    auto run = [&](std::size_t per_thread, const auto& product) {
+      std::vector<float> scratch(T * per_thread + canary, -3.0f);
+      product(scratch.data());
+      CHECK(std::all_of(scratch.end() - canary, scratch.end(), [](float v) { return v == -3.0f; }));
+    };
+    std::vector<float> y(dz.size(), 7.0f), dx(x.size(), 7.0f), dw(w.size(), 7.0f);
+    run(amx::per_thread(g), [&](float* scratch) {
+      amx::conv3x3(host, g, c.batch, w.data(), x.data(), y.data(), scratch,
+                   [](std::size_t) { return [](std::size_t, std::size_t, float*, std::size_t) {}; });
+    });
+    run(amx::per_thread(amx::input_gradient_geometry(g)),
+        [&](float* scratch) { amx::input_gradient3x3(host, g, c.batch, w.data(), dz.data(), dx.data(), scratch, false); });
+    run(amx::weight_gradient_per_thread(g),
+        [&](float* scratch) { amx::weight_gradient3x3(host, g, c.batch, x.data(), dz.data(), dw.data(), scratch); });
+    CHECK(y == y_ref);
+    CHECK(dx == dx_ref);
+    CHECK(dw == dw_ref);
   }
 }
 

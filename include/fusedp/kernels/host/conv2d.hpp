@@ -741,7 +741,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const std::size_t pixels = g.out_pixels(), patch = g.patch(), outs = std::size_t(g.out_channels);
   const ConvScratch layout{g};
   const std::size_t stride = layout.per_thread(), weights = layout.packed_weights();
-  // Each sample's dx as the Winograd and AMX products write it: rounded run by run where bf16_dx.
+  // Each sample's dx as the Winograd product writes it: rounded run by run where bf16_dx.
   const auto stores_dx = [bf16_dx](std::size_t) {
     return [bf16_dx](std::size_t, std::size_t, T* p, std::size_t count) { round_run_if(bf16_dx, p, count); };
   };

@@ -11,8 +11,9 @@
 //
 // Small planes side by side. Under min_width, a grid holds several images in a row, sharing their
 // borders (Wp = S (W + 1) + 1; image s's columns from 1 + s (W + 1)): the same shifts, and a thrown
-// column per image instead of two per image and a span rounded up per image (ResNet-18's 8 x 8
-// planes: 12% thrown at 8 images, 33% alone; 4 x 4: 25%, 50% alone). Each thread picks the group size
+// column per image instead of two per image and a span rounded up per image (of the positions
+// computed, on ResNet-18's 8 x 8 planes 16% are thrown at 8 images, 33% alone; on 4 x 4, 27% at 16,
+// 50% alone). Each thread picks the group size
 // that computes the fewest positions over its samples (Plan::for_count), and the weight gradient sums
 // several groups (k of 1024 positions or more) in each pass over its sums.
 //
@@ -22,8 +23,8 @@
 // gradient is a stride-1 product over dz whose taps fall into the four phases of dx (1, 2, 2 and 4
 // taps), each written to every other pixel of dx.
 //
-//   forward, and the input gradient (the same product with the weights rotated and their channels
-//   swapped): C tiles of 16 output channels x 16 grid positions; A = the weights of one tap and 32
+//   forward, and the input gradient (for stride 1 the same product with the weights rotated and their
+//   channels swapped): C tiles of 16 output channels x 16 grid positions; A = the weights of one tap and 32
 //   input channels (16 x 16 pairs, packed once a call); B = 16 channel pairs x 16 positions, loaded
 //   straight from the input's pair planes ("NC/2HW2": pair (c, c + 1) of each position, the plane of
 //   each pair of channels `plane` pairs long).
@@ -61,7 +62,7 @@ inline constexpr std::size_t block = 32;
 /// thrown positions cost what im2col saves (8 x 8 planes: Wp / W = 1.25, a span of 80 rounded up to 96,
 /// and k = 96 a sample in the weight gradient, whose sums went back to memory each sample).
 inline constexpr int min_width = 16;
-/// The narrowest plane the direct path takes (4 wide: a quarter of its grid is thrown).
+/// The narrowest plane the direct path takes (4 wide: over a quarter of the positions computed are thrown).
 inline constexpr int narrowest = 4;
 
 /// True where a conv's geometry suits this path: 3x3, stride 1 or 2, padding 1, channels in and out
@@ -111,7 +112,8 @@ struct Plan {
     return g.stride == 2 ? (t / 3 != 1) * 2 + (t % 3 != 1) : 0;
   }
 
-  // conv3x3: the packed weights (thread 0's, read by all), then the input's pair planes.
+  // conv3x3 (and input_gradient3x3, on input_gradient_geometry): the packed weights (thread 0's, read
+  // by all), then the input's pair planes.
   [[nodiscard]] constexpr std::size_t weights() const {
     return align_elements(9 * std::size_t(g.in_channels) * std::size_t(g.out_channels) / 2);
   }
@@ -166,6 +168,29 @@ constexpr std::size_t weight_gradient_per_thread(const ConvGeometry& g) {
   for (std::size_t s = 1; s <= max_samples(g); ++s) most = std::max(most, Plan{g, s}.weight_gradient_per_thread());
   return most;
 }
+
+namespace detail {
+// The positions [j0, j0 + 32) of a group of `count` images that are outputs, as runs of one image's row:
+// run(s, p, at, length): image s's pixels p .. p + length, at out's column `at`.
+template <class Run>
+void for_each_run(const Plan& plan, std::size_t count, std::size_t j0, const Run& run) {
+  const std::size_t wp = plan.wp(), W = std::size_t(plan.g.out_w);
+  for (std::size_t j = j0, end = std::min(j0 + block, plan.grid()); j < end;) {
+    const std::size_t oy = j / wp, col = j % wp, s = col / (W + 1), ox = col % (W + 1);
+    if (s >= count) {  // past the group's last image: the row's rest
+      j += wp - col;
+      continue;
+    }
+    if (ox == W) {  // a border
+      ++j;
+      continue;
+    }
+    const std::size_t length = std::min(W - ox, end - j);
+    run(s, oy * W + ox, j - j0, length);
+    j += length;
+  }
+}
+}  // namespace detail
 
 #if FUSEDP_HOST_AVX512_BF16
 // As in gemm_bf16.hpp: GCC 12 takes _mm512_undefined's self-initialization inside the conversion
@@ -407,26 +432,6 @@ void direct_product(const Host& host, const ConvGeometry& g, std::size_t batch, 
   });
 }
 
-// The positions [j0, j0 + 32) of a group of `count` images that are outputs, as runs of one image's row:
-// run(s, p, at, length): image s's pixels p .. p + length, at out's column `at`.
-template <class Run>
-void for_each_run(const Plan& plan, std::size_t count, std::size_t j0, const Run& run) {
-  const std::size_t wp = plan.wp(), W = std::size_t(plan.g.out_w);
-  for (std::size_t j = j0, end = std::min(j0 + block, plan.grid()); j < end;) {
-    const std::size_t oy = j / wp, col = j % wp, s = col / (W + 1), ox = col % (W + 1);
-    if (s >= count) {  // past the group's last image: the row's rest
-      j += wp - col;
-      continue;
-    }
-    if (ox == W) {  // a border
-      ++j;
-      continue;
-    }
-    const std::size_t length = std::min(W - ox, end - j);
-    run(s, oy * W + ox, j - j0, length);
-    j += length;
-  }
-}
 }  // namespace detail
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
