@@ -276,11 +276,10 @@ using bf16::detail::first_lanes;
                                                                            int step, Pair* dst) {
   const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
                                         _mm512_set1_epi32(step));
-  // (The masked gathers from zero: the plain ones start from _mm512_undefined_ps, which GCC 12 calls an
-  // uninitialized use.)
-  auto gather = [&](const float* p) { return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), __mmask16(0xffff), at, p, 4); };
+  // (No lambda for the two gathers: a lambda does not take the function's target, so builds without
+  // -march=native could not inline the intrinsics into it.)
   for (std::size_t r = 0; r < block; ++r, src += row_step, dst += 16)
-    _mm512_storeu_si512(dst, bf16::detail::pairs_of(gather(src), gather(src + step)));
+    _mm512_storeu_si512(dst, bf16::detail::pairs_of(_mm512_i32gather_ps(at, src, 4), _mm512_i32gather_ps(at, src + step, 4)));
 }
 
 // dst[j] = bf16 of src[j] (to_bf16's rounding) for j < n.
