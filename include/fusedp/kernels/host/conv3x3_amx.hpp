@@ -524,11 +524,11 @@ inline void input_gradient3x3(const Host& host, const ConvGeometry& g, std::size
             return;
           }
           // Grid pixel (i, j) of phase ph is dx's (2i + a, 2j + b), where inside dx.
-          const std::size_t wo = std::size_t(plan.g.out_w), y_ = 2 * (p / wo) + ph / 2, x0 = 2 * (p % wo) + ph % 2;
-          if (y_ >= H) return;
+          const std::size_t wo = std::size_t(plan.g.out_w), iy = 2 * (p / wo) + ph / 2, x0 = 2 * (p % wo) + ph % 2;
+          if (iy >= H) return;
           const std::size_t inside = x0 < W ? std::min(length, (W - x0 + 1) / 2) : 0;
           for (std::size_t r = 0; r < block; ++r) {
-            float* dst = dxn + ((ob * block + r) * H + y_) * W + x0;
+            float* dst = dxn + ((ob * block + r) * H + iy) * W + x0;
             const float* src = out + r * block + at;
             for (std::size_t u = 0; u < inside; ++u) dst[2 * u] = round(src[u]);
           }
