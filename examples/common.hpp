@@ -182,7 +182,9 @@ inline void add_training_flags(CLI::App& app, TrainFlags& f) {
       ->capture_default_str();
   app.add_option("--peak-gflops", f.peak_gflops,
                  "the peak GFLOP/s of all the processors the run uses, the denominator of the utilization printed "
-                 "per epoch (default: the CPU's FMA rate, measured at start, or the GPU's tensor-core rate)")
+                 "per epoch (default: measured at start, the CPU's rate of the instruction its precision multiplies with: "
+                 "fp32 FMA, or at bf16 AMX tiles where it has them, else VDPBF16PS; or the GPU's dense rate at its "
+                 "precision)")
       ->check(CLI::Range(0.0, 1e9));
   app.add_option("--trace", f.trace,
                  "write a timeline of the run to this file as a Chrome trace (open it in ui.perfetto.dev; under "
@@ -704,13 +706,15 @@ void with_trainer(const Launch& launch, const TrainFlags& f, std::uint64_t agree
 }
 
 /// The peak FLOP/s of every processor the run uses, all ranks together: --peak-gflops, or each process's
-/// own (its CPU threads' FMA rate measured now, or its GPUs' dense rate at their precision) added up
-/// over the ranks. 0 when unknown.
+/// own (its CPU threads' rate measured now, of the instruction its precision computes with: fp32 FMA,
+/// VDPBF16PS or AMX tiles; or its GPUs' dense rate at their precision) added up over the ranks. 0 when
+/// unknown.
 template <class Trainer>
 double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
   if (f.peak_gflops > 0) return f.peak_gflops * 1e9;
   double mine = 0;
   int threads = 0;
+  fp::HostPeak instruction = fp::HostPeak::fma32;
   for_each_model(trainer, [&](auto& m) {
     if constexpr (on_gpu<Trainer>) {
 #if FUSEDP_HAS_CUDA
@@ -718,9 +722,10 @@ double run_peak_flops(Trainer& trainer, const TrainFlags& f) {
 #endif
     } else {
       threads += m.space().cpu_threads();
+      instruction = fp::host_peak_instruction(m.space());
     }
   });
-  if (threads > 0) mine = fp::measure_host_peak_flops(threads);
+  if (threads > 0) mine = fp::measure_host_peak_flops(threads, 0.05, instruction);
   // A sum of doubles over the ranks, through the evaluation sums' collective.
   if constexpr (requires { trainer.sum_over_ranks(fp::GlobalEvaluation{}); })
     return trainer.sum_over_ranks(fp::GlobalEvaluation{mine, 0, 0}).loss_sum;

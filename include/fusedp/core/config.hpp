@@ -45,6 +45,15 @@
 #define FUSEDP_RESTRICT
 #endif
 
+// Asks the host compiler for a loop unrolled n times (register tiles and independent chains must be
+// fully unrolled to stay in registers, at -O2 too).
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define FUSEDP_PRAGMA(x) _Pragma(#x)
+#define FUSEDP_UNROLL(n) FUSEDP_PRAGMA(GCC unroll n)
+#else
+#define FUSEDP_UNROLL(n)
+#endif
+
 namespace fusedp {
 // Bytes every tensor in a flat parameter buffer and every workspace region is aligned to: a cache
 // line on x86-64 and ARM64, and a multiple of the 16-byte vector loads of the Cuda kernels.

@@ -2,9 +2,14 @@
 // The peak arithmetic rate of a space: the denominator of model FLOPs utilization (MFU), which the
 // examples print beside the achieved rate (model FLOPs from net/cost.hpp over the time of the steps).
 //
-//   Host  measured: independent float32 FMA chains on every thread for a few tens of milliseconds,
-//         at the vector width this translation unit is compiled for (AVX-512 with -march of such a
-//         machine). On the 2-core development machine this gives 426 GFLOP/s, as benchmarks/fma_peak.
+//   Host  measured: independent chains of one instruction on every thread for a few tens of
+//         milliseconds. The instruction is the one the Host's precision does its products with
+//         (host_peak_instruction): float32 FMA at the vector width this translation unit is compiled
+//         for (AVX-512 with -march of such a machine); at bf16 VDPBF16PS (64 FLOP a zmm), or AMX's
+//         TDPBF16PS (16 x 16 x 32 products, 16384 FLOP a tile) where its GEMMs run on tiles. On the
+//         2-core development machine (benchmarks/fma_peak, 2026-12-07, 2 threads): 468 GFLOP/s
+//         float32 FMA, 903 VDPBF16PS, 7070 TDPBF16PS; so a bf16 run's utilization is a share of the
+//         tiles' rate (15 times fp32's), not of fp32's (which read 130% for ResNet-18's bf16 step).
 //   Cuda  from the device: SMs x clock x the dense rate per SM and clock of its architecture for the
 //         space's precision (tensor cores for Tf32 and Bf16, FP32 cores for Fp32), from NVIDIA's
 //         data sheets: sm_80 (A100) 1024 TF32 / 2048 BF16 / 128 FP32 FLOP per clock and SM, sm_86 and
@@ -12,10 +17,15 @@
 //         and utilization is not printed.
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
+#include "fusedp/exec/amx.hpp"
+#include "fusedp/exec/cpu_features.hpp"
+#include "fusedp/exec/host.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,30 +47,87 @@ inline constexpr int peak_vector_bytes = 16;
 #endif
 using PeakVector [[gnu::vector_size(peak_vector_bytes)]] = float;
 
+// The chains below must stay in registers, or each instruction waits on a store and a load (a quarter
+// of the rate). GCC at -O2 (RelWithDebInfo's level) keeps an array of vectors in memory even when its
+// loops are unrolled, so these functions ask for -O3's; Clang's -O2 already does it.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define FUSEDP_PEAK_CHAINS __attribute__((optimize("O3")))
+#else
+#define FUSEDP_PEAK_CHAINS
+#endif
+
 // `rounds` rounds of 16 independent FMA chains (more than FMA latency x FMA ports, so throughput binds).
-[[gnu::noinline]] inline float fma_chains(long rounds, float seed) {
+FUSEDP_PEAK_CHAINS [[gnu::noinline]] inline float fma_chains(long rounds, float seed) {
   constexpr int chains = 16;
   PeakVector acc[chains];
+  FUSEDP_UNROLL(16)  // every loop over the chains unrolled, so that -O2 keeps them in registers too
   for (int c = 0; c < chains; ++c) acc[c] = PeakVector{} + seed * float(c + 1);
   const PeakVector m = PeakVector{} + 0.999999f, a = PeakVector{} + 1e-7f;
   for (long i = 0; i < rounds; ++i)
     for (int c = 0; c < chains; ++c) acc[c] = acc[c] * m + a;
   PeakVector s{};
+  FUSEDP_UNROLL(16)
   for (int c = 0; c < chains; ++c) s += acc[c];
   float r = 0;
   for (int l = 0; l < peak_vector_bytes / 4; ++l) r += s[l];
   return r;
 }
-}  // namespace detail
 
-/// The float32 FMA rate of `threads` threads of this CPU, in FLOP/s, measured for about `seconds`.
-inline double measure_host_peak_flops(int threads, double seconds = 0.05) {
-  require(threads >= 1, "measure_host_peak_flops: threads must be >= 1, got ", threads);
-  constexpr double flops_per_round = 2.0 * 16 * (detail::peak_vector_bytes / 4);
-  long rounds = 1 << 14;
+#if FUSEDP_HOST_AVX512_BF16
+// bf16 1.0 in every 16-bit element of a zmm or a tile row, so every chain adds exact small integers.
+inline constexpr std::uint16_t bf16_one = 0x3F80;
+
+// `rounds` rounds of 16 independent VDPBF16PS chains (each lane += 1 * 1 + 1 * 1); returns the sum of
+// the chains' lane 0, 32 x rounds exactly while that is below 2^24.
+FUSEDP_PEAK_CHAINS [[gnu::noinline, gnu::target("avx512f,avx512bw,avx512bf16")]] inline float dpbf16_chains(long rounds) {
+  constexpr int chains = 16;
+  __m512 acc[chains];
+  FUSEDP_UNROLL(16)
+  for (int c = 0; c < chains; ++c) acc[c] = _mm512_setzero_ps();
+  const __m512bh one = (__m512bh)_mm512_set1_epi16(short(bf16_one));
+  for (long i = 0; i < rounds; ++i)
+    for (int c = 0; c < chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], one, one);
+  __m512 s = acc[0];
+  FUSEDP_UNROLL(15)
+  for (int c = 1; c < chains; ++c) s = _mm512_add_ps(s, acc[c]);
+  return _mm_cvtss_f32(_mm512_castps512_ps128(s));
+}
+
+// `rounds` rounds of TDPBF16PS into four independent C tiles (0 .. 3) from the same A and B tiles of
+// ones (4, 5), in the tile shapes of exec/amx.hpp: each element of C += 32 a round. Returns C[0][0] of
+// tile 0 plus that of tile 3, 64 x rounds exactly while that is below 2^24. The caller has checked
+// amx_usable().
+[[gnu::noinline, gnu::target("amx-tile,amx-bf16,avx512f")]] inline float amx_chains(long rounds) {
+  configure_tiles();
+  alignas(64) std::uint16_t ones[16 * 32];
+  for (std::uint16_t& e : ones) e = bf16_one;
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < rounds; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float c0[16 * 16], c3[16 * 16];
+  _tile_stored(0, c0, 64);
+  _tile_stored(3, c3, 64);
+  return c0[0] + c3[0];
+}
+#endif
+
+// The FLOP/s of `threads` threads each running `chains(rounds)`, `flops_per_round` a round, with
+// `rounds` calibrated on one thread to take about `seconds`.
+template <class Chains>
+double measured_rate(int threads, double seconds, double flops_per_round, Chains chains) {
+  long rounds = 1 << 10;
   for (;;) {  // calibrate on one thread
     const auto t0 = std::chrono::steady_clock::now();
-    volatile float sink = detail::fma_chains(rounds, 1.0f);
+    volatile float sink = chains(rounds);
     (void)sink;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (dt > seconds / 4 || rounds > (1L << 40)) {
@@ -74,7 +141,7 @@ inline double measure_host_peak_flops(int threads, double seconds = 0.05) {
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
       const auto t0 = std::chrono::steady_clock::now();
-      volatile float sink = detail::fma_chains(rounds, float(t + 1));
+      volatile float sink = chains(rounds);
       (void)sink;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       rate[std::size_t(t)] = flops_per_round * double(rounds) / dt;
@@ -83,6 +150,53 @@ inline double measure_host_peak_flops(int threads, double seconds = 0.05) {
   double total = 0;
   for (double r : rate) total += r;
   return total;
+}
+}  // namespace detail
+
+/// The instruction whose rate is a Host's peak.
+enum class HostPeak : unsigned char {
+  fma32,     ///< float32 FMA at this translation unit's vector width
+  dpbf16,    ///< VDPBF16PS (AVX-512 BF16)
+  amx_bf16,  ///< TDPBF16PS on AMX tiles
+};
+
+/// The name of an instruction in messages: "fp32 FMA", "VDPBF16PS", "AMX TDPBF16PS".
+[[nodiscard]] constexpr const char* to_string(HostPeak p) noexcept {
+  return p == HostPeak::fma32 ? "fp32 FMA" : p == HostPeak::dpbf16 ? "VDPBF16PS" : "AMX TDPBF16PS";
+}
+
+/// The instruction `host` computes its products with: fp32 FMA at fp32 (and at bf16_emulated, which
+/// computes bf16 products with fp32 instructions); at bf16, TDPBF16PS where its GEMMs run on tiles
+/// (Host::bf16_tiles), else VDPBF16PS.
+[[nodiscard]] inline HostPeak host_peak_instruction(const Host& host) noexcept {
+  if (host.precision() != HostPrecision::bf16) return HostPeak::fma32;
+  return host.bf16_tiles() ? HostPeak::amx_bf16 : HostPeak::dpbf16;
+}
+
+/// The rate of `threads` threads of this CPU running `what` (float32 FMA by default), in FLOP/s,
+/// measured for about `seconds`. Throws InvalidArgument where this CPU (or this build) cannot run `what`.
+inline double measure_host_peak_flops(int threads, double seconds = 0.05, HostPeak what = HostPeak::fma32) {
+  require(threads >= 1, "measure_host_peak_flops: threads must be >= 1, got ", threads);
+  require(seconds > 0, "measure_host_peak_flops: seconds must be > 0, got ", seconds);
+  if (what == HostPeak::fma32)
+    return detail::measured_rate(threads, seconds, 2.0 * 16 * (detail::peak_vector_bytes / 4),
+                                 [](long rounds) { return detail::fma_chains(rounds, 1.0f); });
+#if FUSEDP_HOST_AVX512_BF16
+  if (what == HostPeak::dpbf16 && cpu_features().avx512_bf16)
+    return detail::measured_rate(threads, seconds, 16 * 64.0, [](long rounds) { return detail::dpbf16_chains(rounds); });
+  if (what == HostPeak::amx_bf16 && amx_usable())
+    return detail::measured_rate(threads, seconds, 4 * 16384.0, [](long rounds) { return detail::amx_chains(rounds); });
+#endif
+  throw InvalidArgument(std::string("measure_host_peak_flops: ") + to_string(what) +
+                        " does not run here (" +
+                        (FUSEDP_HOST_AVX512_BF16 ? "this CPU, or its operating system, lacks it"
+                                                 : "this build has no x86 intrinsics: not x86-64 GCC or Clang") +
+                        ")");
+}
+
+/// The peak of `host`'s products on `threads` threads (host_peak_instruction), in FLOP/s.
+inline double measure_host_peak_flops(const Host& host, int threads, double seconds = 0.05) {
+  return measure_host_peak_flops(threads, seconds, host_peak_instruction(host));
 }
 
 /// Dense FLOP per clock and SM of compute capability `arch` (major * 10 + minor) at a precision:

@@ -25,6 +25,7 @@
 // against 35 in fp32 (benchmarks/RESULTS.md).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
+#include "fusedp/exec/amx.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/bf16.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
@@ -38,12 +39,6 @@
 #include <type_traits>
 #include <utility>
 
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && !defined(__CUDACC__)
-#include <immintrin.h>
-#define FUSEDP_HOST_AVX512_BF16 1
-#else
-#define FUSEDP_HOST_AVX512_BF16 0
-#endif
 
 namespace fusedp::kernels::host {
 
@@ -425,22 +420,7 @@ template <std::size_t MR, std::size_t NV>
 #endif
 
 #if FUSEDP_HOST_AVX512_BF16
-// The tile registers' shapes: all eight 16 rows x 64 bytes (C: 16 x 16 fp32; A: 16 rows x 16 pairs;
-// B: 16 pairs x 16 columns). Loaded at the start of every GEMM on the calling thread (micro_for), so
-// another library's tile configuration in between (oneDNN in the same process) cannot mislead ours.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-static_assert(sizeof(TileConfig) == 64);
-
-[[gnu::noinline, gnu::target("amx-tile")]] inline void configure_tiles() {
-  static constexpr TileConfig config{};
-  _tile_loadconfig(&config);
-}
+using fusedp::detail::configure_tiles;
 
 // The AMX row of tiles (the tiles configured by configure_tiles): C tiles 0 .. NV-1, per 16 pairs one A
 // tile (4) and NV B tiles (5, 6, 7, then 5 again), NV TDPBF16PS. kq pairs, read up to the next multiple

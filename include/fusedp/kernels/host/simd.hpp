@@ -29,13 +29,6 @@
 #define FUSEDP_BROADCAST_LOADS
 #endif
 
-// Asks for a loop to be unrolled n times (register tiles must be fully unrolled to stay in registers).
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define FUSEDP_PRAGMA(x) _Pragma(#x)
-#define FUSEDP_UNROLL(n) FUSEDP_PRAGMA(GCC unroll n)
-#else
-#define FUSEDP_UNROLL(n)
-#endif
 
 namespace fusedp::kernels::host::simd {
 
