@@ -113,7 +113,7 @@ struct BatchNorm {
     kernels::host::batch_norm_backward<Epi>(a.space, geometry<In>(a.batch), state_offsets<In>,
                                             Affine ? a.w : nullptr, a.state, a.x, a.y, a.z, a.dy, a.dx,
                                             Affine ? a.dw : nullptr, Affine ? a.db : nullptr, a.sync, sums.data(),
-                                            a.bf16_dx);
+                                            a.bf16_dx, a.keeps_dz);
   }
   template <class In>
   using host_sums = std::array<double, kernels::batch_norm_sync_doubles(std::size_t(In::channels))>;

@@ -108,7 +108,7 @@ class CudaSideStream;  // exec/cuda_branch.hpp (nvcc only)
 
 /// Everything a stage needs in one pass on one space. Forward reads x, w, b and writes y (and z, the
 /// values before the epilogue, when the epilogue saves them); backward reads x, y, z, w, dy and writes
-/// dx (null for the first stage), dw, db. dy may be overwritten.
+/// dx (null for the first stage), dw, db. dy may be overwritten; with keeps_dz it must be, with dz.
 template <class Space, class T>
 struct StageArgs {
   const Space& space;
@@ -143,6 +143,9 @@ struct StageArgs {
   const CudaSideStream* weight_branch = nullptr;  // backward on Cuda: when set, the weight-gradient GEMM runs
                                                   // on this side stream (exec/cuda_branch.hpp), which the
                                                   // caller joins (net/backward_cursor.hpp)
+  bool keeps_dz = false;  // backward: dy must hold dz (the gradient before the epilogue) afterwards, as the
+                          // last stage of a residual block's body leaves it for the shortcut (net/residual.hpp);
+                          // elsewhere a layer may leave dy as it was (the Host's BatchNorm under ReLU does)
 };
 
 namespace detail {

@@ -340,6 +340,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           if constexpr (!std::is_void_v<LastEpi> && I == Net::stage_count - 1) {
             s.y = last_y;
             s.z = last_z;
+            s.keeps_dz = true;  // the block's shortcut takes dz from dy
             stage_backward<S, LastEpi, X, Y, SY, SX>(s);
           } else {
             stage_backward<S, typename S::epilogue, X, Y, SY, SX>(s);

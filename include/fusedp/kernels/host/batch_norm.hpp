@@ -10,6 +10,7 @@
 #include "fusedp/core/config.hpp"
 #include "fusedp/exec/host.hpp"
 #include "fusedp/exec/replica_sum.hpp"
+#include "fusedp/kernels/activation.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/host/pointwise.hpp"
 #include "fusedp/kernels/host/simd.hpp"
@@ -142,10 +143,58 @@ void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch
     round_run_if(bf16_y, y + at, g.plane);
   }
 }
-// Applies the epilogue's derivative to dy in place; returns the channel's sums of dz and dz xhat.
+// Whether backward forms dz = dy ReLU'(y) as it reads dy, in each of its two passes over the channel
+// (the second finds y in cache), instead of storing dz into dy in a pass of its own: where the caller
+// does not need dz afterwards (keep_dz false) and the epilogue is ReLU. Storing cost a write of every
+// dy, back to memory; the products are the same (dy x 1 or dy x 0 in T), so the bits are.
+template <class Epi>
+inline constexpr bool gates_relu = std::is_same_v<Epi, Epilogue<Relu>>;
+
+// dz at i: dy[i], or dy[i] Epi'(y[i]) where `gate` (ReLU's mask, as Epilogue<Relu>::derivative takes it).
+template <class Epi, bool Gate, class T>
+FUSEDP_ALWAYS_INLINE T dz_at(const T* dy, const T* y, std::size_t i) {
+  if constexpr (Gate) return dy[i] * Epi::derivative(y[i], y[i]);
+  else return dy[i];
+}
+
+// The channel's sums of dz and dz xhat, dz formed as dz_at forms it; xhat in T, as the input gradient
+// computes it, then widened.
+template <class Epi, bool Gate, class T>
+std::pair<double, double> channel_dz_sums(const BatchNormGeometry& g, std::size_t c, T mean, T invstd, const T* x,
+                                          const T* y, const T* dy) {
+  using V = simd::vec_n<T, wide>;
+  const auto sums = channel_sums<2>(
+      g.batch, g.plane, [&](std::size_t n) { return g.at(n, c); },
+      [&](Wide* acc, std::size_t i) {
+        const V xhat = (simd::load_as<V>(x + i) - mean) * invstd;
+        V dz = simd::load_as<V>(dy + i);
+        if constexpr (Gate) {
+#if FUSEDP_VECTOR_EXTENSIONS
+          if constexpr (wide > 1) dz = dz * simd::select<V>(simd::load_as<V>(y + i) > T(0), V{} + T(1), V{});
+          else dz = dz_at<Epi, true>(dy, y, i);
+#else
+          dz = dz_at<Epi, true>(dy, y, i);
+#endif
+        }
+        const Wide d = widen(reinterpret_cast<const T*>(&dz));
+        acc[0] += d;
+        acc[1] += d * widen(reinterpret_cast<const T*>(&xhat));
+      },
+      [&](double* s, std::size_t i) {
+        const T dz = dz_at<Epi, Gate>(dy, y, i);
+        s[0] += double(dz);
+        s[1] += double(dz) * double((x[i] - mean) * invstd);
+      });
+  return {sums[0], sums[1]};
+}
+
+// The channel's sums of dz and dz xhat. dz is stored into dy first (the epilogue's derivative applied in
+// place) where `keep_dz` or the epilogue is not ReLU; a ReLU's is formed in each pass otherwise (gates_relu).
 template <class Epi, class T>
 std::pair<double, double> channel_gradient_sums(const BatchNormGeometry& g, std::size_t c, T mean, T invstd,
-                                                const T* x, const T* y, const T* z, T* dy) {
+                                                const T* x, const T* y, const T* z, T* dy, bool keep_dz) {
+  if constexpr (gates_relu<Epi>)
+    if (!keep_dz) return channel_dz_sums<Epi, true>(g, c, mean, invstd, x, y, dy);
   if constexpr (!Epi::empty) {
     const T* before = z ? z : y;  // what the derivative reads (its input, or its output when that is enough)
     for (std::size_t n = 0; n < g.batch; ++n) {
@@ -153,32 +202,25 @@ std::pair<double, double> channel_gradient_sums(const BatchNormGeometry& g, std:
       for (std::size_t i = 0; i < g.plane; ++i) dy[at + i] *= Epi::derivative(before[at + i], y[at + i]);
     }
   }
-  // xhat in T, as the input gradient computes it, then widened.
-  using V = simd::vec_n<T, wide>;
-  const auto sums = channel_sums<2>(
-      g.batch, g.plane, [&](std::size_t n) { return g.at(n, c); },
-      [&](Wide* acc, std::size_t i) {
-        const V xhat = (simd::load_as<V>(x + i) - mean) * invstd;
-        const Wide d = widen(dy + i);
-        acc[0] += d;
-        acc[1] += d * widen(reinterpret_cast<const T*>(&xhat));
-      },
-      [&](double* s, std::size_t i) {
-        s[0] += double(dy[i]);
-        s[1] += double(dy[i]) * double((x[i] - mean) * invstd);
-      });
-  return {sums[0], sums[1]};
+  return channel_dz_sums<Epi, false>(g, c, mean, invstd, x, y, dy);
 }
-template <class T>
+// dx over channel c, from dz as channel_gradient_sums left it: in dy, or formed from dy and y again
+// (gates_relu without keep_dz).
+template <class Epi, class T>
 void channel_input_gradient(const BatchNormGeometry& g, std::size_t c, T mean, T invstd, T gamma, double sum_dz,
-                            double sum_dz_xhat, double count, const T* x, const T* dy, T* dx, bool bf16_dx) {
-  for (std::size_t n = 0; n < g.batch; ++n) {
-    const std::size_t at = g.at(n, c);
-    for (std::size_t i = 0; i < g.plane; ++i)
-      dx[at + i] = batch_norm_input_gradient(dy[at + i], (x[at + i] - mean) * invstd, gamma, invstd, sum_dz,
-                                             sum_dz_xhat, count);
-    round_run_if(bf16_dx, dx + at, g.plane);
-  }
+                            double sum_dz_xhat, double count, const T* x, const T* y, const T* dy, T* dx,
+                            bool bf16_dx, bool keep_dz) {
+  auto run = [&]<bool Gate>() {
+    for (std::size_t n = 0; n < g.batch; ++n) {
+      const std::size_t at = g.at(n, c);
+      for (std::size_t i = 0; i < g.plane; ++i)
+        dx[at + i] = batch_norm_input_gradient(dz_at<Epi, Gate>(dy, y, at + i), (x[at + i] - mean) * invstd, gamma,
+                                               invstd, sum_dz, sum_dz_xhat, count);
+      round_run_if(bf16_dx, dx + at, g.plane);
+    }
+  };
+  if (gates_relu<Epi> && !keep_dz) run.template operator()<gates_relu<Epi>>();
+  else run.template operator()<false>();
 }
 }  // namespace detail
 
@@ -244,14 +286,16 @@ void batch_norm_forward(const Host& host, const BatchNormGeometry& g, const Batc
   }
 }
 
-/// Backward of a training forward. dy is overwritten with the gradient before the epilogue; dgamma
-/// and dbeta are set to this batch's part (null without affine parameters), dx skipped when null (and
-/// stored as bf16 values with `bf16_dx`). With `sync` as in forward (`sums`:
+/// Backward of a training forward. dy is overwritten with the gradient before the epilogue (dz) where
+/// `keep_dz` (a residual block's shortcut takes it); without, it may be left as it was (it is, under
+/// ReLU). dgamma and dbeta are set to this batch's part (null without affine parameters), dx skipped when
+/// null (and stored as bf16 values with `bf16_dx`). With `sync` as in forward (`sums`:
 /// batch_norm_sync_doubles(channels)).
 template <class Epi, class T>
 void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const BatchNormState& s, const T* gamma,
                          const T* state, const T* x, const T* y, const T* z, T* dy, T* dx, T* dgamma, T* dbeta,
-                         const ReplicaSum& sync = {}, double* sums = nullptr, bool bf16_dx = false) {
+                         const ReplicaSum& sync = {}, double* sums = nullptr, bool bf16_dx = false,
+                         bool keep_dz = true) {
   auto mean_of = [&](std::size_t c) { return state[s.batch_mean() + c]; };
   auto invstd_of = [&](std::size_t c) { return state[s.batch_invstd() + c]; };
   auto gamma_of = [&](std::size_t c) { return gamma ? gamma[c] : T(1); };
@@ -264,11 +308,11 @@ void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const Bat
     host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
       for (std::size_t c = c0; c < c1; ++c) {
         const auto [sum_dz, sum_dz_xhat] =
-            detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy);
+            detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy, keep_dz);
         parameter_gradients(c, sum_dz, sum_dz_xhat);
         if (dx)
-          detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sum_dz, sum_dz_xhat, count, x,
-                                         dy, dx, bf16_dx);
+          detail::channel_input_gradient<Epi>(g, c, mean_of(c), invstd_of(c), gamma_of(c), sum_dz, sum_dz_xhat,
+                                              count, x, y, dy, dx, bf16_dx, keep_dz);
       }
     });
     return;
@@ -276,7 +320,8 @@ void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const Bat
   // sums[c]: the channel's sum of dz, sums[channels + c]: of dz xhat; sums[2 channels]: the count.
   host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
     for (std::size_t c = c0; c < c1; ++c) {
-      const auto [sum_dz, sum_dz_xhat] = detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy);
+      const auto [sum_dz, sum_dz_xhat] =
+          detail::channel_gradient_sums<Epi>(g, c, mean_of(c), invstd_of(c), x, y, z, dy, keep_dz);
       parameter_gradients(c, sum_dz, sum_dz_xhat);  // this shard's part: Parallel adds the parts
       sums[c] = sum_dz;
       sums[g.channels + c] = sum_dz_xhat;
@@ -288,8 +333,8 @@ void batch_norm_backward(const Host& host, const BatchNormGeometry& g, const Bat
   const double count = sums[2 * g.channels];
   host.parallel_for(g.channels, [&](std::size_t c0, std::size_t c1, int) {
     for (std::size_t c = c0; c < c1; ++c)
-      detail::channel_input_gradient(g, c, mean_of(c), invstd_of(c), gamma_of(c), sums[c], sums[g.channels + c],
-                                     count, x, dy, dx, bf16_dx);
+      detail::channel_input_gradient<Epi>(g, c, mean_of(c), invstd_of(c), gamma_of(c), sums[c],
+                                          sums[g.channels + c], count, x, y, dy, dx, bf16_dx, keep_dz);
   });
 }
 
