@@ -90,7 +90,9 @@ FUSEDP_PEAK_CHAINS [[gnu::noinline, gnu::target("avx512f,avx512bw,avx512bf16")]]
   __m512 s = acc[0];
   FUSEDP_UNROLL(15)
   for (int c = 1; c < chains; ++c) s = _mm512_add_ps(s, acc[c]);
-  return _mm_cvtss_f32(_mm512_castps512_ps128(s));
+  alignas(64) float lanes[16];  // (a cast to lane 0 draws GCC 12's -Wuninitialized inside its headers)
+  _mm512_store_ps(lanes, s);
+  return lanes[0];
 }
 
 // `rounds` rounds of TDPBF16PS into four independent C tiles (0 .. 3) from the same A and B tiles of
