@@ -133,8 +133,10 @@ struct NormBlock {
                                                   x.data(), y.data(), no_z);
                    }, count});
     bwd.push_back({name + " bwd", 0, [this, &host] {
+                     // keep_dz false, as a model's BatchNorm outside a block's last stage runs
                      kh::batch_norm_backward<Relu>(host, g, s, gamma.data(), state.data(), x.data(), y.data(), no_z,
-                                                   dy.data(), dx.data(), dgamma.data(), dbeta.data());
+                                                   dy.data(), dx.data(), dgamma.data(), dbeta.data(), {}, nullptr,
+                                                   false, false);
                    }, count});
   }
 };

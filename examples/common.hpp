@@ -981,9 +981,8 @@ void fit_with(Trainer& trainer, Opt& opt, const Loss& loss, TrainLoader& train, 
   // on a short run (2 epochs of 1024 synthetic images, 32 steps, against the ResNet example's 100) that
   // can look like instability (PyTorch's SGD on that recipe spikes alike). Said once, not refused.
   if (root && f.warmup > 0 && total_steps <= std::uint64_t(f.warmup))
-    std::printf("note: the warm-up (--warmup %d steps) is as long as the run (%llu steps) or longer: the learning "
-                "rate rises to %g at the last step and never reaches --lr %g or decays; a shorter --warmup gives "
-                "the %s schedule\n",
+    std::printf("note: the warm-up (--warmup %d steps) covers the whole run (%llu steps): the learning rate rises "
+                "to %g (--lr %g) by the last step and the %s schedule never starts; a shorter --warmup gives it\n",
                 f.warmup, static_cast<unsigned long long>(total_steps),
                 double(f.lr) * double(total_steps) / double(f.warmup), double(f.lr), f.schedule.c_str());
   const auto lr_at = [&f, total_steps, steps_per_epoch](std::uint64_t step) -> float {

@@ -78,7 +78,7 @@ FUSEDP_PEAK_CHAINS [[gnu::noinline]] inline float fma_chains(long rounds, float 
 inline constexpr std::uint16_t bf16_one = 0x3F80;
 
 // `rounds` rounds of 16 independent VDPBF16PS chains (each lane += 1 * 1 + 1 * 1); returns the sum of
-// the chains' lane 0, 32 x rounds exactly while that is below 2^24.
+// every lane of every chain, 512 x rounds exactly while that is below 2^24.
 FUSEDP_PEAK_CHAINS [[gnu::noinline, gnu::target("avx512f,avx512bw,avx512bf16")]] inline float dpbf16_chains(long rounds) {
   constexpr int chains = 16;
   __m512 acc[chains];
@@ -90,15 +90,17 @@ FUSEDP_PEAK_CHAINS [[gnu::noinline, gnu::target("avx512f,avx512bw,avx512bf16")]]
   __m512 s = acc[0];
   FUSEDP_UNROLL(15)
   for (int c = 1; c < chains; ++c) s = _mm512_add_ps(s, acc[c]);
-  alignas(64) float lanes[16];  // (a cast to lane 0 draws GCC 12's -Wuninitialized inside its headers)
+  alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns of -Wuninitialized in its headers)
   _mm512_store_ps(lanes, s);
-  return lanes[0];
+  float sum = 0;
+  for (float l : lanes) sum += l;
+  return sum;
 }
 
 // `rounds` rounds of TDPBF16PS into four independent C tiles (0 .. 3) from the same A and B tiles of
-// ones (4, 5), in the tile shapes of exec/amx.hpp: each element of C += 32 a round. Returns C[0][0] of
-// tile 0 plus that of tile 3, 64 x rounds exactly while that is below 2^24. The caller has checked
-// amx_usable().
+// ones (4, 5), in the tile shapes of exec/amx.hpp: each element of C += 32 a round. Returns the sum of
+// the four tiles' first and last elements, 256 x rounds exactly while that is below 2^24. The caller
+// has checked amx_usable().
 [[gnu::noinline, gnu::target("amx-tile,amx-bf16,avx512f")]] inline float amx_chains(long rounds) {
   configure_tiles();
   alignas(64) std::uint16_t ones[16 * 32];
@@ -115,10 +117,14 @@ FUSEDP_PEAK_CHAINS [[gnu::noinline, gnu::target("avx512f,avx512bw,avx512bf16")]]
     _tile_dpbf16ps(2, 4, 5);
     _tile_dpbf16ps(3, 4, 5);
   }
-  alignas(64) float c0[16 * 16], c3[16 * 16];
-  _tile_stored(0, c0, 64);
-  _tile_stored(3, c3, 64);
-  return c0[0] + c3[0];
+  alignas(64) float c[4][16 * 16];
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  float sum = 0;
+  for (const auto& tile : c) sum += tile[0] + tile[16 * 16 - 1];
+  return sum;
 }
 #endif
 

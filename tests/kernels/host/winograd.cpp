@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace kh = fusedp::kernels::host;
@@ -226,11 +227,12 @@ TEST_CASE("winograd: the forward's bits do not depend on the batch split or the 
   CHECK(std::memcmp(whole.data(), threaded.data(), whole.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE_TEMPLATE("winograd: U through the buffer and non-temporal stores has the bits of U stored in place", T,
-                   float, double) {
-  // transform_weights streams where U is large (36 planes of u_plane values, 4 MiB or more): the same
-  // rows and k through a plane that is larger gives that path; each plane's packed part must match.
+TEST_CASE("winograd: U through the buffer and non-temporal stores has the bits of U stored in place") {
+  // transform_weights streams where U is large (36 planes of u_plane values, 4 MiB or more) and its runs
+  // are at cache lines (kd::streams: float on AVX-512): the same rows and k through planes that are
+  // larger give that path; each plane's packed part must match the one stored in place.
   namespace kd = kw::detail;
+  using T = float;
   auto check = [&]<class S>(std::size_t O, std::size_t C, bool rotate, std::size_t r0, std::size_t r1) {
     CAPTURE(S::mr);
     CAPTURE(O);
@@ -240,18 +242,19 @@ TEST_CASE_TEMPLATE("winograd: U through the buffer and non-temporal stores has t
     const std::size_t row_step = rotate ? 9 : C * 9, k_step = rotate ? O * 9 : 9;
     std::vector<T> w(O * C * 9);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = T(value(40, i));
-    const std::size_t packed = kh::detail::round_up(O, S::mr) * C;   // what a plane holds
-    // Planes at cache lines (whole lines of 64 bytes apart), so that the streamed runs of C = 32 and 64
-    // are at lines too and take the non-temporal stores.
+    const std::size_t packed = kh::detail::round_up(O, S::mr) * C;  // what a plane holds
+    // Planes at cache lines, whole lines apart.
     const std::size_t line = 64 / sizeof(T), small = kh::detail::round_up(packed + 1, line);
     const std::size_t large = kh::detail::round_up((std::size_t(4) << 20) / sizeof(T) / 36 + 1, line);
-    REQUIRE(36 * small * sizeof(T) < (std::size_t(4) << 20));
     std::vector<T> a(36 * small + line, T(-7)), b(36 * large + line, T(-7));
     auto at_line = [&](std::vector<T>& v) {
       return reinterpret_cast<T*>((reinterpret_cast<std::uintptr_t>(v.data()) + 63) & ~std::uintptr_t(63));
     };
     T* in_place = at_line(a);
     T* streamed = at_line(b);
+    REQUIRE_FALSE(kd::streams(in_place, small, C, S::mr));
+    // Streamed wherever the runs of C x MR values are whole lines: else both are stored in place.
+    CHECK(kd::streams(streamed, large, C, S::mr) == (kd::streams_u && C * S::mr % line == 0));
     kd::transform_weights<S>(w.data(), O, C, row_step, k_step, rotate, r0, r1, small, in_place);
     kd::transform_weights<S>(w.data(), O, C, row_step, k_step, rotate, r0, r1, large, streamed);
     std::size_t differ = 0, written = 0;
@@ -263,18 +266,20 @@ TEST_CASE_TEMPLATE("winograd: U through the buffer and non-temporal stores has t
     CHECK(differ == 0);
     CHECK(written > 0);
   };
-  for (bool rotate : {false, true}) {
-    // Panels of 12, 6, 16 and 8 rows; C not a multiple of 16 (runs off the cache lines); a last panel
-    // with padding rows; k not a multiple of the buffer's block.
-    for (std::size_t O : {1u, 13u, 40u, 64u})
-      for (std::size_t C : {1u, 5u, 17u, 32u}) {
-        check.template operator()<kh::TileShape<12, 2>>(O, C, rotate, 0, O);
-        check.template operator()<kh::TileShape<6, 4>>(O, C, rotate, 0, O);
-        check.template operator()<kh::TileShape<16, 1>>(O, C, rotate, 0, O);
-        check.template operator()<kh::TileShape<8, 3>>(O, C, rotate, 0, O);
-      }
-    // A thread's share of the panels, as conv3x3 deals them out.
-    check.template operator()<kh::TileShape<12, 2>>(64, 19, rotate, 12, 48);
-    check.template operator()<kh::TileShape<12, 2>>(64, 19, rotate, 48, 64);
-  }
+  // Every tile shape of this target (their panels of 12, 6, 16 and 8 rows under AVX-512): k in whole
+  // blocks of 8 and not (20, 28), one panel or several, padding rows in the last, runs not at lines (5).
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    auto shape = [&]<class S>() {
+      for (bool rotate : {false, true})
+        for (std::size_t O : {1u, 13u, 40u, 64u})
+          for (std::size_t C : {5u, 8u, 20u, 28u, 40u}) check.template operator()<S>(O, C, rotate, 0, O);
+      // A thread's share of the panels, as conv3x3 deals them out.
+      check.template operator()<S>(5 * S::mr, 28, false, S::mr, 3 * S::mr);
+      check.template operator()<S>(5 * S::mr + 1, 28, true, 3 * S::mr, 5 * S::mr + 1);
+    };
+    (shape.template operator()<kh::detail::shape_at<I>>(), ...);
+  }(std::make_index_sequence<kh::detail::shapes.size()>{});
+  // Double never streams (its runs through the buffer would be copies, slower than storing in place).
+  std::vector<double> d(64);
+  CHECK_FALSE(kd::streams(d.data(), std::size_t(1) << 20, 64, 8));
 }

@@ -144,7 +144,8 @@ void normalize_channel(const BatchNormGeometry& g, const BatchNormChannel<T>& ch
   }
 }
 // Whether backward forms dz = dy ReLU'(y) as it reads dy, in each of its two passes over the channel
-// (the second finds y in cache), instead of storing dz into dy in a pass of its own: where the caller
+// (alone, the second finds y in cache; with SyncBatchNorm the passes are phases over all channels),
+// instead of storing dz into dy in a pass of its own: where the caller
 // does not need dz afterwards (keep_dz false) and the epilogue is ReLU. Storing cost a write of every
 // dy, back to memory; the products are the same (dy x 1 or dy x 0 in T), so the bits are.
 template <class Epi>

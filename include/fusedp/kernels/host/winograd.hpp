@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -320,19 +319,41 @@ FUSEDP_ALWAYS_INLINE void load_kernels(const T* src, const std::int32_t* idx, st
   for (std::size_t e = 0; e < 9; ++e) kern[e] = gather(src, idx, std::int32_t(rotate ? 8 - e : e), valid);
 }
 
-// dst[0, n) = src[0, n) for U's runs: on AVX-512 in float, where dst is at a cache line, non-temporal
-// stores of whole lines (no read for ownership: U, 38 MB at 512 x 512 channels, is written at twice the
-// rate, and the GEMMs read it back as fast), the last partial line stored normally.
+#if FUSEDP_VECTOR_EXTENSIONS && defined(__AVX512F__)
+inline constexpr bool streams_u = true;  // transform_weights may stream U (float, AVX-512: stream_run)
+#else
+inline constexpr bool streams_u = false;
+#endif
+
+constexpr std::size_t common_multiple(std::size_t a, std::size_t b) {
+  std::size_t x = a, y = b;
+  while (y != 0) {
+    const std::size_t t = x % y;
+    x = y;
+    y = t;
+  }
+  return a / x * b;
+}
+
+// Whether transform_weights streams U (see there): float on AVX-512, U of 4 MiB or more (points planes of
+// u_plane values), and every run of ks x mr values of a panel at a cache line.
+template <class T>
+[[nodiscard]] bool streams(const T* u, std::size_t u_plane, std::size_t ks, std::size_t mr) {
+  return streams_u && std::is_same_v<T, float> && points * u_plane * sizeof(T) >= (std::size_t(4) << 20) &&
+         reinterpret_cast<std::uintptr_t>(u) % 64 == 0 && u_plane % 16 == 0 && ks * mr % 16 == 0;
+}
+
+// dst[0, n) = src[0, n), dst and src at cache lines (streams()): non-temporal stores of whole lines (no
+// read for ownership: U, 38 MB at 512 x 512 channels, is written at twice the rate, and the GEMMs read
+// it back as fast), the last partial line stored normally.
 template <class T>
 FUSEDP_ALWAYS_INLINE void stream_run(T* dst, const T* src, std::size_t n) {
 #if FUSEDP_VECTOR_EXTENSIONS && defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
-    if (reinterpret_cast<std::uintptr_t>(dst) % 64 == 0) {
-      std::size_t i = 0;
-      for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_load_ps(src + i));
-      simd::copy(dst + i, src + i, n - i);
-      return;
-    }
+    std::size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_load_ps(src + i));
+    simd::copy(dst + i, src + i, n - i);
+    return;
   }
 #endif
   simd::copy(dst, src, n);
@@ -344,30 +365,31 @@ FUSEDP_ALWAYS_INLINE void stream_run(T* dst, const T* src, std::size_t n) {
 // multiples of MR or r1 = rows (the padding rows of the last panel are zeroed). The lanes take
 // consecutive rows: 9 gathers per group of rows and k, and each point's values stored as runs of a
 // panel's rows (a scalar store per value was 5% of a ResNet-18 step).
-// Where U outgrows the caches, the values go through a buffer instead, for a group of whole panels
-// (and whole vectors) and KB values of k, whose every plane and panel is one run of KB x MR values,
-// whole cache lines, written to U by non-temporal stores (stream_run). Stored in place, each line of U
-// was written in pieces from two groups of rows a k loop apart, and read for ownership first: 4.8 GB/s
-// at 512 x 512 channels on one core, where such stores reach 8.2 at most and non-temporal ones 19.
+// Where U outgrows the caches (streams()), the values go through a buffer instead, for a group of whole
+// panels (and whole vectors) and KB values of k, whose every plane and panel is one run of KB x MR
+// values, whole cache lines, written to U by non-temporal stores (stream_run). Stored in place, each
+// line of U was written in pieces from two groups of rows a k loop apart, and read for ownership first:
+// 4.8 GB/s at 512 x 512 channels on one core, where such stores reach 8.2 at most and non-temporal ones 19.
 template <class S, class T>
 void transform_weights(const T* w, std::size_t rows, std::size_t ks, std::size_t row_step, std::size_t k_step,
                        bool rotate, std::size_t r0, std::size_t r1, std::size_t u_plane, T* u) {
   constexpr std::size_t MR = S::mr, W = L<T>;
-  constexpr std::size_t G = std::lcm(MR, W);          // rows of a group: whole panels and whole vectors
-  constexpr std::size_t KB = sizeof(T) == 8 ? 4 : 8;  // k of a buffered block: runs of whole lines
-  static_assert(KB * MR * sizeof(T) % 64 == 0, "winograd: U's buffered runs must be whole cache lines");
+  constexpr bool bufferable = streams_u && std::is_same_v<T, float>;
+  constexpr std::size_t G = bufferable ? common_multiple(MR, W) : W;  // rows of a group
+  constexpr std::size_t KB = 8;                                       // k of a buffered block
+  static_assert(!bufferable || KB * MR * sizeof(T) % 64 == 0, "winograd: U's buffered runs must be whole lines");
   const std::size_t r_end = r1 == rows ? host::detail::round_up(rows, MR) : r1;
-  // Non-temporal stores only where U outgrows the caches that the GEMMs would find it in. One core, U
-  // of 256 and 512 channels in and out (10 and 40 MB): 1.9 -> 1.2 and 10.4 -> 5.2 ms; buffered without
-  // them, 128 channels (2.6 MB) went 0.29 -> 0.41 ms and 64 (0.7 MB) 0.04 -> 0.06: stored in place there.
-  const bool stream = points * u_plane * sizeof(T) >= (std::size_t(4) << 20);
-  alignas(64) T buf[points][G / MR][KB * MR];  // 55 KB (float, 12-row panels), used where streaming
-  // Point pt of (row, k), row relative to the group's first: at base + pt plane_step + row / MR
-  // panel_step + (k - k_origin) MR + row % MR, in U itself or in the buffer.
-  const std::size_t plane_step = stream ? G / MR * KB * MR : u_plane, panel_step = stream ? KB * MR : ks * MR;
+  // One core, U of 256 and 512 channels in and out (10 and 40 MB): 1.9 -> 1.2 and 10.4 -> 5.2 ms. Buffered
+  // without non-temporal stores, 128 channels (2.6 MB) went 0.29 -> 0.41 ms and 64 (0.7 MB) 0.04 -> 0.06:
+  // smaller U is stored in place, where the GEMMs find it in cache.
+  const bool stream = bufferable && streams(u, u_plane, ks, MR);
+  alignas(64) T buf[bufferable ? points * G * KB : 1];  // 55 KB at 12-row panels
+  // Point pt of (row, k) at base + pt plane_step + row / MR panel_step + (k - k_origin) MR + row % MR: in
+  // U itself, row counted from 0; or in the buffer, from the group's first (a multiple of MR).
+  const std::size_t plane_step = stream ? G * KB : u_plane, panel_step = stream ? KB * MR : ks * MR;
+  T* base = stream ? buf : u;
   for (std::size_t g0 = r0; g0 < r_end; g0 += G) {
-    const std::size_t group_rows = std::min(G, r_end - g0), panels = group_rows / MR;
-    T* base = stream ? &buf[0][0][0] : u + g0 / MR * panel_step;
+    const std::size_t group_rows = std::min(G, r_end - g0), panels = group_rows / MR, row_origin = stream ? g0 : 0;
     for (std::size_t k0 = 0; k0 < ks; k0 += stream ? KB : ks) {
       const std::size_t kn = stream ? std::min(KB, ks - k0) : ks, k_origin = stream ? k0 : 0;
       for (std::size_t v0 = 0; v0 < group_rows; v0 += W) {
@@ -399,7 +421,7 @@ void transform_weights(const T* w, std::size_t rows, std::size_t ks, std::size_t
               T* at = base + (xi * alpha + nu) * plane_step + (k - k_origin) * MR;
               // Lanes [l, l + run) are rows of one panel, at consecutive places of its k-th MR values.
               for (std::size_t l = 0; l < rn;) {
-                const std::size_t row = v0 + l, run = std::min(rn - l, MR - row % MR);
+                const std::size_t row = r + l - row_origin, run = std::min(rn - l, MR - row % MR);
                 store_lanes(at + row / MR * panel_step + row % MR - l, o[nu], l, l + run);
                 l += run;
               }
@@ -410,11 +432,14 @@ void transform_weights(const T* w, std::size_t rows, std::size_t ks, std::size_t
       if (stream)
         for (std::size_t pt = 0; pt < points; ++pt)
           for (std::size_t p = 0; p < panels; ++p)
-            stream_run(u + pt * u_plane + (g0 / MR + p) * (ks * MR) + k0 * MR, buf[pt][p], kn * MR);
+            stream_run(u + pt * u_plane + (g0 / MR + p) * (ks * MR) + k0 * MR, buf + pt * plane_step + p * panel_step,
+                       kn * MR);
     }
   }
 #if FUSEDP_VECTOR_EXTENSIONS && defined(__AVX512F__)
-  if (stream) _mm_sfence();  // the non-temporal stores reach memory before the threads that read U start
+  // Non-temporal stores are weakly ordered: fenced before this thread's later stores, among them the
+  // pool's signal that its share is done, after which the other threads read U.
+  if (stream) _mm_sfence();
 #endif
 }
 
