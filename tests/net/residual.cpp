@@ -69,6 +69,16 @@ TEST_CASE("Residual with a projection shortcut, first after Input, no activation
   gradcheck::check_threads<Net>(3, 42);
 }
 
+TEST_CASE("a block whose body is one BatchNorm without parameters, first after Input: the shortcut's dz") {
+  // Its body's only stage has no parameters and no input gradient to compute, yet its backward forms
+  // the sum's gradient (under the ReLU after the block) that the projection then takes.
+  using Net = fp::Sequential<fp::Input<2, 5, 5>,
+                             fp::Residual<fp::BatchNorm2d<0.1, 1e-5, false>, fp::Projection<fp::Conv2d<2, 1, 1, 0>>>,
+                             fp::ReLU, fp::Flatten, fp::Linear<3>>;
+  static_assert(Net::param_tensor_count == 4);  // the projection's weight and bias, the Linear's
+  gradcheck::check_threads<Net>(3, 47, fp::SoftmaxCrossEntropy{});
+}
+
 TEST_CASE("torchvision's BasicBlock, projection then identity, as in ResNet's stages") {
   using Net = fp::Sequential<fp::Input<2, 6, 6>, fp::Conv2d<3, 3, 1, 1, fp::no_bias>, fp::BatchNorm2d<>, fp::ReLU,
                              fp::models::BasicBlock<4, 2, true>, fp::ReLU, fp::models::BasicBlock<4, 1, false>,

@@ -328,7 +328,10 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
         [&] {
           constexpr std::size_t I = Net::stage_count - 1 - R;
           using S = typename Net::template stage<I>;
-          if (I == 0 && !S::has_params && dx == nullptr) return;
+          // Stage 0 with nothing to compute is skipped, unless it applies LastEpi's derivative to dy, which
+          // the block's shortcut then reads (a body of one BatchNorm without parameters, first in the net).
+          constexpr bool forms_dz = !std::is_void_v<LastEpi> && I == Net::stage_count - 1;
+          if (I == 0 && !S::has_params && dx == nullptr && !forms_dz) return;
           StageArgs<Space, T> s = stage_args<Net, I, Layout>(a.space, m, x, a.batch, true, a.scratch, a.seed, a.step,
                                                              a.index, a.sync, a.first_sample);
           s.dy = current;
@@ -337,7 +340,7 @@ void run_backward(const StageArgs<Space, T>& a, const StageMemory<T>& m, const T
           using Y = typename stage_elements<Layout, I>::output;
           using SY = std::conditional_t<I + 1 == Net::stage_count, DY, G>;
           using SX = std::conditional_t<I == 0, DX, G>;
-          if constexpr (!std::is_void_v<LastEpi> && I == Net::stage_count - 1) {
+          if constexpr (forms_dz) {
             s.y = last_y;
             s.z = last_z;
             s.keeps_dz = true;  // the block's shortcut takes dz from dy
