@@ -64,6 +64,8 @@ TEST_CASE("measure_host_peak_flops measures what runs here and refuses what does
                            fp::InvalidArgument);
     }
   }
+  // A Host's own: the instruction of its precision.
+  CHECK(fp::measure_host_peak_flops(fp::Host{1}, 1, 0.005) > 1e8);
   CHECK_THROWS_WITH_AS(fp::measure_host_peak_flops(0), doctest::Contains("threads must be >= 1, got 0"),
                        fp::InvalidArgument);
   CHECK_THROWS_WITH_AS(fp::measure_host_peak_flops(1, 0.0), doctest::Contains("seconds must be > 0"),
