@@ -3,7 +3,7 @@
 // AVX-512 BF16 and AMX intrinsics (FUSEDP_HOST_AVX512_BF16: GCC or Clang on x86-64, not nvcc's host
 // pass; each function takes its instruction set by a target attribute, whatever the build's -march, and
 // runs only where cpu_features() and amx_usable() say it may), and the tile registers' configuration,
-// shared by the bf16 kernels (kernels/host/gemm_bf16.hpp, conv3x3_amx.hpp) and the peak measurement
+// shared by the bf16 kernels (kernels/host/gemm_bf16.hpp, conv3x3_bf16.hpp) and the peak measurement
 // (exec/peak.hpp).
 #include "fusedp/core/config.hpp"
 

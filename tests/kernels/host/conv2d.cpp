@@ -60,7 +60,7 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::amx_usable());
   const bool bf16 = precision != fusedp::HostPrecision::fp32;
   // forward and weight gradient: the direct path's stay fp32, unless AMX takes the conv
-  const bool rounds = bf16 && (!kh::detail::use_direct<T>(g) || kh::detail::amx_conv_runs<T>(host, g));
+  const bool rounds = bf16 && (!kh::detail::use_direct<T>(g) || kh::detail::direct_bf16_runs<T>(host, g));
   auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   auto r_dx = [&](T v) { return bf16 ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   const std::size_t O = std::size_t(g.out_channels), K = g.patch(), P = g.out_pixels();
@@ -189,50 +189,53 @@ TEST_CASE("conv2d at precision bf16: the GEMMs' operands rounded to bf16, the di
     }
 }
 
-TEST_CASE("conv2d at bf16 on AMX: 3x3 convs straight from the padded grid, no im2col") {
-  if (!fusedp::amx_usable()) {
-    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+namespace {
+// The direct path's products: on AMX tiles where the CPU has them, and by VDPBF16PS (the only one on a
+// CPU with AVX-512 BF16 and no tiles, such as AMD's Zen 4).
+std::vector<bool> direct_kinds() {
+  std::vector<bool> tiles{false};
+  if (fusedp::amx_usable()) tiles.push_back(true);
+  return tiles;
+}
+
+// The direct path on `geometries` against double, over `batches`, 1-3 threads and both products.
+void check_direct_bf16(std::initializer_list<k::ConvGeometry> geometries, std::initializer_list<std::size_t> batches) {
+  const fusedp::Host bf16{2, fusedp::HostPrecision::bf16};
+  for (const bool tiles : direct_kinds())
+    for (const auto& g : geometries) {
+      REQUIRE(kh::detail::direct_bf16_runs<float>(bf16.with_bf16_tiles(tiles), g));
+      for (int threads = 1; threads <= 3; ++threads)
+        for (std::size_t batch : batches) {
+          check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16, tiles);
+          check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16, tiles);
+        }
+    }
+}
+}  // namespace
+
+TEST_CASE("conv2d at bf16: 3x3 convs straight from the padded grid, no im2col") {
+  if (!fusedp::cpu_features().avx512_bf16) {
+    MESSAGE("skipped: this CPU has no AVX-512 BF16");
     return;
   }
   // Planes whose grid rows end inside a register block (17 x 19: 357 positions in blocks of 32),
   // 16 wide (the narrowest taken), several blocks of channels in and out, 32 output channels (where
   // fp32 would take the direct path).
-  const k::ConvGeometry amx[] = {geometry(32, 16, 16, 3, 1, 1, 32), geometry(64, 17, 19, 3, 1, 1, 96),
-                                 geometry(96, 20, 16, 3, 1, 1, 64)};
-  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
-  for (const auto& g : amx) {
-    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
-    for (int threads = 1; threads <= 3; ++threads) {
-      check_conv<k::Epilogue<>, float>(g, 3, threads, false, fusedp::HostPrecision::bf16);
-      check_conv<k::Epilogue<k::Tanh>, float>(g, 2, threads, threads == 2, fusedp::HostPrecision::bf16);
-    }
-  }
-  // Not taken: 3 wide, 3 input channels (CIFAR's first conv), stride 3, padding 0, and bf16 without tiles.
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 8, 3, 3, 1, 1, 64)));
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(3, 32, 32, 3, 1, 1, 64)));
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 3, 1, 64)));
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles, geometry(64, 32, 32, 3, 1, 0, 64)));
-  CHECK_FALSE(kh::detail::amx_conv_runs<float>(tiles.with_bf16_tiles(false), amx[0]));
+  const k::ConvGeometry direct[] = {geometry(32, 16, 16, 3, 1, 1, 32), geometry(64, 17, 19, 3, 1, 1, 96),
+                                    geometry(96, 20, 16, 3, 1, 1, 64)};
+  check_direct_bf16({direct[0], direct[1], direct[2]}, {3});
+  // Not taken: 3 wide, 3 input channels (CIFAR's first conv), stride 3, padding 0, and bf16 emulated.
+  const fusedp::Host bf16{2, fusedp::HostPrecision::bf16};
+  CHECK_FALSE(kh::detail::direct_bf16_runs<float>(bf16, geometry(64, 8, 3, 3, 1, 1, 64)));
+  CHECK_FALSE(kh::detail::direct_bf16_runs<float>(bf16, geometry(3, 32, 32, 3, 1, 1, 64)));
+  CHECK_FALSE(kh::detail::direct_bf16_runs<float>(bf16, geometry(64, 32, 32, 3, 3, 1, 64)));
+  CHECK_FALSE(kh::detail::direct_bf16_runs<float>(bf16, geometry(64, 32, 32, 3, 1, 0, 64)));
+  CHECK_FALSE(kh::detail::direct_bf16_runs<float>(fusedp::Host{2, fusedp::HostPrecision::bf16_emulated}, direct[0]));
 }
 
-namespace {
-// The direct AMX path on `geometries` against double, over `batches` and 1-3 threads.
-void check_direct_amx(std::initializer_list<k::ConvGeometry> geometries, std::initializer_list<std::size_t> batches) {
-  const fusedp::Host tiles{2, fusedp::HostPrecision::bf16};
-  for (const auto& g : geometries) {
-    REQUIRE(kh::detail::amx_conv_runs<float>(tiles, g));
-    for (int threads = 1; threads <= 3; ++threads)
-      for (std::size_t batch : batches) {
-        check_conv<k::Epilogue<>, float>(g, batch, threads, false, fusedp::HostPrecision::bf16);
-        check_conv<k::Epilogue<k::Tanh>, float>(g, batch, threads, threads == 2, fusedp::HostPrecision::bf16);
-      }
-  }
-}
-}  // namespace
-
-TEST_CASE("conv2d at bf16 on AMX, small planes: several samples side by side on one grid") {
-  if (!fusedp::amx_usable()) {
-    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+TEST_CASE("conv2d at bf16 direct, small planes: several samples side by side on one grid") {
+  if (!fusedp::cpu_features().avx512_bf16) {
+    MESSAGE("skipped: this CPU has no AVX-512 BF16");
     return;
   }
   // Planes under 16 wide put up to 64 / W samples in a row of one grid (ResNet-18's 8 x 8 and 4 x 4 in
@@ -242,31 +245,31 @@ TEST_CASE("conv2d at bf16 on AMX, small planes: several samples side by side on 
   // a pass), and a thread with one sample.
   for (const auto& g : {geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
                         geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)})
-    REQUIRE(kh::amx_conv::max_samples(g) > 1);
-  check_direct_amx({geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
+    REQUIRE(kh::conv3x3_bf16::max_samples(g) > 1);
+  check_direct_bf16({geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
                     geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)},
                    {2, 13, 37});
 }
 
-TEST_CASE("conv2d at bf16 on AMX, stride 2: the input's four phases on one grid") {
-  if (!fusedp::amx_usable()) {
-    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+TEST_CASE("conv2d at bf16 direct, stride 2: the input's four phases on one grid") {
+  if (!fusedp::cpu_features().avx512_bf16) {
+    MESSAGE("skipped: this CPU has no AVX-512 BF16");
     return;
   }
   // ResNet's strided convs in small (32 -> 16, 16 -> 8 and 8 -> 4, the last two with samples side by
   // side), odd planes whose last phase row and column fall outside the input (9 x 11 -> 5 x 6; 8 x 9 ->
   // 4 x 5), over batches of 1, 5 and 19 and 1-3 threads.
-  check_direct_amx({geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64), geometry(32, 8, 8, 3, 2, 1, 32),
+  check_direct_bf16({geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64), geometry(32, 8, 8, 3, 2, 1, 32),
                     geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)},
                    {1, 5, 19});
 }
 
-TEST_CASE("amx_conv plans: each output once, every read inside its plane, scratch for the largest plan") {
-  // Integer bookkeeping of conv3x3_amx.hpp, checked on any CPU: for each group size a thread may take
+TEST_CASE("conv3x3_bf16 plans: each output once, every read inside its plane, scratch for the largest plan") {
+  // Integer bookkeeping of conv3x3_bf16.hpp, checked on any CPU: for each group size a thread may take
   // and each count of images in a group, for_each_run visits each pixel of each present image once,
   // within its block of 32 positions; the farthest read (span + 2 wp + 2: stride 1's last tap, and the
   // stride-2 input gradient's) stays inside a plane; each plan's scratch fits the per-thread sizes.
-  namespace amx = kh::amx_conv;
+  namespace amx = kh::conv3x3_bf16;
   std::vector<k::ConvGeometry> all;
   for (int w = 4; w <= 17; ++w) all.push_back(geometry(32, w % 5 + 3, w, 3, 1, 1, 64));
   for (int w = 7; w <= 32; w += 5) all.push_back(geometry(64, w + 1, w, 3, 2, 1, 32));
@@ -305,27 +308,29 @@ TEST_CASE("amx_conv plans: each output once, every read inside its plane, scratc
   }
 }
 
-TEST_CASE("amx_conv: the products within exactly their scratch, and as conv2d computes them") {
-  if (!fusedp::amx_usable()) {
-    MESSAGE("skipped: this CPU or OS offers no AMX tiles");
+TEST_CASE("conv3x3_bf16: the products within exactly their scratch, and as conv2d computes them") {
+  if (!fusedp::cpu_features().avx512_bf16) {
+    MESSAGE("skipped: this CPU has no AVX-512 BF16");
     return;
   }
   // Each product called alone with host.threads() times its own per-thread size and a canary after it:
   // nothing written past it, and the bits conv2d gets with its larger scratch. 4 x 4 with 16 samples on
   // one thread takes the largest group (16 side by side); 2 threads split 13 samples unevenly.
-  namespace amx = kh::amx_conv;
+  namespace amx = kh::conv3x3_bf16;
   struct Case {
     k::ConvGeometry g;
     std::size_t batch;
     int threads;
   };
+  for (const bool tiles : direct_kinds())
   for (const Case& c : {Case{geometry(64, 4, 4, 3, 1, 1, 32), 16, 1}, Case{geometry(32, 8, 8, 3, 1, 1, 64), 13, 2},
                         Case{geometry(32, 16, 16, 3, 2, 1, 64), 13, 2}, Case{geometry(32, 9, 7, 3, 2, 1, 32), 5, 3}}) {
     const k::ConvGeometry& g = c.g;
     CAPTURE(g.in_w);
     CAPTURE(g.stride);
     CAPTURE(c.threads);
-    const fusedp::Host host{c.threads, fusedp::HostPrecision::bf16};
+    CAPTURE(tiles);
+    const fusedp::Host host = fusedp::Host{c.threads, fusedp::HostPrecision::bf16}.with_bf16_tiles(tiles);
     const std::size_t O = std::size_t(g.out_channels), K = g.patch(), T = std::size_t(c.threads), canary = 4096;
     std::vector<float> w(O * K), x(c.batch * g.in_size()), dz(c.batch * g.out_size());
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));

@@ -13,10 +13,10 @@
 // by every sample and thread; the forward im2col writes the GEMM's packed B panels directly, so no
 // im2col matrix is materialized and packed again. At precision bf16 the GEMMs take bf16 pairs
 // (gemm_bf16.hpp): the forward's im2col writes pairs into the panels, the backward's the row-major
-// matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. With
-// AMX tiles, 3x3 convs with stride 1 or 2 on planes 4 or more wide with channels in multiples of 32 run
-// directly on the tiles from the padded input, no im2col (conv3x3_amx.hpp; small planes several samples
-// a grid, strided ones over the input's four phases),
+// matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. 3x3
+// convs with stride 1 or 2 on planes 4 or more wide with channels in multiples of 32 run directly from
+// the padded input, no im2col, on AMX tiles or by VDPBF16PS (conv3x3_bf16.hpp; small planes several
+// samples a grid, strided ones over the input's four phases),
 // and elsewhere on planes under 64 pixels the forward and input-gradient products take 64 / P samples
 // side by side (tile_group).
 #include "fusedp/core/config.hpp"
@@ -25,7 +25,7 @@
 #include "fusedp/exec/host.hpp"
 #include "fusedp/kernels/batch_norm.hpp"
 #include "fusedp/kernels/conv_geometry.hpp"
-#include "fusedp/kernels/host/conv3x3_amx.hpp"
+#include "fusedp/kernels/host/conv3x3_bf16.hpp"
 #include "fusedp/kernels/host/gemm.hpp"
 #include "fusedp/kernels/host/gemm_bf16.hpp"
 #include "fusedp/kernels/host/gemm_nt.hpp"
@@ -74,9 +74,9 @@ struct ConvScratch {
       const winograd::Plan forward{g}, input_gradient{winograd::transposed(g)};
       most = std::max({most, forward.per_thread(), forward.weight_gradient_per_thread(), input_gradient.per_thread()});
     }
-    if (amx_conv::applies(g)) {
-      most = std::max({most, amx_conv::per_thread(g), amx_conv::weight_gradient_per_thread(g),
-                       amx_conv::per_thread(amx_conv::input_gradient_geometry(g))});
+    if (conv3x3_bf16::applies(g)) {
+      most = std::max({most, conv3x3_bf16::per_thread(g), conv3x3_bf16::weight_gradient_per_thread(g),
+                       conv3x3_bf16::per_thread(conv3x3_bf16::input_gradient_geometry(g))});
     }
     return most;
   }
@@ -388,12 +388,13 @@ bool winograd_runs(const Host& host, const ConvGeometry& g) {
   return winograd::applies(g);
 }
 
-// True where a 3x3 conv runs directly on AMX tiles (conv3x3_amx.hpp): its geometry, at bf16 with tiles,
-// in a translation unit compiled with their code.
+// True where a 3x3 conv runs directly from the padded grid (conv3x3_bf16.hpp): its geometry, at precision
+// bf16 (on AMX tiles, or by VDPBF16PS where the Host has none), in a translation unit compiled with their
+// code. (Without tiles, on an AMD EPYC Zen 4, 2 threads: ResNet-18's bf16 step XXX.)
 template <class T>
-bool amx_conv_runs(const Host& host, const ConvGeometry& g) {
+bool direct_bf16_runs(const Host& host, const ConvGeometry& g) {
   if constexpr (std::is_same_v<T, float> && FUSEDP_HOST_AVX512_BF16)
-    return host.bf16_tiles() && bf16::detail::vector_packing() && amx_conv::applies(g);
+    return host.precision() == HostPrecision::bf16 && bf16::detail::vector_packing() && conv3x3_bf16::applies(g);
   return false;
 }
 
@@ -640,8 +641,8 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (detail::amx_conv_runs<T>(host, g)) {
-      amx_conv::conv3x3(host, g, batch, w, x, y, scratch, [&](std::size_t n) {
+    if (detail::direct_bf16_runs<T>(host, g)) {
+      conv3x3_bf16::conv3x3(host, g, batch, w, x, y, scratch, [&](std::size_t n) {
         return epilogue(y + n * g.out_size(), z ? z + n * g.out_size() : nullptr, bf16_y);
       });
       return;
@@ -745,7 +746,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const auto stores_dx = [bf16_dx](std::size_t) {
     return [bf16_dx](std::size_t, std::size_t, T* p, std::size_t count) { round_run_if(bf16_dx, p, count); };
   };
-  const bool amx = detail::amx_conv_runs<T>(host, g);
+  const bool amx = detail::direct_bf16_runs<T>(host, g);
   if (amx || detail::winograd_runs<T>(host, g)) {
     // By Winograd (or AMX tiles, directly) over the whole batch: dz and the bias gradient per sample
     // first, then the weight and input gradients.
@@ -760,8 +761,8 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
     if constexpr (std::is_same_v<T, float>) {
       if (amx) {
-        amx_conv::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
-        if (dx) amx_conv::input_gradient3x3(host, g, batch, w, dy, dx, scratch, bf16_dx);
+        conv3x3_bf16::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
+        if (dx) conv3x3_bf16::input_gradient3x3(host, g, batch, w, dy, dx, scratch, bf16_dx);
         return;
       }
     }

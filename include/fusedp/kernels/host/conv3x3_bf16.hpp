@@ -1,6 +1,8 @@
 #pragma once
-// 3x3 convolutions with stride 1 or 2 and padding 1 at precision bf16 on AMX tiles, directly: no im2col
-// matrix, no packed copy of it. What winograd.hpp is to fp32, this is to bf16 with tiles.
+// 3x3 convolutions with stride 1 or 2 and padding 1 at precision bf16, directly: no im2col matrix, no
+// packed copy of it. What winograd.hpp is to fp32, this is to bf16. The products run on AMX tiles where
+// the Host has them (Host::bf16_tiles), else by VDPBF16PS on the same operands in the same layouts
+// (conv_block_dp, weight_block_dp: AMD's Zen 4 and later have AVX-512 BF16 and no tiles).
 //
 // The padded grid. A sample's input, with its zero border, is a plane of (H + 2) x Wp values, Wp =
 // W + 2. Output pixel (y, x) reads the plane at (y + ky) Wp + x + kx for tap (ky, kx): with j = y Wp +
@@ -49,11 +51,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
-namespace fusedp::kernels::host::amx_conv {
+namespace fusedp::kernels::host::conv3x3_bf16 {
 
 using bf16::Pair;
-static_assert(sizeof(Pair) == sizeof(float), "amx_conv: a pair is one float of scratch, and B's rows are strided alike");
+static_assert(sizeof(Pair) == sizeof(float), "conv3x3_bf16: a pair is one float of scratch, and B's rows are strided alike");
 
 /// Output channels and grid positions of one register block (2 x 2 C tiles); channels come in blocks
 /// of this many.
@@ -66,9 +69,9 @@ inline constexpr int min_width = 16;
 inline constexpr int narrowest = 4;
 
 /// True where a conv's geometry suits this path: 3x3, stride 1 or 2, padding 1, channels in and out
-/// multiples of 32, output planes at least `narrowest` wide. (Whether it runs also takes a Host with AMX
-/// tiles and a translation unit compiled with their code, FUSEDP_HOST_AVX512_BF16: conv2d.hpp's
-/// amx_conv_runs. The geometry alone sizes the scratch, so every unit, nvcc's host pass included, sizes
+/// multiples of 32, output planes at least `narrowest` wide. (Whether it runs also takes a Host at
+/// precision bf16 and a translation unit compiled with its code, FUSEDP_HOST_AVX512_BF16: conv2d.hpp's
+/// direct_bf16_runs. The geometry alone sizes the scratch, so every unit, nvcc's host pass included, sizes
 /// it alike.)
 constexpr bool applies(const ConvGeometry& g) {
   return g.kernel == 3 && (g.stride == 1 || g.stride == 2) && g.pad == 1 && g.in_channels % block == 0 &&
@@ -270,6 +273,95 @@ using bf16::detail::first_lanes;
   store_block(sums, outs);
 }
 
+// The same two products by VDPBF16PS, where the CPU has AVX-512 BF16 but no tiles (AMD Zen 4 and
+// later): C rows of 32 lanes as two zmm of fp32 sums, `rows` rows at a time (8: 16 sums, 2 B loads and
+// 8 broadcasts for 16 VDPBF16PS), each lane += a pair of A broadcast times the lane's pair of B.
+// Only the order of the sums differs from the tiles'.
+constexpr std::size_t dp_rows = 8;
+
+// C rows [r0, r0 + dp_rows) of a 2 x 2 tile block, as conv_block computes them: row r's pair q of A at
+// a + (r / 16) 256 + (r % 16) 16 + q.
+[[gnu::target("avx512f,avx512bf16")]] FUSEDP_ALWAYS_INLINE void conv_rows_dp(const Pair* a, const Pair* in,
+                                                                             std::size_t plane,
+                                                                             std::size_t channel_blocks,
+                                                                             const std::size_t* offset,
+                                                                             std::size_t taps, std::size_t r0,
+                                                                             float* out) {
+  __m512 acc[dp_rows][2];
+  FUSEDP_UNROLL(8)
+  for (std::size_t i = 0; i < dp_rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const Pair* rows = a + (r0 / 16) * 256 + (r0 % 16) * 16;
+  for (std::size_t t = 0; t < taps; ++t) {
+    const Pair* b = in + offset[t];
+    for (std::size_t cb = 0; cb < channel_blocks; ++cb, rows += 2 * 256, b += 16 * plane)
+      for (std::size_t q = 0; q < 16; ++q) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + q * plane);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + q * plane + 16);
+        FUSEDP_UNROLL(8)
+        for (std::size_t i = 0; i < dp_rows; ++i) {
+          const __m512bh w = (__m512bh)_mm512_set1_epi32(int(rows[i * 16 + q]));
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w, b0);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w, b1);
+        }
+      }
+  }
+  FUSEDP_UNROLL(8)
+  for (std::size_t i = 0; i < dp_rows; ++i) {
+    _mm512_storeu_ps(out + (r0 + i) * block, acc[i][0]);
+    _mm512_storeu_ps(out + (r0 + i) * block + 16, acc[i][1]);
+  }
+}
+
+// conv_block by VDPBF16PS.
+[[gnu::noinline, gnu::target("avx512f,avx512bf16")]] inline void conv_block_dp(const Pair* a, const Pair* in,
+                                                                              std::size_t plane,
+                                                                              std::size_t channel_blocks,
+                                                                              const std::size_t* offset,
+                                                                              std::size_t taps, float* out) {
+  for (std::size_t r0 = 0; r0 < block; r0 += dp_rows)
+    conv_rows_dp(a, in, plane, channel_blocks, offset, taps, r0, out);
+}
+
+// weight_block by VDPBF16PS: sums' rows [r0, r0 + dp_rows) (input channels), A's pair k of row r the
+// two bf16 values of positions 2k, 2k + 1 of image row r (a 32-bit read at any alignment).
+[[gnu::target("avx512f,avx512bf16")]] FUSEDP_ALWAYS_INLINE void weight_rows_dp(
+    const std::uint16_t* image, std::size_t plane, std::size_t image_step, const Pair* pairs, std::size_t outs,
+    std::size_t pairs_step, std::size_t span, std::size_t groups, std::size_t r0, float* sums) {
+  __m512 acc[dp_rows][2];
+  FUSEDP_UNROLL(8)
+  for (std::size_t i = 0; i < dp_rows; ++i) {
+    acc[i][0] = _mm512_loadu_ps(sums + (r0 + i) * outs);
+    acc[i][1] = _mm512_loadu_ps(sums + (r0 + i) * outs + 16);
+  }
+  image += r0 * plane;
+  for (std::size_t g = 0; g < groups; ++g, image += image_step, pairs += pairs_step)
+    for (std::size_t k = 0; k < span / 2; ++k) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(pairs + k * outs);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(pairs + k * outs + 16);
+      FUSEDP_UNROLL(8)
+      for (std::size_t i = 0; i < dp_rows; ++i) {
+        std::uint32_t two;
+        std::memcpy(&two, image + i * plane + 2 * k, sizeof two);
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(int(two));
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w, b0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w, b1);
+      }
+    }
+  FUSEDP_UNROLL(8)
+  for (std::size_t i = 0; i < dp_rows; ++i) {
+    _mm512_storeu_ps(sums + (r0 + i) * outs, acc[i][0]);
+    _mm512_storeu_ps(sums + (r0 + i) * outs + 16, acc[i][1]);
+  }
+}
+
+// weight_block by VDPBF16PS.
+[[gnu::noinline, gnu::target("avx512f,avx512bf16")]] inline void weight_block_dp(
+    const std::uint16_t* image, std::size_t plane, std::size_t image_step, const Pair* pairs, std::size_t outs,
+    std::size_t pairs_step, std::size_t span, std::size_t groups, float* sums) {
+  for (std::size_t r0 = 0; r0 < block; r0 += dp_rows)
+    weight_rows_dp(image, plane, image_step, pairs, outs, pairs_step, span, groups, r0, sums);
+}
+
 // One tap's weights for 32 rows and 32 channels as A tiles' rows (32 rows of 16 pairs): row r's pair q
 // = pair(src[r row_step + 2q step], src[r row_step + (2q + 1) step]), rounded as pair() rounds.
 [[gnu::noinline, gnu::target("avx512f,avx512bw")]] inline void strided_pairs(const float* src, std::size_t row_step,
@@ -411,8 +503,9 @@ void direct_product(const Host& host, const ConvGeometry& g, std::size_t batch, 
                     const PassesOf& passes_of, const Prepare& prepare, const Write& write) {
   const std::size_t stride = per_thread(g), channel_blocks = std::size_t(g.in_channels) / block;
   const std::size_t per_block = 9 * channel_blocks * block * 16;
+  const bool tiles = host.bf16_tiles();
   host.parallel_for(batch, [&](std::size_t n0, std::size_t n1, int thread) {
-    bf16::detail::configure_tiles();  // per thread, per call: see gemm_bf16.hpp
+    if (tiles) bf16::detail::configure_tiles();  // per thread, per call: see gemm_bf16.hpp
     const Plan plan = Plan::for_count(g, n1 - n0);
     const Passes passes = passes_of(plan);
     auto* in = reinterpret_cast<Pair*>(scratch + std::size_t(thread) * stride + plan.weights());
@@ -423,8 +516,9 @@ void direct_product(const Host& host, const ConvGeometry& g, std::size_t batch, 
       for (std::size_t ob = 0; ob < std::size_t(g.out_channels) / block; ++ob)
         for (std::size_t j0 = 0; j0 < plan.span(); j0 += block)
           for (std::size_t q = 0; q < passes.count; ++q) {
-            conv_block(a + ob * per_block + passes.first[q] * channel_blocks * block * 16, in + j0, plan.plane(),
-                       channel_blocks, passes.offset + passes.first[q], passes.taps[q], out);
+            (tiles ? conv_block : conv_block_dp)(a + ob * per_block + passes.first[q] * channel_blocks * block * 16,
+                                                 in + j0, plan.plane(), channel_blocks,
+                                                 passes.offset + passes.first[q], passes.taps[q], out);
             write(plan, q, n, count, ob, j0, out);
           }
     }
@@ -439,7 +533,8 @@ void direct_product(const Host& host, const ConvGeometry& g, std::size_t batch, 
 
 /// y = epi(conv(x, w)) for `batch` samples of a conv that `applies`: x (N, C, H, W), w as stored
 /// (O, C, 3, 3). make_epi(n) gives sample n's epilogue, called as epi(o, p0, &y[n][o][p0], count) on runs
-/// of one row. scratch: host.threads() x amx_conv::per_thread(g). Only where Host::bf16_tiles().
+/// of one row. scratch: host.threads() x conv3x3_bf16::per_thread(g). Only at precision bf16 (conv2d.hpp's
+/// direct_bf16_runs).
 template <class MakeEpi>
 void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* w, const float* x, float* y,
              float* scratch, const MakeEpi& make_epi) {
@@ -471,7 +566,7 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const f
       });
 #else
   (void)host, (void)g, (void)batch, (void)w, (void)x, (void)y, (void)scratch, (void)make_epi;
-  throw InvalidArgument("Host: the AMX 3x3 conv was called in a translation unit compiled without AVX-512 and AMX");
+  throw InvalidArgument("Host: the bf16 3x3 conv was called in a translation unit compiled without AVX-512 BF16 and AMX");
 #endif
 }
 
@@ -481,7 +576,7 @@ void conv3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const f
 /// stride 1 a conv with the taps rotated (as winograd::conv3x3); for stride 2 each phase (a, b) of dx
 /// (dx[2i + a][2j + b]) sums its own taps (1, 2, 2 or 4: ky = 1 for a = 0, ky = 0 and 2 for a = 1, reading
 /// dz row i + 1 and i; columns alike) on the grid of dz. scratch: host.threads() x
-/// amx_conv::per_thread(input_gradient_geometry(g)). Only where Host::bf16_tiles().
+/// conv3x3_bf16::per_thread(input_gradient_geometry(g)). Only at precision bf16.
 inline void input_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* w,
                               const float* dz, float* dx, float* scratch, bool bf16_dx) {
 #if FUSEDP_HOST_AVX512_BF16
@@ -536,20 +631,21 @@ inline void input_gradient3x3(const Host& host, const ConvGeometry& g, std::size
       });
 #else
   (void)host, (void)g, (void)batch, (void)w, (void)dz, (void)dx, (void)scratch, (void)bf16_dx;
-  throw InvalidArgument("Host: the AMX 3x3 conv was called in a translation unit compiled without AVX-512 and AMX");
+  throw InvalidArgument("Host: the bf16 3x3 conv was called in a translation unit compiled without AVX-512 BF16 and AMX");
 #endif
 }
 
 /// dw (O, C, 3, 3) = the weight gradient of conv `g` (one that `applies`) over `batch` samples: x its
 /// input, dz the gradient of its output (before any epilogue). Each thread sums over its samples; the
 /// sums are added in thread order, so the result depends on the thread count only. scratch:
-/// host.threads() x amx_conv::weight_gradient_per_thread(g). Only where Host::bf16_tiles().
+/// host.threads() x conv3x3_bf16::weight_gradient_per_thread(g). Only at precision bf16.
 inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::size_t batch, const float* x,
                                const float* dz, float* dw, float* scratch) {
 #if FUSEDP_HOST_AVX512_BF16
   const std::size_t O = std::size_t(g.out_channels), C = std::size_t(g.in_channels), H = std::size_t(g.out_h);
   const std::size_t W = std::size_t(g.out_w), P = g.out_pixels(), stride = weight_gradient_per_thread(g);
   const auto threads = std::size_t(host.threads());
+  const bool tiles = host.bf16_tiles();
   host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
     const std::size_t n0 = batch * std::size_t(thread) / threads, n1 = batch * (std::size_t(thread) + 1) / threads;
     const Plan plan = Plan::for_count(g, n1 - n0);
@@ -558,7 +654,7 @@ inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::siz
     float* sums = own;  // (9, C, O): Plan puts them first
     float* grid = own + plan.gradient_at();
     simd::zero(sums, 9 * C * O);
-    bf16::detail::configure_tiles();
+    if (tiles) bf16::detail::configure_tiles();
     for (std::size_t c0 = n0; c0 < n1; c0 += plan.chunk() * S) {
       const std::size_t groups = (std::min(plan.chunk() * S, n1 - c0) + S - 1) / S;
       for (std::size_t q = 0; q < groups; ++q) {
@@ -587,9 +683,9 @@ inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::siz
       for (std::size_t t = 0; t < 9; ++t)
         for (std::size_t cb = 0; cb < C / block; ++cb)
           for (std::size_t ob = 0; ob < O / block; ++ob)
-            detail::weight_block(image + (plan.phase(t) * C + cb * block) * L + plan.shift(t), L, 2 * plan.image(),
-                                 pairs + ob * block, O,
-                                 plan.gradient_pairs(), J, groups, sums + (t * C + cb * block) * O + ob * block);
+            (tiles ? detail::weight_block : detail::weight_block_dp)(
+                image + (plan.phase(t) * C + cb * block) * L + plan.shift(t), L, 2 * plan.image(), pairs + ob * block,
+                O, plan.gradient_pairs(), J, groups, sums + (t * C + cb * block) * O + ob * block);
     }
   });
   // dw (O, C, 3, 3) = the threads' sums (9, C, O) added in thread order, 32 input channels at a time:
@@ -619,8 +715,8 @@ inline void weight_gradient3x3(const Host& host, const ConvGeometry& g, std::siz
   });
 #else
   (void)host, (void)g, (void)batch, (void)x, (void)dz, (void)dw, (void)scratch;
-  throw InvalidArgument("Host: the AMX 3x3 conv was called in a translation unit compiled without AVX-512 and AMX");
+  throw InvalidArgument("Host: the bf16 3x3 conv was called in a translation unit compiled without AVX-512 BF16 and AMX");
 #endif
 }
 
-}  // namespace fusedp::kernels::host::amx_conv
+}  // namespace fusedp::kernels::host::conv3x3_bf16
