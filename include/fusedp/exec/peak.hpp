@@ -6,10 +6,12 @@
 //         milliseconds. The instruction is the one the Host's precision does its products with
 //         (host_peak_instruction): float32 FMA at the vector width this translation unit is compiled
 //         for (AVX-512 with -march of such a machine); at bf16 VDPBF16PS (64 FLOP a zmm), or AMX's
-//         TDPBF16PS (16 x 16 x 32 products, 16384 FLOP a tile) where its GEMMs run on tiles. On the
-//         2-core development machine (benchmarks/fma_peak, 2026-12-07, 2 threads): 468 GFLOP/s
-//         float32 FMA, 903 VDPBF16PS, 7070 TDPBF16PS; so a bf16 run's utilization is a share of the
-//         tiles' rate (15 times fp32's), not of fp32's (which read 130% for ResNet-18's bf16 step).
+//         TDPBF16PS (16 x 16 x 32 products, 16384 FLOP a tile) where its GEMMs run on tiles. On a
+//         2-core Xeon with AMX (benchmarks/fma_peak, 2026-12-07, 2 threads): 468 GFLOP/s float32 FMA,
+//         7070 TDPBF16PS (its VDPBF16PS figure then, 903, came from chains GCC had merged into one; not
+//         measured since); on a 2-core AMD EPYC Zen 4 (2026-12-07): 231 float32 FMA, 462 VDPBF16PS. So
+//         a bf16 run's utilization is a share of its instruction's rate, not of fp32's (which read 130%
+//         for ResNet-18's bf16 step on the Xeon).
 //   Cuda  from the device: SMs x clock x the dense rate per SM and clock of its architecture for the
 //         space's precision (tensor cores for Tf32 and Bf16, FP32 cores for Fp32), from NVIDIA's
 //         data sheets: sm_80 (A100) 1024 TF32 / 2048 BF16 / 128 FP32 FLOP per clock and SM, sm_86 and
