@@ -2,7 +2,7 @@
 // networks (the stages of their fusion plan, forward and backward, and the SGD update) on its own,
 // with the shapes of the real step, and prints the median time of each and its share of their sum.
 //
-//   stage_bench --net cifar|lenet|resnet18 --batch 64 --threads 2 --reps 20
+//   stage_bench --net cifar|lenet|resnet18 --batch 64 --threads 2 --reps 20 --precision fp32|bf16
 //
 // ResNet-18 (CIFAR form) is listed by its distinct shapes: each conv shape and BatchNorm size once,
 // with how often a step runs it (xN); the share and the sum count every run.
@@ -144,7 +144,7 @@ struct NormBlock {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string net = "cifar";
+  std::string net = "cifar", precision = "fp32";
   std::size_t batch = 64;
   int threads = 2, reps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -152,8 +152,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) batch = std::size_t(std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--precision")) precision = argv[i + 1];
   }
-  const fp::Host host{threads};
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "stage_bench: --precision is fp32 or bf16, not %s\n", precision.c_str());
+    return 2;
+  }
+  const fp::Host host{threads, precision == "bf16" ? fp::HostPrecision::bf16 : fp::HostPrecision::fp32};
   std::vector<Stage> fwd, bwd, bwd_conv_resnet;
   std::vector<ConvBlock> convs;
   std::vector<LinearBlock> linears;
@@ -215,7 +220,8 @@ int main(int argc, char** argv) {
   std::uint64_t step = 0;
   all.push_back({"sgd step", 0, [&] { opt.step(host, p.data(), g.data(), m.data(), params, ++step); }});
 
-  std::printf("%s, batch %zu, %d threads: median of %d runs per stage\n", net.c_str(), batch, host.threads(), reps);
+  std::printf("%s, batch %zu, %d threads, %s: median of %d runs per stage\n", net.c_str(), batch, host.threads(),
+              precision.c_str(), reps);
   std::vector<double> med(all.size());
   double total = 0;
   for (std::size_t s = 0; s < all.size(); ++s) {

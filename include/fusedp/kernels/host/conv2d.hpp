@@ -388,16 +388,15 @@ bool winograd_runs(const Host& host, const ConvGeometry& g) {
   return winograd::applies(g);
 }
 
-// True where a 3x3 conv runs directly from the padded grid (conv3x3_bf16.hpp): its geometry, at precision
-// bf16 (on AMX tiles, or by VDPBF16PS where the Host has none), in a translation unit compiled with their
-// code. (Without tiles, on an AMD EPYC Zen 4, 2 threads: ResNet-18's bf16 step XXX.)
+// True where a 3x3 conv's backward (and forward: direct_bf16_forward) runs directly from the padded grid
+// (conv3x3_bf16.hpp): its geometry, at precision bf16 (on AMX tiles, or by VDPBF16PS where the Host has
+// none), in a translation unit compiled with their code.
 template <class T>
 bool direct_bf16_runs(const Host& host, const ConvGeometry& g) {
   if constexpr (std::is_same_v<T, float> && FUSEDP_HOST_AVX512_BF16)
     return host.precision() == HostPrecision::bf16 && bf16::detail::vector_packing() && conv3x3_bf16::applies(g);
   return false;
 }
-
 // --- Direct convolution with the output channels in the vector lanes -----------------------------
 // For few output channels (LeNet: 6 and 16) im2col writes K values per output pixel to be used by only
 // O multiply-adds, and costs more than the product (65% of LeNet's second conv forward). Here each
@@ -420,6 +419,18 @@ template <class T>
 constexpr bool use_direct(const ConvGeometry& g) {
   return FUSEDP_VECTOR_EXTENSIONS && g.stride == 1 && g.kernel <= 7 &&
          std::size_t(g.out_channels) <= 2 * simd::lanes<T>;
+}
+
+// The forward: as the backward, but by VDPBF16PS only on planes conv3x3_bf16::min_width or wider, where
+// no samples share a grid, or where the GEMM would not take it (few output channels: use_direct's fp32). (AMD EPYC Zen 4, 2 threads, stage_bench --net resnet18 --precision bf16,
+// medians of 3 alternating runs, direct against the im2col GEMM: forward of the 32 x 32 and 16 x 16 convs
+// 61.6 / 66.2 and 42.2 / 44.4 ms, of the 8 x 8 and 4 x 4 ones 49.1 / 43.4 and 58.7 / 53.8, their thrown
+// positions, 19% and 38%, the GEMM's gain; the backward's direct products won on every plane but one,
+// the step's stages 788 against 894 ms in all.)
+template <class T>
+bool direct_bf16_forward(const Host& host, const ConvGeometry& g) {
+  return direct_bf16_runs<T>(host, g) &&
+         (host.bf16_tiles() || g.out_w >= conv3x3_bf16::min_width || use_direct<T>(g));
 }
 
 // Calls f.template operator()<W, NV>() with the channel vectors of the direct path for O channels.
@@ -641,7 +652,7 @@ void conv2d_forward(const Host& host, const ConvGeometry& g, std::size_t batch, 
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (detail::direct_bf16_runs<T>(host, g)) {
+    if (detail::direct_bf16_forward<T>(host, g)) {
       conv3x3_bf16::conv3x3(host, g, batch, w, x, y, scratch, [&](std::size_t n) {
         return epilogue(y + n * g.out_size(), z ? z + n * g.out_size() : nullptr, bf16_y);
       });
