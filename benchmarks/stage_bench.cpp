@@ -158,6 +158,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stage_bench: --precision is fp32 or bf16, not %s\n", precision.c_str());
     return 2;
   }
+  if (precision == "bf16" && !fp::cpu_features().avx512_bf16) {
+    std::fprintf(stderr, "stage_bench: --precision bf16 needs a CPU with AVX-512 BF16\n");
+    return 2;
+  }
   const fp::Host host{threads, precision == "bf16" ? fp::HostPrecision::bf16 : fp::HostPrecision::fp32};
   std::vector<Stage> fwd, bwd, bwd_conv_resnet;
   std::vector<ConvBlock> convs;

@@ -32,9 +32,10 @@ using BlockNet = fp::Sequential<fp::Input<3, 8, 8>, fp::Conv2d<8, 3, 1, 1>, fp::
                                              fp::BatchNorm2d<>, fp::Projection<fp::Conv2d<12, 1, 2, 0>, fp::BatchNorm2d<>>>,
                                 fp::ReLU, fp::AvgPool2d<2>, fp::Flatten, fp::Linear<6>, fp::GELU, fp::Linear<3>>;
 
-// ResNet's shapes in small, for the paths a Host with AMX tiles takes at bf16: 3x3 convs with 32 channels
-// on a 16-wide plane straight on the tiles (the first block's), strided blocks onto 8 x 8 and 4 x 4
-// (im2col, and on 4 x 4 the samples side by side), projections, BatchNorm adding the shortcut.
+// ResNet's shapes in small, for the paths a Host takes at bf16: 3x3 convs with 32 channels on a 16-wide
+// plane straight from the padded grid (the first block's; on AMX tiles or by VDPBF16PS), strided blocks
+// onto 8 x 8 and 4 x 4 (im2col, and on 4 x 4 the samples side by side), projections, BatchNorm adding the
+// shortcut.
 using WideNet = fp::Sequential<
     fp::Input<3, 16, 16>, fp::Conv2d<32, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU,
     fp::Residual<fp::Conv2d<32, 3, 1, 1>, fp::BatchNorm2d<>, fp::ReLU, fp::Conv2d<32, 3, 1, 1>, fp::BatchNorm2d<>,
@@ -111,7 +112,7 @@ void check_against_double(const char* name, Bounds bound) {
 TEST_CASE("a network at precision bf16 against the double model: within the measured bound, not fp32's") {
   // bf16 keeps 8 bits of mantissa (2^-9 = 2.0e-3 per rounded operand or stored value), and a gradient
   // goes through several rounded GEMMs and stored gradients. Measured (emulation; a Xeon's AVX-512 BF16
-  // gives the same bits), the bounds about three times these:
+  // gives the same bits where no conv runs directly), the bounds about three times these:
   //   conv/pool/tanh/linear: logits 2.1e-3, gradients 1.3e-2 with fp32 storage, 1.6e-2 with bf16
   //   storage, loss 4.6e-5 (the forward's stored values are the GEMMs' rounded operands either way);
   check_against_double<Net>("conv, pool, tanh, linear", {6e-3, 5e-2, 2e-4});
@@ -119,12 +120,13 @@ TEST_CASE("a network at precision bf16 against the double model: within the meas
   //   logits come from evaluation, BatchNorm's running statistics after one step), gradients 1.6e-2
   //   (2.5e-2), loss 4.6e-4 (2.0e-4).
   check_against_double<BlockNet>("batch norm, residual block, avg pool, GELU", {1.5e-3, 6e-2, 1.5e-3});
-  //   ResNet in small (WideNet; with AMX its first block's convs straight on the tiles): logits 5.9e-4
-  //   (AMX 7.3e-4), gradients 0.13 (AMX 0.14), loss 4.6e-4 (AMX 7.0e-5). The gradients' error is large
+  //   ResNet in small (WideNet; at bf16 its first block's convs straight from the grid): logits 5.9e-4
+  //   (AMX 7.3e-4, VDPBF16PS 6.8e-4), gradients 0.13 (AMX 0.14, VDPBF16PS 0.14), loss 4.6e-4
+  //   (AMX 7.0e-5, VDPBF16PS 2.3e-6). The gradients' error is large
   //   because backward through five BatchNorms in training subtracts each channel's means of dz and dz
   //   xhat, over 96 values a channel in the last block (6 samples of 4 x 4): rounding errors of the stored
   //   gradients survive the cancellation (fp32: 3.0e-6).
-  check_against_double<WideNet>("ResNet in small: direct convs on AMX, samples side by side", {2.5e-3, 0.4, 2e-3});
+  check_against_double<WideNet>("ResNet in small: direct convs, samples side by side", {2.5e-3, 0.4, 2e-3});
 }
 
 namespace {
@@ -242,8 +244,9 @@ using SeparateAddNet = fp::Sequential<fp::Input<4, 5, 5>, fp::Conv2d<4, 1>,
 template <class Net>
 void check_storage(const char* name, bool has_block) {
   CAPTURE(name);
-  // The emulation, and AMX tiles where the CPU has them (the direct convs, samples side by side).
+  // The emulation, VDPBF16PS and AMX tiles where the CPU has them (the direct convs, samples side by side).
   std::vector<fp::Host> hosts{fp::Host{2, fp::HostPrecision::bf16_emulated}};
+  if (fp::cpu_features().avx512_bf16) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16}.with_bf16_tiles(false));
   if (fp::amx_usable()) hosts.push_back(fp::Host{2, fp::HostPrecision::bf16});
   for (const auto& host : hosts) {
     for (const bool training : {true, false}) {
@@ -275,7 +278,7 @@ TEST_CASE("a bf16 Host stores every activation and activation gradient as a bf16
   check_storage<BlockNet>("batch norm, residual block, avg pool, GELU", true);
   check_storage<BlockOutputNet>("a residual block's output as the logits", true);
   check_storage<SeparateAddNet>("an identity block with an add of its own", true);
-  check_storage<WideNet>("ResNet in small: direct convs on AMX, samples side by side", true);
+  check_storage<WideNet>("ResNet in small: direct convs, samples side by side", true);
 }
 
 TEST_CASE("the hardware and the emulated bf16 GEMMs train a network to the same bits") {
@@ -283,7 +286,8 @@ TEST_CASE("the hardware and the emulated bf16 GEMMs train a network to the same 
     MESSAGE("this CPU has no AVX-512 BF16: only the emulation runs here");
     return;
   }
-  // VDPBF16PS: the AMX tiles add a row's products in another order (their bounds: check_against_double).
+  // VDPBF16PS, on a network whose convs take the GEMMs (Net's: 3 and 40 channels): the direct 3x3 convs
+  // and the AMX tiles add a row's products in another order (their bounds: check_against_double).
   const Result hw = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16}.with_bf16_tiles(false));
   const Result em = run<Net, float>(fp::Host{2, fp::HostPrecision::bf16_emulated});
   CHECK(hw.loss == em.loss);

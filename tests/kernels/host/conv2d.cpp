@@ -59,7 +59,7 @@ void check_conv(const k::ConvGeometry& g, std::size_t batch, int threads, bool f
   CAPTURE(tiles);
   const fusedp::Host host = fusedp::Host{threads, precision}.with_bf16_tiles(tiles && fusedp::amx_usable());
   const bool bf16 = precision != fusedp::HostPrecision::fp32;
-  // forward and weight gradient: the direct path's stay fp32, unless AMX takes the conv
+  // forward and weight gradient: the direct path's stay fp32, unless the bf16 direct path takes the conv
   const bool rounds = bf16 && (!kh::detail::use_direct<T>(g) || kh::detail::direct_bf16_runs<T>(host, g));
   auto r = [&](T v) { return rounds ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
   auto r_dx = [&](T v) { return bf16 ? double(fusedp::kernels::round_bf16(float(v))) : double(v); };
@@ -257,8 +257,8 @@ TEST_CASE("conv2d at bf16 direct, small planes: several samples side by side on 
                         geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)})
     REQUIRE(kh::conv3x3_bf16::max_samples(g) > 1);
   check_direct_bf16({geometry(32, 8, 8, 3, 1, 1, 64), geometry(64, 4, 4, 3, 1, 1, 32), geometry(32, 5, 7, 3, 1, 1, 32),
-                    geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)},
-                   {2, 13, 37});
+                     geometry(32, 6, 12, 3, 1, 1, 64), geometry(32, 3, 15, 3, 1, 1, 32), geometry(96, 4, 4, 3, 1, 1, 32)},
+                    {2, 13, 37});
 }
 
 TEST_CASE("conv2d at bf16 direct, stride 2: the input's four phases on one grid") {
@@ -270,8 +270,8 @@ TEST_CASE("conv2d at bf16 direct, stride 2: the input's four phases on one grid"
   // side), odd planes whose last phase row and column fall outside the input (9 x 11 -> 5 x 6; 8 x 9 ->
   // 4 x 5), over batches of 1, 5 and 19 and 1-3 threads.
   check_direct_bf16({geometry(32, 32, 32, 3, 2, 1, 32), geometry(32, 16, 16, 3, 2, 1, 64), geometry(32, 8, 8, 3, 2, 1, 32),
-                    geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)},
-                   {1, 5, 19});
+                     geometry(64, 9, 11, 3, 2, 1, 32), geometry(32, 8, 9, 3, 2, 1, 64)},
+                    {1, 5, 19});
 }
 
 TEST_CASE("conv3x3_bf16 plans: each output once, every read inside its plane, scratch for the largest plan") {
@@ -279,7 +279,7 @@ TEST_CASE("conv3x3_bf16 plans: each output once, every read inside its plane, sc
   // and each count of images in a group, for_each_run visits each pixel of each present image once,
   // within its block of 32 positions; the farthest read (span + 2 wp + 2: stride 1's last tap, and the
   // stride-2 input gradient's) stays inside a plane; each plan's scratch fits the per-thread sizes.
-  namespace amx = kh::conv3x3_bf16;
+  namespace c3 = kh::conv3x3_bf16;
   std::vector<k::ConvGeometry> all;
   for (int w = 4; w <= 17; ++w) all.push_back(geometry(32, w % 5 + 3, w, 3, 1, 1, 64));
   for (int w = 7; w <= 32; w += 5) all.push_back(geometry(64, w + 1, w, 3, 2, 1, 32));
@@ -287,22 +287,22 @@ TEST_CASE("conv3x3_bf16 plans: each output once, every read inside its plane, sc
     CAPTURE(g.in_h);
     CAPTURE(g.in_w);
     CAPTURE(g.stride);
-    REQUIRE(amx::applies(g));
+    REQUIRE(c3::applies(g));
     const std::size_t P = g.out_pixels();
-    for (std::size_t s = 1; s <= amx::max_samples(g); ++s) {
+    for (std::size_t s = 1; s <= c3::max_samples(g); ++s) {
       CAPTURE(s);
-      const amx::Plan plan{g, s};
+      const c3::Plan plan{g, s};
       CHECK(plan.span() + 2 * plan.wp() + 2 <= plan.plane());
-      CHECK(plan.per_thread() <= amx::per_thread(g));
-      CHECK(plan.weight_gradient_per_thread() <= amx::weight_gradient_per_thread(g));
-      const amx::Plan gradient{amx::input_gradient_geometry(g), s};
-      CHECK(gradient.per_thread() <= amx::per_thread(amx::input_gradient_geometry(g)));
+      CHECK(plan.per_thread() <= c3::per_thread(g));
+      CHECK(plan.weight_gradient_per_thread() <= c3::weight_gradient_per_thread(g));
+      const c3::Plan gradient{c3::input_gradient_geometry(g), s};
+      CHECK(gradient.per_thread() <= c3::per_thread(c3::input_gradient_geometry(g)));
       for (std::size_t count = 1; count <= s; ++count) {
         std::vector<int> seen(count * P, 0);
         bool inside = true;
-        for (std::size_t j0 = 0; j0 < plan.span(); j0 += amx::block)
-          amx::detail::for_each_run(plan, count, j0, [&](std::size_t image, std::size_t p, std::size_t at, std::size_t length) {
-            inside = inside && image < count && p + length <= P && at + length <= amx::block &&
+        for (std::size_t j0 = 0; j0 < plan.span(); j0 += c3::block)
+          c3::detail::for_each_run(plan, count, j0, [&](std::size_t image, std::size_t p, std::size_t at, std::size_t length) {
+            inside = inside && image < count && p + length <= P && at + length <= c3::block &&
                      p / std::size_t(g.out_w) == (p + length - 1) / std::size_t(g.out_w);
             for (std::size_t i = 0; i < length && image < count && p + i < P; ++i) ++seen[image * P + p + i];
           });
@@ -311,9 +311,9 @@ TEST_CASE("conv3x3_bf16 plans: each output once, every read inside its plane, sc
       }
     }
     for (std::size_t n = 0; n <= 40; ++n) {
-      const amx::Plan plan = amx::Plan::for_count(g, n);
+      const c3::Plan plan = c3::Plan::for_count(g, n);
       CHECK(plan.samples >= 1);
-      CHECK(plan.samples <= amx::max_samples(g));
+      CHECK(plan.samples <= c3::max_samples(g));
     }
   }
 }
@@ -326,52 +326,53 @@ TEST_CASE("conv3x3_bf16: the products within exactly their scratch, and as conv2
   // Each product called alone with host.threads() times its own per-thread size and a canary after it:
   // nothing written past it, and the bits conv2d gets with its larger scratch. 4 x 4 with 16 samples on
   // one thread takes the largest group (16 side by side); 2 threads split 13 samples unevenly.
-  namespace amx = kh::conv3x3_bf16;
+  namespace c3 = kh::conv3x3_bf16;
   struct Case {
     k::ConvGeometry g;
     std::size_t batch;
     int threads;
   };
+  const Case cases[] = {Case{geometry(64, 4, 4, 3, 1, 1, 32), 16, 1}, Case{geometry(32, 8, 8, 3, 1, 1, 64), 13, 2},
+                        Case{geometry(32, 16, 16, 3, 2, 1, 64), 13, 2}, Case{geometry(32, 9, 7, 3, 2, 1, 32), 5, 3}};
   for (const bool tiles : direct_kinds())
-  for (const Case& c : {Case{geometry(64, 4, 4, 3, 1, 1, 32), 16, 1}, Case{geometry(32, 8, 8, 3, 1, 1, 64), 13, 2},
-                        Case{geometry(32, 16, 16, 3, 2, 1, 64), 13, 2}, Case{geometry(32, 9, 7, 3, 2, 1, 32), 5, 3}}) {
-    const k::ConvGeometry& g = c.g;
-    CAPTURE(g.in_w);
-    CAPTURE(g.stride);
-    CAPTURE(c.threads);
-    CAPTURE(tiles);
-    const fusedp::Host host = fusedp::Host{c.threads, fusedp::HostPrecision::bf16}.with_bf16_tiles(tiles);
-    const std::size_t O = std::size_t(g.out_channels), K = g.patch(), T = std::size_t(c.threads), canary = 4096;
-    std::vector<float> w(O * K), x(c.batch * g.in_size()), dz(c.batch * g.out_size());
-    for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(3, i));
-    for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = float(value(4, i));
-    // conv2d's results (no bias, no epilogue: the same products).
-    std::vector<float> y_ref(dz.size()), dx_ref(x.size()), dw_ref(w.size()), dy = dz;
-    std::vector<float> big(T * kh::ConvScratch{g}.per_thread());
-    kh::conv2d_forward<k::Epilogue<>>(host, g, c.batch, w.data(), static_cast<const float*>(nullptr), x.data(),
-                                      y_ref.data(), static_cast<float*>(nullptr), big.data());
-    kh::conv2d_backward<k::Epilogue<>>(host, g, c.batch, w.data(), x.data(), y_ref.data(), static_cast<const float*>(nullptr),
-                                       dy.data(), dx_ref.data(), dw_ref.data(), static_cast<float*>(nullptr), big.data());
-    auto run = [&](std::size_t per_thread, const auto& product) {
-      std::vector<float> scratch(T * per_thread + canary, -3.0f);
-      product(scratch.data());
-      CHECK(std::all_of(scratch.end() - canary, scratch.end(), [](float v) { return v == -3.0f; }));
-    };
-    std::vector<float> y(dz.size(), 7.0f), dx(x.size(), 7.0f), dw(w.size(), 7.0f);
-    run(amx::per_thread(g), [&](float* scratch) {
-      amx::conv3x3(host, g, c.batch, w.data(), x.data(), y.data(), scratch,
-                   [](std::size_t) { return [](std::size_t, std::size_t, float*, std::size_t) {}; });
-    });
-    run(amx::per_thread(amx::input_gradient_geometry(g)),
-        [&](float* scratch) { amx::input_gradient3x3(host, g, c.batch, w.data(), dz.data(), dx.data(), scratch, false); });
-    run(amx::weight_gradient_per_thread(g),
-        [&](float* scratch) { amx::weight_gradient3x3(host, g, c.batch, x.data(), dz.data(), dw.data(), scratch); });
-    // (Without tiles, conv2d's forward on planes under min_width is the im2col GEMM: other bits.)
-    if (kh::detail::direct_bf16_forward<float>(host, g)) CHECK(y == y_ref);
-    CHECK(dx == dx_ref);
-    CHECK(dw == dw_ref);
-  }
+    for (const Case& c : cases) {
+      const k::ConvGeometry& g = c.g;
+      CAPTURE(g.in_w);
+      CAPTURE(g.stride);
+      CAPTURE(c.threads);
+      CAPTURE(tiles);
+      const fusedp::Host host = fusedp::Host{c.threads, fusedp::HostPrecision::bf16}.with_bf16_tiles(tiles);
+      const std::size_t O = std::size_t(g.out_channels), K = g.patch(), T = std::size_t(c.threads), canary = 4096;
+      std::vector<float> w(O * K), x(c.batch * g.in_size()), dz(c.batch * g.out_size());
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(value(1, i));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(value(3, i));
+      for (std::size_t i = 0; i < dz.size(); ++i) dz[i] = float(value(4, i));
+      // conv2d's results (no bias, no epilogue: the same products).
+      std::vector<float> y_ref(dz.size()), dx_ref(x.size()), dw_ref(w.size()), dy = dz;
+      std::vector<float> big(T * kh::ConvScratch{g}.per_thread());
+      kh::conv2d_forward<k::Epilogue<>>(host, g, c.batch, w.data(), static_cast<const float*>(nullptr), x.data(),
+                                        y_ref.data(), static_cast<float*>(nullptr), big.data());
+      kh::conv2d_backward<k::Epilogue<>>(host, g, c.batch, w.data(), x.data(), y_ref.data(), static_cast<const float*>(nullptr),
+                                         dy.data(), dx_ref.data(), dw_ref.data(), static_cast<float*>(nullptr), big.data());
+      auto run = [&](std::size_t per_thread, const auto& product) {
+        std::vector<float> scratch(T * per_thread + canary, -3.0f);
+        product(scratch.data());
+        CHECK(std::all_of(scratch.end() - canary, scratch.end(), [](float v) { return v == -3.0f; }));
+      };
+      std::vector<float> y(dz.size(), 7.0f), dx(x.size(), 7.0f), dw(w.size(), 7.0f);
+      run(c3::per_thread(g), [&](float* scratch) {
+        c3::conv3x3(host, g, c.batch, w.data(), x.data(), y.data(), scratch,
+                     [](std::size_t) { return [](std::size_t, std::size_t, float*, std::size_t) {}; });
+      });
+      run(c3::per_thread(c3::input_gradient_geometry(g)),
+          [&](float* scratch) { c3::input_gradient3x3(host, g, c.batch, w.data(), dz.data(), dx.data(), scratch, false); });
+      run(c3::weight_gradient_per_thread(g),
+          [&](float* scratch) { c3::weight_gradient3x3(host, g, c.batch, x.data(), dz.data(), dw.data(), scratch); });
+      // (Without tiles, conv2d's forward on planes under min_width is the im2col GEMM: other bits.)
+      if (kh::detail::direct_bf16_forward<float>(host, g)) CHECK(y == y_ref);
+      CHECK(dx == dx_ref);
+      CHECK(dw == dw_ref);
+    }
 }
 
 TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to bf16, on every path") {
@@ -379,7 +380,7 @@ TEST_CASE("conv2d with bf16_y and bf16_dx: y and dx the same values rounded to b
   if (fusedp::cpu_features().avx512_bf16) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16}.with_bf16_tiles(false));
   if (fusedp::amx_usable()) hosts.push_back(fusedp::Host{2, fusedp::HostPrecision::bf16});
   std::vector<k::ConvGeometry> all(std::begin(geometries), std::end(geometries));
-  all.push_back(geometry(32, 16, 16, 3, 1, 1, 32));  // the AMX path where the CPU has it
+  all.push_back(geometry(32, 16, 16, 3, 1, 1, 32));  // the direct bf16 path (tiles or VDPBF16PS)
   all.push_back(geometry(32, 4, 4, 3, 1, 1, 32));    // and its samples side by side
   all.push_back(geometry(32, 9, 8, 3, 2, 1, 32));    // and stride 2
   for (const auto& host : hosts)

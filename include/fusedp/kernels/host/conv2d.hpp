@@ -16,7 +16,8 @@
 // matrix, which is packed into pairs; the direct path (few output channels, no GEMM) stays fp32. 3x3
 // convs with stride 1 or 2 on planes 4 or more wide with channels in multiples of 32 run directly from
 // the padded input, no im2col, on AMX tiles or by VDPBF16PS (conv3x3_bf16.hpp; small planes several
-// samples a grid, strided ones over the input's four phases),
+// samples a grid, strided ones over the input's four phases; by VDPBF16PS the forward of planes under
+// 16 wide stays on the GEMM, direct_bf16_forward),
 // and elsewhere on planes under 64 pixels the forward and input-gradient products take 64 / P samples
 // side by side (tile_group).
 #include "fusedp/core/config.hpp"
@@ -422,11 +423,12 @@ constexpr bool use_direct(const ConvGeometry& g) {
 }
 
 // The forward: as the backward, but by VDPBF16PS only on planes conv3x3_bf16::min_width or wider, where
-// no samples share a grid, or where the GEMM would not take it (few output channels: use_direct's fp32). (AMD EPYC Zen 4, 2 threads, stage_bench --net resnet18 --precision bf16,
-// medians of 3 alternating runs, direct against the im2col GEMM: forward of the 32 x 32 and 16 x 16 convs
-// 61.6 / 66.2 and 42.2 / 44.4 ms, of the 8 x 8 and 4 x 4 ones 49.1 / 43.4 and 58.7 / 53.8, their thrown
-// positions, 19% and 38%, the GEMM's gain; the backward's direct products won on every plane but one,
-// the step's stages 788 against 894 ms in all.)
+// no samples share a grid, or where the GEMM would not take it (few output channels: use_direct's fp32).
+// (AMD EPYC Zen 4, 2 threads, stage_bench --net resnet18 --precision bf16, medians of 3 alternating runs,
+// direct against the im2col GEMM: the forward of the 32 x 32 and 16 x 16 convs 61.6 / 66.2 and 42.2 /
+// 44.4 ms, of the 8 x 8 and 4 x 4 ones 49.1 / 43.4 and 58.7 / 53.8, where 19% and 38% of the grid's
+// positions are thrown; the backward's direct products won on every plane, the step's stages 788
+// against 894 ms in all.)
 template <class T>
 bool direct_bf16_forward(const Host& host, const ConvGeometry& g) {
   return direct_bf16_runs<T>(host, g) &&
@@ -757,10 +759,10 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
   const auto stores_dx = [bf16_dx](std::size_t) {
     return [bf16_dx](std::size_t, std::size_t, T* p, std::size_t count) { round_run_if(bf16_dx, p, count); };
   };
-  const bool amx = detail::direct_bf16_runs<T>(host, g);
-  if (amx || detail::winograd_runs<T>(host, g)) {
-    // By Winograd (or AMX tiles, directly) over the whole batch: dz and the bias gradient per sample
-    // first, then the weight and input gradients.
+  const bool direct_bf16 = detail::direct_bf16_runs<T>(host, g);
+  if (direct_bf16 || detail::winograd_runs<T>(host, g)) {
+    // By Winograd (or at bf16 directly from the padded grid) over the whole batch: dz and the bias
+    // gradient per sample first, then the weight and input gradients.
     const auto threads = std::size_t(host.threads());
     host.parallel_for(threads, [&](std::size_t, std::size_t, int thread) {
       T* db_t = scratch + std::size_t(thread) * stride;
@@ -771,7 +773,7 @@ void conv2d_backward(const Host& host, const ConvGeometry& g, std::size_t batch,
     });
     if (db) detail::reduce_threads(host, scratch, stride, 0, outs, db);
     if constexpr (std::is_same_v<T, float>) {
-      if (amx) {
+      if (direct_bf16) {
         conv3x3_bf16::weight_gradient3x3(host, g, batch, x, dy, dw, scratch);
         if (dx) conv3x3_bf16::input_gradient3x3(host, g, batch, w, dy, dx, scratch, bf16_dx);
         return;

@@ -37,7 +37,9 @@
 //
 // Each register block is 2 x 2 C tiles (32 x 32), from 2 A and 2 B tiles: four tile loads per four
 // TDPBF16PS. Numerics as the bf16 GEMMs: operands rounded to bf16 (to nearest even), exact products,
-// fp32 sums; only the order of the sums differs (pairs of channels here, pairs of the patch there).
+// fp32 sums; only the order of the sums differs (pairs of channels here, pairs of the patch there). So
+// HostPrecision::bf16_emulated, which keeps these convs on the GEMMs, gives VDPBF16PS's bits only where
+// this path does not run (tests/net/precision.cpp).
 #include "fusedp/core/config.hpp"
 #include "fusedp/core/error.hpp"
 #include "fusedp/core/shape.hpp"
@@ -274,7 +276,7 @@ using bf16::detail::first_lanes;
 }
 
 // The same two products by VDPBF16PS, where the CPU has AVX-512 BF16 but no tiles (AMD Zen 4 and
-// later): C rows of 32 lanes as two zmm of fp32 sums, `rows` rows at a time (8: 16 sums, 2 B loads and
+// later): C rows of 32 lanes as two zmm of fp32 sums, dp_rows rows at a time (8: 16 sums, 2 B loads and
 // 8 broadcasts for 16 VDPBF16PS), each lane += a pair of A broadcast times the lane's pair of B.
 // Only the order of the sums differs from the tiles'.
 constexpr std::size_t dp_rows = 8;
